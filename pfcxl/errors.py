@@ -1,0 +1,35 @@
+"""The one error hierarchy of pfcxl.
+
+Everything below the CLI raises these; only the CLI turns them into one clean line and an
+exit code. Each message names the bad value and the rule it broke.
+"""
+
+
+class PfcxlError(Exception):
+    """Base of every expected failure (shown without a traceback unless --debug)."""
+
+    exit_code = 1
+
+
+class TopologyError(PfcxlError):
+    """A topology file is malformed or describes something that cannot be built."""
+
+    exit_code = 2
+
+
+class SetupError(PfcxlError):
+    """A setup step (apt, downloads, unpacking, pip) failed; the message names the step."""
+
+    exit_code = 3
+
+
+class ImageError(PfcxlError):
+    """The guest image could not be built (missing module, library or tool)."""
+
+    exit_code = 4
+
+
+class VMError(PfcxlError):
+    """QEMU failed to start, the guest never became ready, or a console command failed."""
+
+    exit_code = 5
