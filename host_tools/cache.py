@@ -1,0 +1,55 @@
+"""Where pfcxl keeps what it downloads and builds, outside the repository.
+
+Standard library only: provision.py imports this before the package is installed.
+
+Layout under $PFCXL_CACHE (default ~/.cache/pfcxl):
+    debs/             downloaded .deb files (kernel, trixie userspace), kept for re-unpacking
+    apt-trixie/       private apt configuration for Debian trixie (sources, lists, state)
+    kernel/           the 6.12 kernel package unpacked with dpkg -x (boot/, lib/modules/<ver>/)
+    guest-root/       trixie's cxl, daxctl, their libraries, libc and loader, unpacked with dpkg -x
+    images/           built guest images, named by the hash of their inputs
+    setup.json        what setup installed: kernel release, paths, QEMU version
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("PFCXL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "pfcxl"
+
+
+def debs_dir() -> Path:
+    return cache_dir() / "debs"
+
+
+def trixie_apt_dir() -> Path:
+    return cache_dir() / "apt-trixie"
+
+
+def kernel_dir() -> Path:
+    return cache_dir() / "kernel"
+
+
+def guest_root_dir() -> Path:
+    return cache_dir() / "guest-root"
+
+
+def images_dir() -> Path:
+    return cache_dir() / "images"
+
+
+def manifest_path() -> Path:
+    return cache_dir() / "setup.json"
+
+
+def read_manifest() -> dict:
+    """What setup recorded, or {} when setup has not run."""
+    try:
+        return json.loads(manifest_path().read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
