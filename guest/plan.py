@@ -1,0 +1,34 @@
+"""What the guest's init must do for a topology, as a small line-oriented plan file.
+
+The plan is the only topology-specific part of the guest image (/etc/pfcxl/plan):
+
+    module <name>                               insmod /lib/modules/<name>.ko, in this order
+    device <serial>                             wait until this memdev is bound to cxl_mem
+    region <decoder> <ways> <gran> <size> <mode> <serial>...
+                                                cxl create-region, memdevs in interleave order
+"""
+
+from __future__ import annotations
+
+from pfcxl.device import address_map
+from pfcxl.device.topology import Topology
+
+# What every CXL RAM region needs, by module name. cxl_core is built in (CXL_BUS=y).
+CXL_MODULES = ("cxl_acpi", "cxl_port", "cxl_pci", "cxl_mem", "dax_cxl", "device_dax")
+# kmem turns a DAX device into system RAM; without it the device stays free for devdax.
+KMEM_MODULE = "kmem"
+
+
+def modules_needed(topo: Topology) -> list[str]:
+    return list(CXL_MODULES) + ([KMEM_MODULE] if topo.needs_kmem else [])
+
+
+def render(topo: Topology, module_order: list[str]) -> str:
+    decoders = {p.what: p.name for p in address_map.window_placements(topo)}
+    lines = [f"# pfcxl plan for topology {topo.name}"]
+    lines += [f"module {name}" for name in module_order]
+    lines += [f"device {d.serial:#x}" for d in topo.devices]
+    for r in topo.regions:
+        serials = " ".join(f"{topo.device(d).serial:#x}" for d in r.devices)
+        lines.append(f"region {decoders[r.window]} {r.ways} {r.granularity} {r.size} {r.mode} {serials}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,149 @@
+"""The guest image: a busybox-static initramfs with the CXL kernel modules, pfcxl's static C
+tools, trixie's cxl/daxctl (ndctl 81) with their libraries and loader, and the init script.
+
+The image is a pure function of its inputs. Its name is the hash of the archive's contents, so
+an unchanged input reuses the cached file and any changed input (a module, a library, a tool's
+source, the init script, the topology's plan) builds a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from pfcxl.device.topology import Topology
+from pfcxl.errors import ImageError
+from pfcxl.guest import plan
+
+from . import cache, cpio, elf_deps
+from .process import run
+
+GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
+GUEST_SOURCES = GUEST_DIR / "src"
+GUEST_INIT = GUEST_DIR / "init"
+BUSYBOX = Path("/bin/busybox")
+USERSPACE_PROGRAMS = ("usr/bin/cxl", "usr/bin/daxctl")
+# Merged /usr, as in Debian: the top-level names are links into usr/.
+MERGED_USR = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
+EMPTY_DIRS = ("proc", "sys", "dev", "tmp", "run", "root", "mnt", "etc/pfcxl")
+CFLAGS = ("-static", "-O2", "-Wall", "-Wextra", "-Werror")
+
+
+@dataclass(frozen=True)
+class BootImage:
+    kernel: Path
+    initrd: Path
+    kernel_release: str
+    rebuilt: bool
+
+
+def _usr(path: str) -> str:
+    """'lib64/ld-linux-x86-64.so.2' -> 'usr/lib64/ld-linux-x86-64.so.2' (merged /usr)."""
+    head, _, rest = path.lstrip("/").partition("/")
+    return f"{MERGED_USR[head]}/{rest}" if head in MERGED_USR and rest else path.lstrip("/")
+
+
+def _manifest() -> dict:
+    m = cache.read_manifest()
+    needed = ("kernel_release", "vmlinuz", "modules_dir", "guest_root")
+    if not all(k in m for k in needed):
+        raise ImageError(f"setup has not run (no complete {cache.manifest_path()}): run 'make setup'")
+    for key in ("vmlinuz", "modules_dir", "guest_root"):
+        if not Path(m[key]).exists():
+            raise ImageError(f"{m[key]} from {cache.manifest_path()} is missing: run 'make setup' again")
+    return m
+
+
+def build_tools(out_dir: Path) -> dict[str, Path]:
+    """Compile each guest/src/*.c into a static binary, cached by the source's hash."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tools = {}
+    for src in sorted(GUEST_SOURCES.glob("*.c")):
+        digest = hashlib.sha256(src.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+        binary = out_dir / f"{src.stem}-{digest}"
+        if not binary.exists():
+            tmp = binary.with_suffix(".tmp")
+            run(["gcc", *CFLAGS, "-o", str(tmp), str(src)], what=f"compiling guest tool {src.name}",
+                error=ImageError)
+            tmp.rename(binary)
+        tools[src.stem] = binary
+    return tools
+
+
+def _busybox_entries() -> list[cpio.Entry]:
+    if not BUSYBOX.exists():
+        raise ImageError(f"{BUSYBOX} is missing: run 'make setup' (package busybox-static)")
+    if elf_deps.interpreter(BUSYBOX) is not None:
+        # The image has no host libc: a dynamic busybox would not start as init.
+        raise ImageError(f"{BUSYBOX} is dynamically linked: install busybox-static ('make setup')")
+    applets = subprocess.run([str(BUSYBOX), "--list-full"], capture_output=True, text=True, check=True).stdout
+    entries = [cpio.Entry.file("usr/bin/busybox", BUSYBOX.read_bytes(), 0o755)]
+    for applet in sorted(set(applets.split())):
+        if PurePosixPath(applet).name in ("busybox", "linuxrc"):
+            continue   # the binary itself, and an initrd-era init name we do not use
+        entries.append(cpio.Entry.symlink(_usr(applet), "/usr/bin/busybox"))
+    return entries
+
+
+def base_entries(manifest: dict, modules: list[elf_deps.Module]) -> list[cpio.Entry]:
+    """Everything but the topology's plan."""
+    release = manifest["kernel_release"]
+    files: dict[str, cpio.Entry] = {}
+
+    def add(entry: cpio.Entry) -> None:
+        files[entry.path] = entry   # later entries win: real files replace busybox applet links
+
+    for e in _busybox_entries():
+        add(e)
+    root = Path(manifest["guest_root"])
+    for needed in elf_deps.library_closure(root, list(USERSPACE_PROGRAMS)):
+        add(cpio.Entry.file(_usr(needed.image_path), needed.source.read_bytes(), 0o755))
+    for name, binary in build_tools(cache.images_dir() / "tools").items():
+        add(cpio.Entry.file(f"usr/bin/{name}", binary.read_bytes(), 0o755))
+    for script in sorted(GUEST_INIT.iterdir()):
+        target = "init" if script.name == "init" else f"usr/bin/{script.name}"
+        add(cpio.Entry.file(target, script.read_bytes(), 0o755))
+    for module in modules:
+        add(cpio.Entry.file(f"usr/lib/modules/{module.name}.ko", module.elf, 0o644))
+    add(cpio.Entry.file("etc/pfcxl/kernel-release", (release + "\n").encode()))
+    return _with_directories(list(files.values()))
+
+
+def _with_directories(entries: list[cpio.Entry]) -> list[cpio.Entry]:
+    """Add every parent directory and the merged-/usr links, parents first."""
+    dirs = set(EMPTY_DIRS) | set(MERGED_USR.values())
+    for e in entries:
+        dirs.update(str(p) for p in PurePosixPath(e.path).parents if str(p) != ".")
+    out = [cpio.Entry.directory(d) for d in sorted(dirs)]
+    out += [cpio.Entry.symlink(link, target) for link, target in MERGED_USR.items()]
+    return out + sorted(entries, key=lambda e: e.path)
+
+
+def build(topo: Topology, progress=None) -> BootImage:
+    """The kernel and initrd to boot `topo`, from the cache when nothing changed."""
+    manifest = _manifest()
+    say = progress or (lambda message: None)
+    say("collecting guest image inputs")
+    tree = elf_deps.ModuleTree(Path(manifest["modules_dir"]))
+    modules = elf_deps.module_closure(tree, plan.modules_needed(topo))
+    entries = base_entries(manifest, modules)
+    plan_text = plan.render(topo, [m.name for m in modules])
+    plan_entry = cpio.Entry.file("etc/pfcxl/plan", plan_text.encode())
+    body = cpio.archive(entries + [plan_entry])
+    digest = hashlib.sha256(body).hexdigest()[:20]
+    images = cache.images_dir()
+    images.mkdir(parents=True, exist_ok=True)
+    initrd = images / f"initrd-{digest}.cpio.gz"
+    rebuilt = not initrd.exists()
+    if rebuilt:
+        say(f"compressing guest image ({len(body) >> 20} MiB)")
+        fd, tmp = tempfile.mkstemp(dir=images, prefix=".initrd-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(cpio.gzipped(body))
+        os.replace(tmp, initrd)
+    return BootImage(Path(manifest["vmlinuz"]), initrd, manifest["kernel_release"], rebuilt)
+

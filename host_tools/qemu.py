@@ -1,0 +1,95 @@
+"""The QEMU command line of a topology, rendered from templates/qemu.args.j2.
+
+Nothing here is written per topology: every device, bus number and window comes from the
+`Topology`. `pfcxl qemu-args` prints the result (the --show-command of virtme-ng).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from pfcxl.device.topology import BACKEND_PREFIX, Topology
+from pfcxl.device.units import MiB
+from pfcxl.errors import VMError
+
+TEMPLATES = Path(__file__).parent / "templates"
+QEMU_BINARY = "qemu-system-x86_64"
+# Kernel command line every guest gets; topology and CLI add to it.
+BASE_CMDLINE = "console=ttyS0 panic=-1 quiet"
+
+
+def qemu_opt(value: object) -> str:
+    """QEMU option values separate keys with commas; a literal comma is written twice."""
+    return str(value).replace(",", ",,")
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=False, autoescape=False)
+    env.filters["opt"] = qemu_opt
+    env.filters["mib"] = lambda n: n // MiB
+    return env
+
+
+def render_lines(template: str, **context: object) -> list[str]:
+    """Render a one-option-per-line template into argv: '-opt value' -> ['-opt', 'value']."""
+    text = _environment().get_template(template).render(**context)
+    argv: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            argv.extend(line.split(" ", 1))
+    return argv
+
+
+@dataclass(frozen=True)
+class BootFiles:
+    kernel: Path
+    initrd: Path
+    cmdline: str
+
+
+def kernel_cmdline(topo: Topology, extra: str = "") -> str:
+    return " ".join(part for part in (BASE_CMDLINE, topo.guest.cmdline, extra) if part)
+
+
+def backing_paths(topo: Topology, run_dir: Path) -> dict[str, Path]:
+    """Device id -> the file that holds its memory (shared with other QEMUs and the host)."""
+    return {d.id: run_dir / f"{d.id}.mem" for d in topo.devices}
+
+
+def prepare_backing(topo: Topology, run_dir: Path) -> dict[str, Path]:
+    """Create missing backing files (sparse) and refuse ones of the wrong size: never truncate data."""
+    paths = backing_paths(topo, run_dir)
+    for dev in topo.devices:
+        path = paths[dev.id]
+        if path.exists():
+            size = path.stat().st_size
+            if size != dev.volatile:
+                raise VMError(f"backing file {path} holds {size} bytes but device '{dev.id}' has "
+                              f"{dev.volatile}: use another --run-dir or remove the file")
+            continue
+        with open(path, "xb") as f:
+            f.truncate(dev.volatile)
+    return paths
+
+
+def argv(topo: Topology, boot: BootFiles, backing: dict[str, Path], *, console_fd: int, qmp_fd: int,
+         qemu: str = QEMU_BINARY) -> list[str]:
+    return [qemu] + render_lines("qemu.args.j2", topo=topo, guest=topo.guest, kernel=boot.kernel,
+                                 initrd=boot.initrd, cmdline=boot.cmdline, backing=backing,
+                                 console_fd=console_fd, qmp_fd=qmp_fd, backend_prefix=BACKEND_PREFIX)
+
+
+def show(argv_list: list[str]) -> str:
+    """A command line a person can paste into a shell."""
+    return shlex.join(argv_list)
+
+
+def qemu_binary() -> str:
+    return os.environ.get("PFCXL_QEMU", QEMU_BINARY)

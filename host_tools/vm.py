@@ -1,0 +1,254 @@
+"""One emulated host: a QEMU process, its serial console (pexpect) and its QMP monitor (qemu.qmp).
+
+Lifecycle, after qemu.machine: explicit states; `launch()` either leaves a running VM or cleans
+up and raises one VMError carrying the command line and the log tail; `shutdown()` is graceful
+(QMP quit), then forced (SIGTERM, SIGKILL), always reached from `__exit__`, harmless twice.
+The console and QMP ride on socket pairs handed to QEMU as file descriptors: no paths to race on.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pexpect
+import pexpect.fdpexpect
+from qemu.qmp import QMPError
+from qemu.qmp.legacy import QEMUMonitorProtocol
+
+from pfcxl.device.topology import Topology
+from pfcxl.errors import VMError
+
+from . import qemu
+from .image import BootImage
+from .process import describe_exit, spawn
+
+READY_RE = re.compile(rb"PFCXL-(READY|FAILED) (\{[^\r\n]*\})\r?\n")
+CONSOLE_TAIL_LINES = 25
+
+
+class VMState(enum.Enum):
+    CREATED = "created"
+    BOOTING = "booting"
+    READY = "ready"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    command: str
+    output: str
+    status: int
+
+
+class VM:
+    """A guest booted from a topology. Use as a context manager; see module docstring."""
+
+    def __init__(self, topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
+                 extra_cmdline: str = "") -> None:
+        self.topo, self.image, self.name = topo, image, name
+        self.run_dir = Path(run_dir)
+        self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline)
+        self.state = VMState.CREATED
+        self.console_log = self.run_dir / f"{name}.console.log"
+        self.qemu_log = self.run_dir / f"{name}.qemu.log"
+        self.argv: list[str] = []
+        self.ready_info: dict = {}
+        self._proc: subprocess.Popen | None = None
+        self._console: pexpect.fdpexpect.fdspawn | None = None
+        self._console_sock: socket.socket | None = None
+        self._qmp: QEMUMonitorProtocol | None = None
+        self._log_file = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> "VM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def launch(self) -> None:
+        if self.state is not VMState.CREATED:
+            raise VMError(f"{self.name}: launch() called in state {self.state.value}")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        backing = qemu.prepare_backing(self.topo, self.run_dir)
+        console_ours, console_qemu = socket.socketpair()
+        qmp_ours, qmp_qemu = socket.socketpair()
+        boot = qemu.BootFiles(self.image.kernel, self.image.initrd, self.cmdline)
+        self.argv = qemu.argv(self.topo, boot, backing, console_fd=console_qemu.fileno(),
+                              qmp_fd=qmp_qemu.fileno(), qemu=qemu.qemu_binary())
+        self.qemu_log.write_text(f"# {qemu.show(self.argv)}\n")
+        self.state = VMState.BOOTING
+        try:
+            self._proc = spawn(self.argv, log=self.qemu_log, pass_fds=(console_qemu.fileno(), qmp_qemu.fileno()))
+            console_qemu.close()
+            qmp_qemu.close()
+            self._console_sock = console_ours
+            self._log_file = open(self.console_log, "wb")
+            self._console = pexpect.fdpexpect.fdspawn(console_ours.fileno(), timeout=30,
+                                                      logfile=None, maxread=65536)
+            self._console.logfile_read = self._log_file
+            self._qmp = QEMUMonitorProtocol(qmp_ours)
+            self._qmp.settimeout(30)
+            self._qmp.connect(negotiate=True)
+        except Exception as exc:
+            message = self._failure(f"QEMU did not start: {exc}")
+            self.shutdown()
+            self.state = VMState.FAILED
+            raise VMError(message) from exc
+
+    def wait_ready(self, timeout: float = 180) -> dict:
+        """Wait for init's PFCXL-READY line; return its JSON. Raises VMError with the console tail."""
+        self._require(VMState.BOOTING)
+        try:
+            self._console.expect(READY_RE, timeout=timeout)
+        except pexpect.TIMEOUT:
+            self._fail(f"guest did not become ready within {timeout:.0f}s")
+        except pexpect.EOF:
+            self._fail("QEMU exited before the guest became ready")
+        kind, payload = self._console.match.group(1).decode(), self._console.match.group(2).decode()
+        info = json.loads(payload)
+        if kind == "FAILED":
+            self._fail(f"guest init failed at stage '{info.get('stage')}': {info.get('error')}")
+        self.ready_info = info
+        self.state = VMState.READY
+        return info
+
+    def shutdown(self, timeout: float = 10) -> None:
+        """Stop QEMU: QMP quit, then SIGTERM, then SIGKILL. Safe in any state, twice."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            if self._qmp is not None:
+                try:
+                    self._qmp.cmd("quit")
+                except (QMPError, OSError, EOFError, Exception):
+                    pass   # QEMU may close the monitor before answering; the wait below decides
+            for sig, wait in (("quit", timeout), ("term", 5), ("kill", 5)):
+                if sig == "term":
+                    proc.terminate()
+                elif sig == "kill":
+                    proc.kill()
+                try:
+                    proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        for closer in (self._qmp, self._console_sock, self._log_file):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception:
+                    pass
+        self._qmp = self._console_sock = self._log_file = None
+        self._console = None
+        if self.state is not VMState.FAILED:
+            self.state = VMState.STOPPED
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    # ------------------------------------------------------------------ console
+
+    def run(self, command: str, timeout: float = 120) -> CommandResult:
+        """Run a shell command on the console; return its output and exit status."""
+        self._require(VMState.READY)
+        tag = secrets.token_hex(4)
+        # The markers only appear once the shell expands $((...)): the echo of the typed line
+        # cannot be mistaken for them.
+        self._console.sendline(f"echo {tag}$((0)); {command}; echo {tag}$((1))=$?")
+        pattern = re.compile(rf"{tag}0\r?\n(.*?){tag}1=(\d+)\r?\n".encode(), re.DOTALL)
+        try:
+            self._console.expect(pattern, timeout=timeout)
+        except pexpect.TIMEOUT:
+            self._fail(f"command did not finish within {timeout:.0f}s: {command}")
+        except pexpect.EOF:
+            self._fail(f"QEMU exited while running: {command}")
+        output = self._console.match.group(1).decode(errors="replace").replace("\r\n", "\n")
+        return CommandResult(command, output, int(self._console.match.group(2)))
+
+    def check(self, command: str, timeout: float = 120) -> str:
+        """Run a command that must succeed; return its output."""
+        result = self.run(command, timeout)
+        if result.status != 0:
+            raise VMError(f"{self.name}: '{command}' exited with status {result.status}:\n"
+                          f"{result.output.strip()[-2000:]}")
+        return result.output
+
+    def qmp(self, command: str, **arguments: object) -> object:
+        if self._qmp is None:
+            raise VMError(f"{self.name}: QMP is not connected (state {self.state.value})")
+        try:
+            return self._qmp.cmd(command, **arguments)
+        except QMPError as exc:
+            raise VMError(f"{self.name}: QMP {command} failed: {exc}") from exc
+
+    @property
+    def console_fd(self) -> int:
+        self._require(VMState.BOOTING, VMState.READY)
+        return self._console_sock.fileno()
+
+    def console_tail(self, lines: int = CONSOLE_TAIL_LINES) -> str:
+        if self._log_file is not None:
+            self._log_file.flush()
+        try:
+            text = self.console_log.read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            return "(no console output)"
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        return "\n".join(text.rstrip().splitlines()[-lines:]) or "(no console output)"
+
+    # ------------------------------------------------------------------ failures
+
+    def _require(self, *states: VMState) -> None:
+        if self.state not in states:
+            raise VMError(f"{self.name}: not possible in state {self.state.value}")
+
+    def _failure(self, reason: str) -> str:
+        exit_note = ""
+        if self._proc is not None and self._proc.poll() is not None:
+            exit_note = f" ({describe_exit(self.argv, self._proc.returncode)})"
+        qemu_tail = ""
+        try:
+            log = self.qemu_log.read_text(errors="replace").strip().splitlines()[1:]
+            if log:
+                qemu_tail = "\nQEMU said:\n  " + "\n  ".join(log[-10:])
+        except FileNotFoundError:
+            pass
+        return (f"{self.name}: {reason}{exit_note}\n"
+                f"last console lines:\n  " + self.console_tail().replace("\n", "\n  ") + qemu_tail +
+                f"\nconsole log: {self.console_log}\nQEMU log: {self.qemu_log}\n"
+                f"command line: {qemu.show(self.argv)}")
+
+    def _fail(self, reason: str) -> None:
+        message = self._failure(reason)
+        self.state = VMState.FAILED
+        self.shutdown()
+        raise VMError(message)
+
+
+def boot_ready(topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
+               extra_cmdline: str = "", timeout: float = 180) -> VM:
+    """Launch and wait for ready; on failure nothing is left running."""
+    vm = VM(topo, image, run_dir, name=name, extra_cmdline=extra_cmdline)
+    try:
+        vm.launch()
+        vm.wait_ready(timeout)
+    except BaseException:
+        vm.shutdown()
+        raise
+    return vm
+
+
+def elapsed(start: float) -> str:
+    return f"{time.monotonic() - start:.1f}s"
