@@ -1,0 +1,35 @@
+# pfcxl — thin wrappers over the `pfcxl` CLI. Quick start: `make demo`, then `make test`.
+# Every target that needs tools runs `setup` first; setup is idempotent and quick once done.
+PYTHON ?= python3
+VENV ?= .venv
+T ?= pf-nic
+export PFCXL_VENV := $(abspath $(VENV))
+PFCXL := $(VENV)/bin/pfcxl
+PYTEST := $(VENV)/bin/pytest
+
+.PHONY: help setup demo boot test test-unit ci
+
+help:
+	@echo "make demo        boot the default appliance (pf-nic) and compare what the guest found with the topology"
+	@echo "make test        the whole suite: unit tests and integration tests that boot guests under TCG"
+	@echo "make test-unit   only the fast tests that boot nothing"
+	@echo "make boot T=...  boot a topology and attach to its console (Ctrl-] leaves)"
+	@echo "make setup       install QEMU 10, the guest kernel and tools, and the Python env (idempotent)"
+	@echo "Then: $(PFCXL) --help"
+
+setup:
+	@$(PYTHON) -m host_tools.provision
+
+demo: setup
+	$(PFCXL) demo --topology $(T)
+
+boot: setup
+	$(PFCXL) boot --topology $(T)
+
+test: setup
+	$(PYTEST) tests
+
+test-unit: setup
+	$(PYTEST) -m "not integration" tests
+
+ci: test
