@@ -1003,6 +1003,9 @@ def main(argv: list[str] | None = None) -> int:
                 outcome = "done"
         except (StepError, OSError) as e:
             message = str(e).replace("\n", " ")
+            timings.append((step.name, "FAILED", time.monotonic() - started))
+            if not args.check:
+                print_timings(timings, started_all)
             print(f"[setup] FAILED {s.prefix}: {message} (log: {s.log_path})",
                   file=sys.stderr, flush=True)
             return 1
@@ -1012,11 +1015,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[setup] check: {missing} of {total} steps missing" if missing
               else f"[setup] check: all {total} steps present", flush=True)
         return 1 if missing else 0
+    print_timings(timings, started_all)
+    return 0
+
+
+def print_timings(timings: list[tuple[str, str, float]], started_all: float) -> None:
     print("[setup] timings:")
     for name, outcome, seconds in timings:
         print(f"[setup]   {name:<20} {outcome:<8} {seconds:7.1f} s")
     print(f"[setup]   {'total':<20} {'':<8} {time.monotonic() - started_all:7.1f} s", flush=True)
-    return 0
 
 
 if __name__ == "__main__":
