@@ -476,11 +476,12 @@ def _check(problems: _Problems, bridges, root_ports, switches, devices, windows,
         elif w.ways not in VALID_WAYS:
             problems.add(f"{where}.targets", f"{w.ways} targets means {w.ways}-way interleave; "
                          f"ways must be one of {', '.join(map(str, VALID_WAYS))}")
-        for t in w.targets:
+        for t in (w.targets if len(w.targets) <= MAX_WINDOW_TARGETS else ()):
             if t not in bridge_ids:
                 problems.add(f"{where}.targets", f"'{t}' is not a host_bridge id")
-        for t in {t for t in w.targets if w.targets.count(t) > 1}:
-            problems.add(f"{where}.targets", f"host bridge '{t}' is listed twice")
+        for t in sorted({t for t in w.targets if w.targets.count(t) > 1}):
+            if len(w.targets) <= MAX_WINDOW_TARGETS:
+                problems.add(f"{where}.targets", f"host bridge '{t}' is listed twice")
         unit = REGION_ALIGN * max(w.ways, 1)
         if w.size <= 0 or w.size % unit:
             problems.add(f"{where}.size", f"{human(w.size) if w.size > 0 else w.size} is not a multiple "
@@ -541,6 +542,7 @@ def _check_regions(problems: _Problems, topo: Topology, raw_regions) -> list[Reg
                              f"'{have}', but window '{window.id}' routes position {pos} to '{want}' "
                              f"(list devices in the window's target order)")
                 ok = False
+                break   # one misordered list is one mistake
         granularity = t["granularity"] if t["granularity"] is not None else window.granularity
         _check_granularity(problems, f"{where}.granularity", granularity)
         if window.ways > 1 and granularity != window.granularity:
