@@ -1,0 +1,78 @@
+"""Integration fixtures: real QEMU under TCG, the real guest kernel and cxl/daxctl.
+
+Every VM a test boots is shut down at teardown, and the teardown checks that its QEMU process
+is really gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pfcxl.device import topology
+from pfcxl.host_tools import image
+from pfcxl.host_tools.vm import VM, boot_ready
+
+READY_TIMEOUT = 300   # generous: CI machines are shared; a healthy boot takes seconds
+
+
+def load(name: str) -> topology.Topology:
+    return topology.load(topology.resolve(name))
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def qemu_pids_using(path: Path) -> list[int]:
+    """QEMU processes whose command line mentions `path` (our run directories)."""
+    done = subprocess.run(["pgrep", "-f", f"qemu-system-x86_64.*{path}"], capture_output=True, text=True)
+    return [int(p) for p in done.stdout.split()]
+
+
+@pytest.fixture
+def boot(tmp_path):
+    """boot(topology_name, run_dir=None, name='guest', extra_cmdline='') -> ready VM."""
+    vms: list[VM] = []
+
+    def _boot(name: str, run_dir: Path | None = None, vm_name: str = "guest", extra_cmdline: str = "") -> VM:
+        topo = load(name)
+        vm = boot_ready(topo, image.build(topo), run_dir or tmp_path, name=vm_name,
+                        extra_cmdline=extra_cmdline, timeout=READY_TIMEOUT)
+        vms.append(vm)
+        return vm
+
+    yield _boot
+    pids = [vm.pid for vm in vms]
+    for vm in vms:
+        vm.shutdown()
+    assert not [p for p in pids if p and pid_alive(p)], "QEMU left running after shutdown"
+
+
+def daxio(vm: VM, args: str) -> dict:
+    """Run the guest's daxio tool and return its JSON line."""
+    result = vm.run(f"daxio {args}", timeout=600)
+    line = next((l for l in result.output.splitlines() if l.startswith('{"tool":"daxio"')), None)
+    assert line is not None, f"daxio printed no JSON (status {result.status}):\n{result.output}"
+    data = json.loads(line)
+    data["status"] = result.status
+    return data
+
+
+def pfcxl_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True,
+                          text=True, **kwargs)

@@ -1,0 +1,72 @@
+"""Failures explain themselves and leave nothing running."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import pfcxl_cli, qemu_pids_using
+
+pytestmark = pytest.mark.integration
+
+
+def assert_no_qemu(run_dir, wait=10.0):
+    deadline = time.monotonic() + wait
+    while qemu_pids_using(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not qemu_pids_using(run_dir), "QEMU left running"
+
+
+def test_guest_that_never_gets_ready_times_out_with_console_tail(tmp_path):
+    # A wrong init on the kernel command line: the guest runs, but never prints PFCXL-READY.
+    done = pfcxl_cli("run", "--run-dir", str(tmp_path), "--timeout", "25",
+                     "--append", "loglevel=7 rdinit=/usr/bin/cat", "--", "true", timeout=180)
+    assert done.returncode == 5, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "pfcxl: error: guest: guest did not become ready within 25s" in done.stderr
+    assert "last console lines:" in done.stderr
+    assert "/usr/bin/cat" in done.stderr           # the kernel's own word on what it ran
+    assert f"console log: {tmp_path}/guest.console.log" in done.stderr
+    assert "command line: qemu-system-x86_64" in done.stderr
+    assert_no_qemu(tmp_path)
+
+
+def test_kernel_panic_fails_fast_with_console_tail(tmp_path):
+    done = pfcxl_cli("run", "--run-dir", str(tmp_path), "--timeout", "300",
+                     "--append", "rdinit=/nonexistent", "--", "true", timeout=180)
+    assert done.returncode == 5
+    assert "QEMU exited before the guest became ready" in done.stderr
+    assert "Kernel panic" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert_no_qemu(tmp_path)
+
+
+def _start_long_run(run_dir):
+    proc = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "run", "--run-dir", str(run_dir),
+                             "--", "sleep", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    for line in proc.stderr:
+        if "guest ready" in line:
+            break
+        assert time.monotonic() < deadline, "guest did not get ready"
+    else:
+        pytest.fail(f"pfcxl exited before the guest was ready (status {proc.wait()})")
+    assert qemu_pids_using(run_dir), "no QEMU found for the run"
+    return proc
+
+
+def test_ctrl_c_shuts_the_guest_down(tmp_path):
+    proc = _start_long_run(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "interrupted" in proc.stderr.read()
+    assert_no_qemu(tmp_path)
+
+
+def test_sigkill_of_pfcxl_takes_qemu_along(tmp_path):
+    proc = _start_long_run(tmp_path)
+    proc.kill()
+    proc.wait(timeout=30)
+    assert_no_qemu(tmp_path)

@@ -1,0 +1,25 @@
+"""Two guests running at once on one shared backing file see each other's writes."""
+
+import pytest
+
+from .conftest import daxio
+
+pytestmark = pytest.mark.integration
+
+
+def test_two_guests_share_one_backing_file(boot, tmp_path):
+    run_dir = tmp_path / "shared"
+    a = boot("pf-nic", run_dir=run_dir, vm_name="host-a")
+    b = boot("pf-nic", run_dir=run_dir, vm_name="host-b")
+    assert a.pid != b.pid
+
+    offset = 5 * 2 * 1024 * 1024 + 64          # inside the 6th 2 MiB page, not page-aligned
+    daxio(a, f"poke /dev/dax0.0 --offset {offset} --value 0x5046cafe0000a001")
+    seen = daxio(b, f"peek /dev/dax0.0 --offset {offset}")
+    assert seen["value"] == "0x5046cafe0000a001"
+
+    daxio(b, f"poke /dev/dax0.0 --offset {offset + 8} --value 0x5046cafe0000b002")
+    seen = daxio(a, f"peek /dev/dax0.0 --offset {offset + 8}")
+    assert seen["value"] == "0x5046cafe0000b002"
+    # and A's own value is still there for B
+    assert daxio(b, f"peek /dev/dax0.0 --offset {offset}")["value"] == "0x5046cafe0000a001"
