@@ -198,8 +198,8 @@ def cmd_demo(args) -> int:
         t.add_row(c.item, c.field, discovery.format_value(c.field, c.predicted),
                   discovery.format_value(c.field, c.observed), "[green]ok[/green]" if c.ok else "[red]DIFF[/red]")
     out.print(t)
-    ports = [p.get("port") for p in found.get("ports", []) if isinstance(p, dict)]
-    out.print(f"CXL ports: {', '.join(map(str, ports)) or '-'};  memdevs: "
+    ports = [f"{p.get('port')} ({p.get('host')})" for p in discovery.flatten_ports(found.get("ports", []))]
+    out.print(f"CXL ports: {', '.join(ports) or '-'};  memdevs: "
               f"{', '.join(str(m.get('memdev')) for m in found.get('memdevs', []))}")
     bad = [c for c in checks if not c.ok]
     if bad:

@@ -52,8 +52,27 @@ def _int(value: object) -> object:
     return value
 
 
+def flatten_ports(ports: list) -> list[dict]:
+    """cxl list -P nests child ports under "ports:<parent>" keys; list them all."""
+    out = []
+    for port in ports:
+        if isinstance(port, dict):
+            out.append(port)
+            for key, children in port.items():
+                if key.startswith("ports:") and isinstance(children, list):
+                    out += flatten_ports(children)
+    return out
+
+
 def compare(topo: Topology, found: dict) -> list[Check]:
     checks: list[Check] = []
+    # Linux makes a CXL port of each host bridge (depth 1) and each switch upstream port (depth 2).
+    ports = flatten_ports(found.get("ports", []))
+    checks += [
+        Check("CXL ports", "host bridges (depth 1)", len(topo.host_bridges),
+              sum(p.get("depth") == 1 for p in ports)),
+        Check("CXL ports", "switches (depth 2)", len(topo.switches), sum(p.get("depth") == 2 for p in ports)),
+    ]
     roots = _by(found.get("root_decoders", []), "decoder")
     sysfs_roots = _by(found.get("sysfs_root_decoders", []), "decoder")
     for p in address_map.window_placements(topo):
