@@ -12,7 +12,7 @@ File shape (see device/topologies/*.toml for complete examples):
     [[root_port]]    id, host_bridge, port, chassis, slot
     [[switch]]       id, root_port, downstream = [{id, port, chassis, slot}, ...]
     [[device]]       id, port (a root or downstream port), volatile, serial
-    [[window]]       id, size, targets = [host bridge ids], granularity
+    [[window]]       id, size, targets = [host bridge ids], granularity, arithmetic, restrictions, qtg_id
     [[region]]       window, devices = [device ids in interleave order], size, granularity, mode
 """
 
@@ -37,6 +37,8 @@ MAX_GRANULARITY = 16 * KiB
 MAX_WINDOW_TARGETS = 16
 REGION_ALIGN = 256 * MiB                    # HDM decoder and CFMWS size/base unit
 REGION_MODES = ("devdax", "system-ram")
+WINDOW_ARITHMETIC = ("modulo", "xor")
+MAX_RESTRICTIONS = 0x3F                     # CFMWS restriction bits 0-5 (CXL 3.1)
 BACKEND_PREFIX = "backend-"                 # memory-backend ids: backend-<device id>
 _QEMU_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
 
@@ -99,10 +101,18 @@ class Window:
     size: int
     targets: tuple[str, ...]
     granularity: int
+    arithmetic: str = "modulo"      # CFMWS interleave arithmetic: modulo or xor
+    restrictions: int = 0x000F      # CFMWS window restriction bits (QEMU always writes 0x000F)
+    qtg_id: int = 0                 # CFMWS QoS throttling group
 
     @property
     def ways(self) -> int:
         return len(self.targets)
+
+    @property
+    def qemu_expressible(self) -> bool:
+        """QEMU 10 writes modulo windows with restrictions 0x000F and QTG 0, nothing else."""
+        return self.arithmetic == "modulo" and self.restrictions == 0x000F and self.qtg_id == 0
 
 
 @dataclass(frozen=True)
@@ -346,10 +356,13 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
 
     def build_window(t: _Table, where: str) -> Window | None:
         targets = _string_list(problems, f"{where}.targets", t["targets"])
-        return None if targets is None else Window(t["id"], t["size"], targets, t["granularity"])
+        return None if targets is None else Window(t["id"], t["size"], targets, t["granularity"],
+                                                   t["arithmetic"], t["restrictions"], t["qtg_id"])
 
     windows = _read_list(problems, doc, "window", {"id": (str, REQUIRED), "size": ("size", REQUIRED),
-                                                   "targets": (list, REQUIRED), "granularity": ("size", 256)},
+                                                   "targets": (list, REQUIRED), "granularity": ("size", 256),
+                                                   "arithmetic": (str, "modulo"), "restrictions": (int, 0x000F),
+                                                   "qtg_id": (int, 0)},
                          build_window)
 
     raw_regions = _entries(problems, doc, "region")
@@ -482,6 +495,13 @@ def _check(problems: _Problems, bridges, root_ports, switches, devices, windows,
         for t in sorted({t for t in w.targets if w.targets.count(t) > 1}):
             if len(w.targets) <= MAX_WINDOW_TARGETS:
                 problems.add(f"{where}.targets", f"host bridge '{t}' is listed twice")
+        if w.arithmetic not in WINDOW_ARITHMETIC:
+            problems.add(f"{where}.arithmetic", f"'{w.arithmetic}' must be one of {', '.join(WINDOW_ARITHMETIC)}")
+        if not 0 <= w.restrictions <= MAX_RESTRICTIONS:
+            problems.add(f"{where}.restrictions", f"{w.restrictions:#x} sets bits outside the CFMWS "
+                         f"restriction bits 0-5 (mask {MAX_RESTRICTIONS:#x})")
+        if not 0 <= w.qtg_id <= 0xFFFF:
+            problems.add(f"{where}.qtg_id", f"{w.qtg_id} does not fit in 16 bits")
         unit = REGION_ALIGN * max(w.ways, 1)
         if w.size <= 0 or w.size % unit:
             problems.add(f"{where}.size", f"{human(w.size) if w.size > 0 else w.size} is not a multiple "

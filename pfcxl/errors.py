@@ -33,3 +33,9 @@ class VMError(PfcxlError):
     """QEMU failed to start, the guest never became ready, or a console command failed."""
 
     exit_code = 5
+
+
+class TableError(PfcxlError):
+    """A firmware table cannot be built from the request, or bytes cannot be read as one."""
+
+    exit_code = 6
