@@ -255,6 +255,8 @@ def _read_guest(problems: _Problems, doc: dict) -> Guest | None:
         return None
     if t["memory"] < 256 * MiB or t["memory"] % MiB:
         problems.add("guest.memory", f"{t['memory']} must be a whole number of MiB, at least 256 MiB")
+    if t["maxmem"] % MiB:
+        problems.add("guest.maxmem", f"{t['maxmem']} must be a whole number of MiB")
     if t["maxmem"] <= t["memory"]:
         # PLATFORM.md: without maxmem above memory (and slots) Linux cannot add the CXL region.
         problems.add("guest.maxmem", f"{human(t['maxmem'])} must be larger than guest.memory "
