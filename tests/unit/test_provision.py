@@ -1,4 +1,5 @@
-"""Unit tests of provision.py's pure parts: apt source parsing, kernel choice, private apt options."""
+"""Unit tests of host_tools/provision's pure parts: apt source parsing, kernel choice, private apt
+options, .deb checks, unpacking."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pfcxl.host_tools import provision as p
+from pfcxl.host_tools.provision import apt, debian, files, runner, unpack
 
 # The file as Debian's cloud/container images ship it (comments inside stanzas included).
 DEBIAN_SOURCES = """\
@@ -32,7 +33,7 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 # --- debian.sources -> mirror and keyring -----------------------------------------------------
 
 def test_bookworm_entry_is_found_and_security_entry_is_not_taken():
-    uris, signed_by, components = p.mirror_and_keyring(DEBIAN_SOURCES)
+    uris, signed_by, components = debian.mirror_and_keyring(DEBIAN_SOURCES)
     assert uris == ["http://deb.debian.org/debian"]
     assert signed_by == "/usr/share/keyrings/debian-archive-keyring.gpg"
     assert components == ["main"]
@@ -52,7 +53,7 @@ Suites: bookworm
 Components: main contrib
 Signed-By: /etc/keys/local.gpg
 """
-    uris, signed_by, components = p.mirror_and_keyring(text)
+    uris, signed_by, components = debian.mirror_and_keyring(text)
     assert uris == ["http://mirror.example/debian", "http://mirror2.example/debian"]
     assert signed_by == "/etc/keys/local.gpg"
     assert components == ["main", "contrib"]
@@ -69,25 +70,27 @@ Types: deb-src
 URIs: http://src.example/debian
 Suites: bookworm
 """
-    assert p.mirror_and_keyring(text) == ([p.DEFAULT_MIRROR], p.DEFAULT_KEYRING, ["main"])
-    assert p.mirror_and_keyring(None) == ([p.DEFAULT_MIRROR], p.DEFAULT_KEYRING, ["main"])
+    fallback = ([debian.DEFAULT_MIRROR], debian.DEFAULT_KEYRING, ["main"])
+    assert debian.mirror_and_keyring(text) == fallback
+    assert debian.mirror_and_keyring(None) == fallback
 
 
 def test_entry_without_signed_by_gets_the_archive_keyring():
     text = "Types: deb\nURIs: http://m.example/debian\nSuites: bookworm\nComponents: main\n"
-    assert p.mirror_and_keyring(text) == (["http://m.example/debian"], p.DEFAULT_KEYRING, ["main"])
+    assert debian.mirror_and_keyring(text) == (["http://m.example/debian"], debian.DEFAULT_KEYRING,
+                                                ["main"])
 
 
 def test_inline_signed_by_key_survives_render_and_reparse():
     key = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmQINBGPL0BUBEADmW5NdOOHwPIJlgPu6JDcKw/NZJPR8\n-----END PGP PUBLIC KEY BLOCK-----"
-    rendered = p.render_deb822_source(["http://m.example/debian"], ["bookworm-backports"],
-                                      ["main"], key, comment="added by a test")
+    rendered = debian.render_deb822_source(["http://m.example/debian"], ["bookworm-backports"],
+                                           ["main"], key, comment="added by a test")
     assert rendered.startswith("# added by a test\n")
     assert "\n .\n" in rendered  # the empty line of the armor is written as " ."
-    (stanza,) = p.parse_deb822(rendered)
+    (stanza,) = debian.parse_deb822(rendered)
     assert stanza["signed-by"] == key
     assert stanza["suites"] == "bookworm-backports"
-    assert p.mentions_suite(rendered, deb822=True, suite="bookworm-backports")
+    assert debian.mentions_suite(rendered, deb822=True, suite="bookworm-backports")
 
 
 def test_mentions_suite_in_one_line_lists():
@@ -96,11 +99,11 @@ def test_mentions_suite_in_one_line_lists():
 deb [arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
 deb-src http://deb.debian.org/debian bookworm-backports-sloppy main
 """
-    assert not p.mentions_suite(text, deb822=False, suite="bookworm-backports")
-    assert p.mentions_suite(text + "deb [trusted=yes] http://x/debian bookworm-backports main\n",
-                            deb822=False, suite="bookworm-backports")
-    assert not p.mentions_suite(DEBIAN_SOURCES, deb822=True, suite="bookworm-backports")
-    assert p.mentions_suite(DEBIAN_SOURCES, deb822=True, suite="bookworm-updates")
+    assert not debian.mentions_suite(text, deb822=False, suite="bookworm-backports")
+    enabled = text + "deb [trusted=yes] http://x/debian bookworm-backports main\n"
+    assert debian.mentions_suite(enabled, deb822=False, suite="bookworm-backports")
+    assert not debian.mentions_suite(DEBIAN_SOURCES, deb822=True, suite="bookworm-backports")
+    assert debian.mentions_suite(DEBIAN_SOURCES, deb822=True, suite="bookworm-updates")
 
 
 # --- choosing the kernel ----------------------------------------------------------------------
@@ -120,30 +123,30 @@ linux-image-6.12.117+deb12-amd64 | 6.12.117-1~deb12u1 | http://deb.debian.org/de
 def test_newest_backports_kernel_wins_numerically_and_security_is_ignored():
     # 95 > 43 > 9 numerically (not as strings); 117 is newer but from bookworm-security;
     # cloud/rt/dbg flavours do not match.
-    assert p.choose_kernel_package(MADISON) == ("linux-image-6.12.95+deb12-amd64",
-                                                "6.12.95-1~bpo12+1")
+    assert debian.choose_kernel_package(MADISON) == ("linux-image-6.12.95+deb12-amd64",
+                                                     "6.12.95-1~bpo12+1")
 
 
 def test_the_other_suite_can_be_asked_for():
-    assert p.choose_kernel_package(MADISON, suite="bookworm-security") == (
+    assert debian.choose_kernel_package(MADISON, suite="bookworm-security") == (
         "linux-image-6.12.117+deb12-amd64", "6.12.117-1~deb12u1")
 
 
 def test_unsigned_is_taken_when_the_newest_release_has_no_signed_package():
     listing = MADISON + ("linux-image-6.12.100+deb12-amd64-unsigned | 6.12.100-1~bpo12+1 | "
                          "http://deb.debian.org/debian bookworm-backports/main amd64 Packages\n")
-    package, version = p.choose_kernel_package(listing)
+    package, version = debian.choose_kernel_package(listing)
     assert package == "linux-image-6.12.100+deb12-amd64-unsigned"
     assert version == "6.12.100-1~bpo12+1"
-    assert p.kernel_release(package) == "6.12.100+deb12-amd64"
+    assert debian.kernel_release(package) == "6.12.100+deb12-amd64"
 
 
 def test_no_backports_kernel_is_a_clear_error():
     only_security = MADISON.splitlines()[-1]
-    with pytest.raises(p.StepError, match="bookworm-backports"):
-        p.choose_kernel_package(only_security)
-    with pytest.raises(p.StepError):
-        p.kernel_release("linux-image-6.1.0-30-amd64")
+    with pytest.raises(runner.StepError, match="bookworm-backports"):
+        debian.choose_kernel_package(only_security)
+    with pytest.raises(runner.StepError):
+        debian.kernel_release("linux-image-6.1.0-30-amd64")
 
 
 # --- the private trixie apt configuration -----------------------------------------------------
@@ -154,7 +157,7 @@ def _options_dict(options: list[str]) -> dict[str, str]:
 
 
 def test_private_apt_options_keep_everything_under_our_dir(tmp_path):
-    opts = _options_dict(p.private_apt_options(tmp_path))
+    opts = _options_dict(apt.private_apt_options(tmp_path))
     assert opts["Dir::Etc::SourceList"] == str(tmp_path / "trixie.sources")
     assert opts["Dir::Etc::SourceParts"] == "/dev/null"  # never the system's sources.list.d
     assert opts["Dir::State::status"] == str(tmp_path / "state" / "status")  # not dpkg's status
@@ -166,7 +169,7 @@ def test_private_apt_options_keep_everything_under_our_dir(tmp_path):
 
 @pytest.mark.skipif(shutil.which("apt-config") is None, reason="needs apt")
 def test_apt_really_resolves_the_private_options(tmp_path):
-    out = subprocess.run(["apt-config", *p.private_apt_options(tmp_path), "shell",
+    out = subprocess.run(["apt-config", *apt.private_apt_options(tmp_path), "shell",
                           "LISTS", "Dir::State::lists/d", "STATUS", "Dir::State::status/f",
                           "ARCHIVES", "Dir::Cache::archives/d", "PARTS", "Dir::Etc::sourceparts/d"],
                          capture_output=True, text=True, check=True).stdout
@@ -183,7 +186,7 @@ def test_print_uris_lines_give_package_version_size_and_hash():
             "libcap2_1%3a2.75-10+deb13u1+b3_amd64.deb 28988 SHA256:abcd\n"
             "'http://deb.debian.org/debian/pool/main/n/ndctl/cxl_81-1_amd64.deb' cxl_81-1_amd64.deb 89372\n"
             "W: some warning\n")
-    first, second = p.parse_print_uris(text)
+    first, second = debian.parse_print_uris(text)
     assert (first.package, first.version, first.size, first.hash) == (
         "libcap2", "1:2.75-10+deb13u1+b3", 28988, "SHA256:abcd")
     assert (second.package, second.version, second.hash) == ("cxl", "81-1", "")
@@ -193,24 +196,24 @@ def test_deb_matches_checks_size_and_hash(tmp_path):
     deb = tmp_path / "x_1_amd64.deb"
     deb.write_bytes(b"payload")
     good = hashlib.sha256(b"payload").hexdigest()
-    assert p.deb_matches(deb, p.DebURI("u", deb.name, 7, f"SHA256:{good}"))
-    assert not p.deb_matches(deb, p.DebURI("u", deb.name, 7, "SHA256:" + "0" * 64))
-    assert not p.deb_matches(deb, p.DebURI("u", deb.name, 8, ""))
-    assert not p.deb_matches(tmp_path / "missing.deb", p.DebURI("u", "missing.deb", 7, ""))
+    assert apt.deb_matches(deb, debian.DebURI("u", deb.name, 7, f"SHA256:{good}"))
+    assert not apt.deb_matches(deb, debian.DebURI("u", deb.name, 7, "SHA256:" + "0" * 64))
+    assert not apt.deb_matches(deb, debian.DebURI("u", deb.name, 8, ""))
+    assert not apt.deb_matches(tmp_path / "missing.deb", debian.DebURI("u", "missing.deb", 7, ""))
 
 
 def test_ndctl_major_check():
-    assert p.is_ndctl_major("81-1")
-    assert p.is_ndctl_major("1:81.2-1")
-    assert not p.is_ndctl_major("76.1-1")
-    assert not p.is_ndctl_major("810-1")
-    assert not p.is_ndctl_major("")
+    assert debian.is_ndctl_major("81-1")
+    assert debian.is_ndctl_major("1:81.2-1")
+    assert not debian.is_ndctl_major("76.1-1")
+    assert not debian.is_ndctl_major("810-1")
+    assert not debian.is_ndctl_major("")
 
 
 def test_qemu_version_parse():
     out = "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)\nCopyright (c)"
-    assert p.parse_qemu_version(out) == "10.0.2"
-    assert p.parse_qemu_version("qemu-img version 7.2.0") is None
+    assert debian.parse_qemu_version(out) == "10.0.2"
+    assert debian.parse_qemu_version("qemu-img version 7.2.0") is None
 
 
 # --- unpacking ----------------------------------------------------------------------------------
@@ -225,15 +228,15 @@ def test_merged_usr_moves_top_level_dirs_into_usr(tmp_path):
     (tmp_path / "usr" / "lib" / "x86_64-linux-gnu" / "libbar.so.1").write_text("usr")
     (tmp_path / "usr" / "bin").mkdir()
 
-    p.ensure_merged_usr(tmp_path)
+    unpack.ensure_merged_usr(tmp_path)
 
-    for name in p.MERGED_USR_DIRS:
+    for name in unpack.MERGED_USR_DIRS:
         assert (tmp_path / name).is_symlink()
         assert (tmp_path / name).readlink() == Path("usr") / name
     assert (tmp_path / "lib64" / "ld-linux-x86-64.so.2").read_text() == "loader"
     assert (tmp_path / "usr" / "lib" / "x86_64-linux-gnu" / "libfoo.so.1").read_text() == "top"
     assert (tmp_path / "usr" / "lib" / "x86_64-linux-gnu" / "libbar.so.1").read_text() == "usr"
-    p.ensure_merged_usr(tmp_path)  # idempotent
+    unpack.ensure_merged_usr(tmp_path)  # idempotent
     assert (tmp_path / "lib").is_symlink()
 
 
@@ -253,24 +256,24 @@ def _tiny_deb(tmp_path: Path, name: str, files: dict[str, str]) -> Path:
 
 @pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg")
 def test_unpack_is_atomic_a_failed_finish_keeps_the_old_tree(tmp_path):
-    setup = p.Setup(check_only=True)  # check_only: no log file written
+    setup = runner.Setup(check_only=True)  # check_only: no log file written
     dest = tmp_path / "root"
     first = _tiny_deb(tmp_path, "one", {"usr/bin/tool": "v1"})
-    p.unpack_atomically(setup, [first], dest, lambda tmp: None, {"v": 1})
+    unpack.unpack_atomically(setup, [first], dest, lambda tmp: None, {"v": 1})
     assert (dest / "usr/bin/tool").read_text() == "v1"
-    assert p.read_json(dest / p.STAMP_NAME) == {"v": 1}
+    assert files.read_json(dest / unpack.STAMP_NAME) == {"v": 1}
 
     second = _tiny_deb(tmp_path, "two", {"usr/bin/tool": "v2"})
 
     def reject(tmp: Path) -> None:
         assert (tmp / "usr/bin/tool").read_text() == "v2"
-        raise p.StepError("verification failed")
+        raise runner.StepError("verification failed")
 
-    with pytest.raises(p.StepError):
-        p.unpack_atomically(setup, [second], dest, reject, {"v": 2})
+    with pytest.raises(runner.StepError):
+        unpack.unpack_atomically(setup, [second], dest, reject, {"v": 2})
     assert (dest / "usr/bin/tool").read_text() == "v1"  # untouched
     assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith(".")) == []
 
-    p.unpack_atomically(setup, [second], dest, lambda tmp: None, {"v": 2})
+    unpack.unpack_atomically(setup, [second], dest, lambda tmp: None, {"v": 2})
     assert (dest / "usr/bin/tool").read_text() == "v2"
-    assert p.read_json(dest / p.STAMP_NAME) == {"v": 2}
+    assert files.read_json(dest / unpack.STAMP_NAME) == {"v": 2}

@@ -1,0 +1,8 @@
+"""``python3 -m host_tools.provision``: see cli.py."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The seven provisioning steps, in order.
+
+Each is skipped when its result is already there; the checks look at real state: dpkg's
+versions, files on disk, stamp files recording what was unpacked; nothing is downloaded twice.
+STEP_TABLE (shown by --help) says what each step does.
+"""
+
+from __future__ import annotations
+
+from .guest import (check_guest_kernel, check_guest_userspace, check_manifest, run_guest_kernel,
+                    run_guest_userspace, run_manifest)
+from .host import (check_backports, check_host_packages, check_trixie_apt, run_backports,
+                   run_host_packages, run_trixie_apt)
+from .python_env import check_python_env, run_python_env
+from .runner import Step
+
+STEP_TABLE = """\
+  1. bookworm-backports  apt source for bookworm-backports (same mirror and keyring as the
+                         bookworm entry of /etc/apt/sources.list.d/debian.sources), apt-get update
+  2. host packages       qemu-system-x86 1:10.0 from bookworm-backports, busybox-static, cpio,
+                         xz-utils, libc6-dev (static libc.a), gcc
+  3. trixie apt          a private apt configuration for Debian trixie under $PFCXL_CACHE/apt-trixie
+                         (own sources, lists, state, cache; the system's sources are never touched)
+  4. guest userspace     trixie's cxl/daxctl (ndctl 81) and their libraries, libc and loader,
+                         unpacked with dpkg -x into $PFCXL_CACHE/guest-root (merged /usr)
+  5. guest kernel        Debian's newest linux-image-6.12.*+deb12-amd64 from bookworm-backports,
+                         downloaded (not installed) and unpacked into $PFCXL_CACHE/kernel
+  6. manifest            $PFCXL_CACHE/setup.json: kernel release, paths, ndctl and QEMU versions
+  7. python env          venv at $PFCXL_VENV (default <repo>/.venv), pip install -e '<repo>[test]'
+"""
+
+STEPS = [
+    Step("bookworm-backports", check_backports, run_backports),
+    Step("host packages", check_host_packages, run_host_packages),
+    Step("trixie apt", check_trixie_apt, run_trixie_apt),
+    Step("guest userspace", check_guest_userspace, run_guest_userspace),
+    Step("guest kernel", check_guest_kernel, run_guest_kernel),
+    Step("manifest", check_manifest, run_manifest),
+    Step("python env", check_python_env, run_python_env),
+]
