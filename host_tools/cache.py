@@ -1,6 +1,6 @@
 """Where pfcxl keeps what it downloads and builds, outside the repository.
 
-Standard library only: provision.py imports this before the package is installed.
+Standard library only: host_tools/provision imports this before the package is installed.
 
 Layout under $PFCXL_CACHE (default ~/.cache/pfcxl):
     debs/             downloaded .deb files (kernel, trixie userspace), kept for re-unpacking

@@ -139,8 +139,10 @@ def download_debs(s: Setup, apt: AptRun, packages: list[str]) -> list[Path]:
     intact; their paths."""
     debs = cache.debs_dir()
     debs.mkdir(parents=True, exist_ok=True)
+    # apt prints no URI for a file already in its working directory, so ask from elsewhere: we
+    # want every URI, and check the files ourselves.
     wanted = parse_print_uris(apt(s, "apt-get", "download", "--print-uris", *packages,
-                                  cwd=debs).stdout)
+                                  cwd=debs.parent).stdout)
     asked = {re.split(r"[=/]", p, maxsplit=1)[0]: p for p in packages}  # bare name -> as asked
     if {w.package for w in wanted} != set(asked):
         missing = set(asked) - {w.package for w in wanted}
