@@ -7,6 +7,7 @@ File shape (see device/topologies/*.toml for complete examples):
 
     name = "pf-nic"                      # optional, defaults to the file's stem
     description = "..."
+    timing = "pf"                        # optional: CDAT/HMAT timing profile (fabric_constants)
     [guest]       memory, maxmem, slots, cpus, cmdline
     [[host_bridge]]  id, bus_nr
     [[root_port]]    id, host_bridge, port, chassis, slot
@@ -26,6 +27,7 @@ from typing import Any, Callable
 
 from pfcxl.errors import TopologyError
 
+from . import fabric_constants
 from .units import GiB, MiB, KiB, human, parse_size
 
 TOPOLOGY_DIR = Path(__file__).parent / "topologies"
@@ -141,6 +143,7 @@ class Topology:
     devices: tuple[Device, ...]
     windows: tuple[Window, ...]
     regions: tuple[Region, ...]
+    timing: str | None = None       # fabric_constants profile for CDAT and HMAT, or QEMU's defaults
 
     @property
     def downstream_ports(self) -> tuple[DownstreamPort, ...]:
@@ -325,8 +328,11 @@ def shipped_topologies() -> list[Path]:
 def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "topology") -> Topology:
     problems = _Problems(source)
     top = _Table(problems, "top level", {k: v for k, v in doc.items() if not isinstance(v, (list, dict))
-                                         or k in ("name", "description")},
-                 {"name": (str, default_name), "description": (str, "")})
+                                         or k in ("name", "description", "timing")},
+                 {"name": (str, default_name), "description": (str, ""), "timing": (str, None)})
+    if top.ok and top["timing"] is not None and top["timing"] not in fabric_constants.PROFILES:
+        problems.add("timing", f"'{top['timing']}' is not a timing profile "
+                     f"(known: {', '.join(fabric_constants.PROFILES)})")
     for key, value in doc.items():
         if isinstance(value, (list, dict)) and key not in _SECTIONS:
             problems.add("top level", f"unknown section '{key}' (known: {', '.join(_SECTIONS)})")
@@ -384,7 +390,7 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     topo_regions = _check(problems, bridges, root_ports, switches, devices, windows, regions)
     problems.raise_if_any()
     return Topology(top["name"], top["description"], source, guest, tuple(bridges), tuple(root_ports),
-                    tuple(switches), tuple(devices), tuple(windows), tuple(topo_regions))
+                    tuple(switches), tuple(devices), tuple(windows), tuple(topo_regions), top["timing"])
 
 
 _SECTIONS = ("guest", "host_bridge", "root_port", "switch", "device", "window", "region")

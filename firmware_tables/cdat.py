@@ -14,7 +14,7 @@ from pfcxl.errors import TableError
 
 from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode
 
-REVISION = 1
+REVISION = 2                     # what QEMU 10 writes; iasl 20250404 reads it
 HEADER = Layout("CDAT header", "CDAT Header", (
     Field("length", "Length", 0, 4, derived=True),
     Field("revision", "Revision", 4, 1, default=REVISION),

@@ -229,3 +229,20 @@ def dump(decoded: Decoded, table_offset: int = 0) -> list[str]:
                 lines.append(line(pos + f.offset, f.width, f"{rep.label}[{i}] {f.label}", text))
             pos += rep.item.size
     return lines
+
+
+def flat_fields(decoded: Decoded) -> list[tuple[int, int, Field, int | str]]:
+    """(absolute offset, width, field, value) of every non-reserved field, repeats included."""
+    out = []
+    for f in decoded.layout.fields:
+        if f.kind != "reserved" and f.key in decoded.values:
+            out.append((decoded.offset + f.offset, f.width, f, decoded.values[f.key]))
+    rep = decoded.layout.repeat
+    if rep:
+        pos = decoded.offset + rep.offset
+        for item in decoded.values.get(rep.key, []):
+            for f in rep.item.fields:
+                if f.kind != "reserved":
+                    out.append((pos + f.offset, f.width, f, item[f.key]))
+            pos += rep.item.size
+    return out

@@ -7,6 +7,7 @@ Layout under $PFCXL_CACHE (default ~/.cache/pfcxl):
     apt-trixie/       private apt configuration for Debian trixie (sources, lists, state)
     kernel/           the 6.12 kernel package unpacked with dpkg -x (boot/, lib/modules/<ver>/)
     guest-root/       trixie's cxl, daxctl, their libraries, libc and loader, unpacked with dpkg -x
+    acpica/           trixie's acpica-tools (iasl) with trixie's libc, run through its own loader
     images/           built guest images, named by the hash of their inputs
     setup.json        what setup installed: kernel release, paths, QEMU version
 """
@@ -37,6 +38,10 @@ def kernel_dir() -> Path:
 
 def guest_root_dir() -> Path:
     return cache_dir() / "guest-root"
+
+
+def acpica_dir() -> Path:
+    return cache_dir() / "acpica"
 
 
 def images_dir() -> Path:

@@ -22,6 +22,10 @@ from pfcxl.device import address_map, topology
 from pfcxl.device.units import hexaddr, human
 from pfcxl.errors import PfcxlError, TopologyError
 
+from pfcxl.firmware_tables import cdat as tables_cdat
+from pfcxl.firmware_tables import cedt as tables_cedt
+from pfcxl.firmware_tables import generate as tables_generate
+
 from . import discovery, image, qemu, terminal
 from .vm import VM, boot_ready
 
@@ -209,6 +213,52 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_tables(args) -> int:
+    if args.items[:1] == ["decode"]:
+        return _decode_tables(args.items[1:], args.kind)
+    if len(args.items) > 1:
+        raise PfcxlError(f"pfcxl tables takes one topology, got {' '.join(args.items)} "
+                         "(to decode files: pfcxl tables decode FILE...)")
+    topo = _load(args.items[0] if args.items else None)
+    out_dir = Path(args.out or f"tables-{topo.name}")
+    written = tables_generate.write(topo, out_dir)
+    t = Table(title=f"{topo.name}: firmware tables in {out_dir}", title_justify="left")
+    for col in ("file", "bytes", "what"):
+        t.add_column(col)
+    for path in written:
+        t.add_row(path.name, str(path.stat().st_size), _describe_table_file(path))
+    out.print(t)
+    if topo.timing is None:
+        err.print("[dim]no `timing` in this topology: devices keep QEMU's default CDAT; no generic port "
+                  "or HMAT options[/dim]")
+    return 0
+
+
+def _describe_table_file(path: Path) -> str:
+    return {".dat": "ACPI CEDT (binary)", ".cdat": "CXL CDAT (binary, for cdat=)",
+            ".txt": "decoded dump", ".args": "QEMU options: generic port + HMAT"}.get(path.suffix, "")
+
+
+def _decode_tables(files: list[str], kind: str | None) -> int:
+    if not files:
+        raise PfcxlError("pfcxl tables decode: give one or more CEDT or CDAT files")
+    bad = 0
+    for name in files:
+        try:
+            data = Path(name).read_bytes()
+        except OSError as exc:
+            raise PfcxlError(f"cannot read {name}: {exc.strerror}") from None
+        what = kind or ("cedt" if data[:4] == b"CEDT" else "cdat")
+        if what == "cdat" and data[:4].isalpha() and data[:4].isupper():
+            raise PfcxlError(f"{name}: an ACPI '{data[:4].decode()}' table, not a CEDT or CDAT "
+                             "(use --as cdat to force)")
+        module = tables_cedt if what == "cedt" else tables_cdat
+        out.print(f"== {name}", markup=False, highlight=False)
+        out.print(module.dump_table(data), markup=False, highlight=False)
+        bad += len(module.decode_table(data).violations) > 0
+    return 1 if bad else 0
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -264,6 +314,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--command-timeout", type=float, default=600, help="seconds for the command (default 600)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("tables", help="write a topology's CEDT, CDATs and HMAT options; or decode tables",
+                       description="pfcxl tables [TOPOLOGY] [--out DIR]: write CEDT.dat, one CDAT per device "
+                       "and switch, the generic-port/HMAT QEMU options and decoded dumps.\n"
+                       "pfcxl tables decode FILE...: decode any CEDT or CDAT (ours, QEMU's, a real "
+                       "machine's) and list every violation found; exit 1 if there are any.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("items", nargs="*", metavar="TOPOLOGY | decode FILE...")
+    p.add_argument("--out", help="output directory (default: tables-<topology name>)")
+    p.add_argument("--as", dest="kind", choices=("cedt", "cdat"),
+                   help="decode: read files as this table kind (default: CEDT if the file says so, else CDAT)")
+    p.set_defaults(func=cmd_tables)
 
     p = sub.add_parser("demo", help="boot and compare what the guest discovered with the topology's predictions")
     _common(p, boots=True)

@@ -6,7 +6,7 @@ is installed, so it uses the standard library only and imports nothing from the 
 
 Modules, each with one job:
   cli         arguments, --help, --check, the per-step progress lines and timings, exit codes
-  steps       the ordered list of the seven steps
+  steps       the ordered list of the steps
   host        steps 1-3: bookworm-backports, host packages, the private trixie apt configuration
   guest       steps 4-6: guest userspace, guest kernel, the setup.json manifest
   python_env  step 7: the virtual environment with pfcxl installed editable

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
                     "Idempotent: steps whose result is present are skipped.",
         epilog="Steps:\n" + EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--skip-python", action="store_true",
-                        help="only steps 1-6 (no venv / pip install)")
+                        help="every step but the last (no venv / pip install)")
     parser.add_argument("--check", action="store_true",
                         help="report what is missing without changing anything; exit 1 if any")
     args = parser.parse_args(argv)

@@ -145,7 +145,8 @@ def expected_manifest(s: Setup) -> dict | None:
     """What setup.json should say, or None while the kernel, userspace or QEMU is missing."""
     kernel = read_json(cache.kernel_dir() / STAMP_NAME)
     guest = read_json(cache.guest_root_dir() / STAMP_NAME)
-    if not kernel.get("release") or not guest.get("ndctl_version"):
+    acpica = read_json(cache.acpica_dir() / STAMP_NAME)
+    if not kernel.get("release") or not guest.get("ndctl_version") or not acpica.get("packages"):
         return None
     release = kernel["release"]
     modules = modules_dir_of(cache.kernel_dir(), release)
@@ -162,6 +163,8 @@ def expected_manifest(s: Setup) -> dict | None:
         "ndctl_version": guest["ndctl_version"],
         "qemu": str(QEMU_BINARY),
         "qemu_version": version,
+        "acpica_root": str(cache.acpica_dir().resolve()),
+        "acpica_version": acpica["packages"].get("acpica-tools", ""),
     }
 
 

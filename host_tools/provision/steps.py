@@ -1,4 +1,4 @@
-"""The seven provisioning steps, in order.
+"""The provisioning steps, in order.
 
 Each is skipped when its result is already there; the checks look at real state: dpkg's
 versions, files on disk, stamp files recording what was unpacked; nothing is downloaded twice.
@@ -7,6 +7,7 @@ STEP_TABLE (shown by --help) says what each step does.
 
 from __future__ import annotations
 
+from .acpica import check_acpica, run_acpica
 from .guest import (check_guest_kernel, check_guest_userspace, check_manifest, run_guest_kernel,
                     run_guest_userspace, run_manifest)
 from .host import (check_backports, check_host_packages, check_trixie_apt, run_backports,
@@ -23,10 +24,12 @@ STEP_TABLE = """\
                          (own sources, lists, state, cache; the system's sources are never touched)
   4. guest userspace     trixie's cxl/daxctl (ndctl 81) and their libraries, libc and loader,
                          unpacked with dpkg -x into $PFCXL_CACHE/guest-root (merged /usr)
-  5. guest kernel        Debian's newest linux-image-6.12.*+deb12-amd64 from bookworm-backports,
+  5. acpica tools        trixie's acpica-tools (iasl 20250404) and libc, unpacked into
+                         $PFCXL_CACHE/acpica; iasl runs through trixie's loader (host untouched)
+  6. guest kernel        Debian's newest linux-image-6.12.*+deb12-amd64 from bookworm-backports,
                          downloaded (not installed) and unpacked into $PFCXL_CACHE/kernel
-  6. manifest            $PFCXL_CACHE/setup.json: kernel release, paths, ndctl and QEMU versions
-  7. python env          venv at $PFCXL_VENV (default <repo>/.venv), pip install -e '<repo>[test]'
+  7. manifest            $PFCXL_CACHE/setup.json: kernel release, paths, ndctl, QEMU and iasl
+  8. python env          venv at $PFCXL_VENV (default <repo>/.venv), pip install -e '<repo>[test]'
 """
 
 STEPS = [
@@ -34,6 +37,7 @@ STEPS = [
     Step("host packages", check_host_packages, run_host_packages),
     Step("trixie apt", check_trixie_apt, run_trixie_apt),
     Step("guest userspace", check_guest_userspace, run_guest_userspace),
+    Step("acpica tools", check_acpica, run_acpica),
     Step("guest kernel", check_guest_kernel, run_guest_kernel),
     Step("manifest", check_manifest, run_manifest),
     Step("python env", check_python_env, run_python_env),
