@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -68,21 +69,22 @@ def _run_dir(arg: str | None, keep: bool):
                     f.unlink()
             err.print(f"[dim]run directory kept: {path}[/dim]")
         else:
-            for f in path.iterdir():
-                f.unlink()
-            path.rmdir()
+            shutil.rmtree(path)
 
 
-def _build_image(topo: topology.Topology) -> image.BootImage:
+def _build_image(topo: topology.Topology, cedt_mode: str = "auto") -> image.BootImage:
+    ours = tables_generate.cedt_for_boot(topo, cedt_mode)
     with err.status("building guest image") as status:
-        img = image.build(topo, progress=lambda m: status.update(m))
+        img = image.build(topo, progress=lambda m: status.update(m), acpi_tables={"CEDT": ours} if ours else None)
+    if ours:
+        err.print("[dim]our CEDT replaces QEMU's (initrd ACPI table upgrade)[/dim]")
     err.print(f"[dim]guest image {img.initrd.name} ({'built' if img.rebuilt else 'cached'}), "
               f"kernel {img.kernel_release}[/dim]")
     return img
 
 
 def _boot(topo: topology.Topology, run_dir: Path, args) -> VM:
-    img = _build_image(topo)
+    img = _build_image(topo, args.cedt)
     start = time.monotonic()
     with err.status(f"booting {topo.name} under TCG (QEMU start to PFCXL-READY)"):
         vm = boot_ready(topo, img, run_dir, extra_cmdline=args.append, timeout=args.timeout)
@@ -163,7 +165,7 @@ def cmd_qemu_args(args) -> int:
 
 def cmd_image(args) -> int:
     topo = _load(args.topology)
-    img = _build_image(topo)
+    img = _build_image(topo, args.cedt)
     print(json.dumps({"kernel": str(img.kernel), "initrd": str(img.initrd),
                       "kernel_release": img.kernel_release, "rebuilt": img.rebuilt}))
     return 0
@@ -264,6 +266,9 @@ def _decode_tables(files: list[str], kind: str | None) -> int:
 
 def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
     p.add_argument("--topology", "-t", help="shipped topology name or TOML path (default: pf-nic)")
+    p.add_argument("--cedt", choices=tables_generate.CEDT_MODES, default="auto",
+                   help="whose CEDT the guest sees: QEMU's, or ours through the initrd table upgrade; "
+                   "auto (default) uses ours only when the topology sets fields QEMU cannot write")
     if boots:
         p.add_argument("--run-dir", help="directory for backing files and logs (kept; reused by a later "
                        "boot, so memory contents persist)")

@@ -123,8 +123,19 @@ def _with_directories(entries: list[cpio.Entry]) -> list[cpio.Entry]:
     return out + sorted(entries, key=lambda e: e.path)
 
 
-def build(topo: Topology, progress=None) -> BootImage:
-    """The kernel and initrd to boot `topo`, from the cache when nothing changed."""
+def acpi_override_archive(tables: dict[str, bytes]) -> bytes:
+    """The kernel's initrd ACPI table upgrade: an uncompressed cpio, first in the initrd, holding
+    kernel/firmware/acpi/<signature>.dat (file size equal to the table's length)."""
+    entries = [cpio.Entry.directory(d) for d in ("kernel", "kernel/firmware", "kernel/firmware/acpi")]
+    entries += [cpio.Entry.file(f"kernel/firmware/acpi/{sig}.dat", data) for sig, data in sorted(tables.items())]
+    return cpio.archive(entries)
+
+
+def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = None) -> BootImage:
+    """The kernel and initrd to boot `topo`, from the cache when nothing changed.
+
+    `acpi_tables` (signature -> bytes) replace QEMU's tables through the initrd table upgrade.
+    """
     manifest = _manifest()
     say = progress or (lambda message: None)
     say("collecting guest image inputs")
@@ -134,7 +145,8 @@ def build(topo: Topology, progress=None) -> BootImage:
     plan_text = plan.render(topo, [m.name for m in modules])
     plan_entry = cpio.Entry.file("etc/pfcxl/plan", plan_text.encode())
     body = cpio.archive(entries + [plan_entry])
-    digest = hashlib.sha256(body).hexdigest()[:20]
+    prefix = acpi_override_archive(acpi_tables) if acpi_tables else b""
+    digest = hashlib.sha256(prefix + body).hexdigest()[:20]
     images = cache.images_dir()
     images.mkdir(parents=True, exist_ok=True)
     initrd = images / f"initrd-{digest}.cpio.gz"
@@ -143,7 +155,7 @@ def build(topo: Topology, progress=None) -> BootImage:
         say(f"compressing guest image ({len(body) >> 20} MiB)")
         fd, tmp = tempfile.mkstemp(dir=images, prefix=".initrd-")
         with os.fdopen(fd, "wb") as f:
-            f.write(cpio.gzipped(body))
+            f.write(prefix + cpio.gzipped(body))
         os.replace(tmp, initrd)
     return BootImage(Path(manifest["vmlinuz"]), initrd, manifest["kernel_release"], rebuilt)
 

@@ -15,7 +15,6 @@ import re
 import secrets
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,8 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from pfcxl.device.topology import Topology
 from pfcxl.errors import VMError
+from pfcxl.firmware_tables.generate import TableSet, tables_for
+from pfcxl.firmware_tables.generate import write as write_tables
 
 from . import qemu
 from .image import BootImage
@@ -54,13 +55,14 @@ class VM:
     """A guest booted from a topology. Use as a context manager; see module docstring."""
 
     def __init__(self, topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
-                 extra_cmdline: str = "") -> None:
+                 extra_cmdline: str = "", tables: TableSet | None = None) -> None:
         self.topo, self.image, self.name = topo, image, name
         self.run_dir = Path(run_dir)
         self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline)
         self.state = VMState.CREATED
         self.console_log = self.run_dir / f"{name}.console.log"
         self.qemu_log = self.run_dir / f"{name}.qemu.log"
+        self.tables = tables if tables is not None else tables_for(topo)
         self.argv: list[str] = []
         self.ready_info: dict = {}
         self._proc: subprocess.Popen | None = None
@@ -82,11 +84,17 @@ class VM:
             raise VMError(f"{self.name}: launch() called in state {self.state.value}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         backing = qemu.prepare_backing(self.topo, self.run_dir)
+        cdat_files = {}
+        if self.tables.device_cdat or self.tables.switch_cdat:
+            tables_dir = self.run_dir / f"{self.name}.tables"
+            write_tables(self.topo, tables_dir, self.tables)
+            cdat_files = {k: tables_dir / f"{k}.cdat" for k in {**self.tables.device_cdat, **self.tables.switch_cdat}}
         console_ours, console_qemu = socket.socketpair()
         qmp_ours, qmp_qemu = socket.socketpair()
         boot = qemu.BootFiles(self.image.kernel, self.image.initrd, self.cmdline)
         self.argv = qemu.argv(self.topo, boot, backing, console_fd=console_qemu.fileno(),
-                              qmp_fd=qmp_qemu.fileno(), qemu=qemu.qemu_binary())
+                              qmp_fd=qmp_qemu.fileno(), qemu=qemu.qemu_binary(), cdat=cdat_files,
+                              numa_args=self.tables.numa_args)
         self.qemu_log.write_text(f"# {qemu.show(self.argv)}\n")
         self.state = VMState.BOOTING
         try:
@@ -249,6 +257,3 @@ def boot_ready(topo: Topology, image: BootImage, run_dir: Path, *, name: str = "
         raise
     return vm
 
-
-def elapsed(start: float) -> str:
-    return f"{time.monotonic() - start:.1f}s"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pfcxl.device import topology
+from pfcxl.firmware_tables import generate
 from pfcxl.host_tools import image
 from pfcxl.host_tools.vm import VM, boot_ready
 
@@ -46,12 +47,16 @@ def qemu_pids_using(path: Path) -> list[int]:
 
 @pytest.fixture
 def boot(tmp_path):
-    """boot(topology_name, run_dir=None, name='guest', extra_cmdline='') -> ready VM."""
+    """boot(topology name or Topology, run_dir=None, vm_name='guest', extra_cmdline='', cedt='auto')
+    -> ready VM."""
     vms: list[VM] = []
 
-    def _boot(name: str, run_dir: Path | None = None, vm_name: str = "guest", extra_cmdline: str = "") -> VM:
-        topo = load(name)
-        vm = boot_ready(topo, image.build(topo), run_dir or tmp_path, name=vm_name,
+    def _boot(name: str | topology.Topology, run_dir: Path | None = None, vm_name: str = "guest",
+              extra_cmdline: str = "", cedt: str = "auto") -> VM:
+        topo = load(name) if isinstance(name, str) else name
+        ours = generate.cedt_for_boot(topo, cedt)
+        img = image.build(topo, acpi_tables={"CEDT": ours} if ours else None)
+        vm = boot_ready(topo, img, run_dir or tmp_path, name=vm_name,
                         extra_cmdline=extra_cmdline, timeout=READY_TIMEOUT)
         vms.append(vm)
         return vm
