@@ -217,6 +217,8 @@ def decode_table(data: bytes) -> Table:
         else:
             item = decode(layout, data[:pos + length], pos, where=f"{layout.name} at {pos:#x}")
             problems += item.violations
+            if not item.values:      # its fixed part did not fit: nothing more to read
+                break
             problems += _semantic(item)
             subtables.append(item)
         pos += length

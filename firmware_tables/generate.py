@@ -52,9 +52,9 @@ def tables_for(topo: Topology, *, cedt_oem_revision: int = 1) -> TableSet:
         device_timing, switch_timing, host = profile
         for d in topo.devices:
             devices[d.id] = cdat.build(cdat.device_entries(d.volatile, device_timing))
-        for sw in topo.switches:
-            timing = switch_timing or device_timing
-            switches[sw.id] = cdat.build(cdat.switch_entries([p.port for p in sw.downstream], timing))
+        # A profile without switch figures (the photonic fabric has no switch) leaves QEMU's own.
+        for sw in topo.switches if switch_timing else ():
+            switches[sw.id] = cdat.build(cdat.switch_entries([p.port for p in sw.downstream], switch_timing))
         numa = numa_args(topo, host)
     return TableSet(cedt.from_topology(topo, oem_revision=cedt_oem_revision), devices, switches, numa)
 
