@@ -29,7 +29,7 @@ FLIT_BYTES = 68
 LANE_MBS = LINK_GTS * 1000 // 8                                  # 4000 MB/s per lane
 LINK_LATENCY_PS = FLIT_BYTES * 1_000_000 // LANE_MBS            # 17000 ps per downstream-port hop
 LINK_RAW_MBS = LANE_MBS * LINK_WIDTH                            # 64000: endpoint / switch upstream cap
-LINK_AVAILABLE_MBS = LINK_GTS * 1000 * 128 // 130 * LINK_WIDTH // 8   # 63015: 128b/130b encoding
+LINK_AVAILABLE_MBS = LINK_GTS * 1000 * 128 // 130 * LINK_WIDTH // 8   # 63014: 128b/130b encoding, integer math as Linux does
 
 # QEMU's switch CDAT when none is given (hw/pci-bridge/cxl_upstream.c): 150 ns, 16 x 1024 MB/s.
 QEMU_DEFAULT_SWITCH = fabric_constants.PathTiming(150, 150, 16 * 1024, 16 * 1024)
