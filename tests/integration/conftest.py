@@ -81,3 +81,10 @@ def daxio(vm: VM, args: str) -> dict:
 def pfcxl_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True,
                           text=True, **kwargs)
+
+
+def guest_file(vm: VM, path: str) -> bytes:
+    """A binary file from the guest (base64 over the console)."""
+    import base64
+    out = vm.check(f"base64 {path} | tr -d '\\n'; echo")
+    return base64.b64decode(out.strip())

@@ -1,0 +1,56 @@
+"""The guest kernel as a judge of our tables: it takes our CEDT in place of QEMU's, and the
+performance attributes it computes from our CDAT, generic port and HMAT match the predictor."""
+
+import dataclasses
+
+import pytest
+
+from pfcxl.firmware_tables import generate
+from pfcxl.host_tools import perf_predict
+
+from .conftest import guest_file, load
+
+pytestmark = pytest.mark.integration
+
+
+def test_guest_boots_with_our_cedt_and_sees_its_fields(boot):
+    plain = load("pf-nic")
+    # QEMU always writes restrictions 0x000F and QTG 0; these values exist only in our CEDT.
+    window = dataclasses.replace(plain.windows[0], restrictions=0x000E, qtg_id=1)
+    topo = dataclasses.replace(plain, windows=(window,))
+    ours = generate.cedt_for_boot(topo, "auto")
+    assert ours is not None
+
+    vm = boot(topo)
+    dmesg = vm.check("dmesg")
+    assert "ACPI: Table Upgrade: override [CEDT-BOCHS -BXPC    ]" in dmesg
+    assert guest_file(vm, "/sys/firmware/acpi/tables/CEDT") == ours
+    attrs = {a: vm.check(f"cat /sys/bus/cxl/devices/decoder0.0/{a}").strip()
+             for a in ("qos_class", "cap_type2", "cap_type3", "cap_ram", "cap_pmem")}
+    assert attrs == {"qos_class": "1", "cap_type2": "0", "cap_type3": "1", "cap_ram": "1", "cap_pmem": "1"}
+
+
+def _as_system_ram(name):
+    topo = load(name)
+    return dataclasses.replace(topo, regions=tuple(dataclasses.replace(r, mode="system-ram") for r in topo.regions))
+
+
+@pytest.mark.parametrize("name", ["pf-nic", "electrical-switch"])
+def test_region_access0_matches_prediction_and_pins_the_link_term_units(boot, name):
+    # access0/ is filled in only when the region's memory goes online (kmem), never for devdax.
+    topo = _as_system_ram(name)
+    vm = boot(topo)
+    assert vm.ready_info["regions"][0]["mode"] == "system-ram"
+    (documented,) = perf_predict.predict(topo)
+    seen = {}
+    for access in ("access0", "access1"):
+        seen[access] = {attr: int(vm.check(f"cat /sys/bus/cxl/devices/region0/{access}/{attr}"))
+                        for attr in documented.as_sysfs()}
+    kernel = documented.as_linux_6_12().as_sysfs()
+    assert seen["access0"] == kernel, f"documented {documented.as_sysfs()}"
+    assert seen["access1"] == kernel           # only CPU initiators: both classes agree
+    # Linux 6.12 discrepancy, pinned: its PCIe link term (cxl_pci_get_latency) is picoseconds,
+    # added unchanged to nanosecond latencies, 17000 per hop at 32 GT/s instead of 17.
+    hops = documented.link_hops
+    assert seen["access0"]["read_latency"] - documented.read_latency == hops * (17_000 - 17)
+    assert seen["access0"]["read_bandwidth"] == documented.read_bandwidth
