@@ -173,7 +173,7 @@ def cmd_image(args) -> int:
 
 def cmd_boot(args) -> int:
     topo = _load(args.topology)
-    with _run_dir(args.run_dir, keep=True) as run_dir, _boot(topo, run_dir, args) as vm:
+    with _run_dir(args.run_dir, keep=args.keep) as run_dir, _boot(topo, run_dir, args) as vm:
         terminal.interact(vm.console_fd, banner=f"pfcxl: {topo.name} console; Ctrl-] leaves and "
                                                 "powers the guest off")
     return 0

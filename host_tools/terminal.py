@@ -39,3 +39,4 @@ def interact(console_fd: int, banner: str = "") -> None:
     finally:
         if saved is not None:
             termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
+        sys.stderr.write("\r\n")   # whatever the guest printed last, pfcxl's next words start a line
