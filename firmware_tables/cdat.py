@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pfcxl.device.fabric_constants import PathTiming
 from pfcxl.errors import TableError
 
-from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode
+from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode, walk
 
 REVISION = 2                     # what QEMU 10 writes; iasl 20250404 reads it
 HEADER = Layout("CDAT header", "CDAT Header", (
@@ -191,26 +191,10 @@ def decode_table(data: bytes) -> Table:
             problems.append(f"CDAT header: checksum {header['checksum']:#04x} is wrong (should be "
                             f"{expected:#04x})")
     entries: list[Decoded] = []
-    pos, end = HEADER.size, min(len(data), header.get("length", len(data)) if header else len(data))
-    while header and pos < end:
-        h = decode(ENTRY_HEADER, data, pos, where=f"entry at {pos:#x}")
-        if not h.values:
-            problems += h.violations
-            break
-        kind, length = h.values["type"], h.values["length"]
-        if length < 4:
-            problems.append(f"entry at {pos:#x}: Length {length} is too small; stopping here")
-            break
-        layout = ENTRIES.get(kind)
-        if layout is None:
-            problems.append(f"entry at {pos:#x}: unknown CDAT entry type {kind} ({length} bytes skipped)")
-        else:
-            item = decode(layout, data[:pos + length], pos, where=f"{layout.name} at {pos:#x}")
-            problems += item.violations
-            if not item.values:      # its fixed part did not fit: nothing more to read
-                break
-            entries.append(item)
-        pos += length
+    if header:
+        end = min(len(data), header["length"])
+        entries, found = walk(data, HEADER.size, end, ENTRY_HEADER, ENTRIES, "entry")
+        problems += found
     table = Table(header, entries, problems)
     handles = {d["handle"] for d in table.of("DSMAS")}
     for e in table.entries:

@@ -13,7 +13,7 @@ from pfcxl.device.topology import Topology
 from pfcxl.errors import TableError
 
 from . import acpi
-from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode
+from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode, walk
 
 SIGNATURE = "CEDT"
 REVISION = 1
@@ -199,29 +199,11 @@ class Table:
 def decode_table(data: bytes) -> Table:
     """Read a CEDT; never raises on bad bytes: every problem found goes into `violations`."""
     header, problems = acpi.check_header(data, SIGNATURE)
-    subtables: list[Decoded] = []
-    pos = acpi.HEADER.size
     end = min(len(data), header.get("length", len(data)) if header else len(data))
-    while pos < end:
-        head = decode(SUBTABLE_HEADER, data, pos, where=f"subtable at {pos:#x}")
-        if not head.values:
-            problems += head.violations
-            break
-        kind, length = head.values["type"], head.values["length"]
-        if length < 4:
-            problems.append(f"subtable at {pos:#x}: Record Length {length} is too small; stopping here")
-            break
-        layout = SUBTABLES.get(kind)
-        if layout is None:
-            problems.append(f"subtable at {pos:#x}: unknown subtable type {kind} ({length} bytes skipped)")
-        else:
-            item = decode(layout, data[:pos + length], pos, where=f"{layout.name} at {pos:#x}")
-            problems += item.violations
-            if not item.values:      # its fixed part did not fit: nothing more to read
-                break
-            problems += _semantic(item)
-            subtables.append(item)
-        pos += length
+    subtables, found = walk(data, acpi.HEADER.size, end, SUBTABLE_HEADER, SUBTABLES, "subtable")
+    problems += found
+    for item in subtables:
+        problems += _semantic(item)
     table = Table(header, subtables, problems)
     problems += _cross_checks(table)
     return table

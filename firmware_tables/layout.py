@@ -189,6 +189,36 @@ def decode(layout: Layout, data: bytes, base: int = 0, length: int | None = None
     return Decoded(layout, base, values, length, problems)
 
 
+def walk(data: bytes, start: int, end: int, header: Layout, by_type: dict[int, Layout],
+         noun: str) -> tuple[list[Decoded], list[str]]:
+    """Decode a run of structures that each begin with type (1 byte), reserved, length (2 bytes),
+    the shape of CEDT subtables and CDAT entries. Unknown types are skipped by their length and
+    reported; a length that cannot be right ends the walk."""
+    items: list[Decoded] = []
+    problems: list[str] = []
+    pos = start
+    while pos < end:
+        head = decode(header, data, pos, where=f"{noun} at {pos:#x}")
+        if not head.values:
+            problems += head.violations
+            break
+        kind, length = head.values["type"], head.values["length"]
+        if length < header.size:
+            problems.append(f"{noun} at {pos:#x}: length {length} is too small; stopping here")
+            break
+        layout = by_type.get(kind)
+        if layout is None:
+            problems.append(f"{noun} at {pos:#x}: unknown {noun} type {kind} ({length} bytes skipped)")
+        else:
+            item = decode(layout, data[:pos + length], pos, where=f"{layout.name} at {pos:#x}")
+            problems += item.violations
+            if not item.values:      # its fixed part did not fit: nothing more to read
+                break
+            items.append(item)
+        pos += length
+    return items, problems
+
+
 # --------------------------------------------------------------------------- dump
 
 
