@@ -1,0 +1,128 @@
+"""The immutable topology objects; `topology` builds them from TOML and re-exports them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Guest:
+    memory: int
+    maxmem: int
+    slots: int
+    cpus: int
+    cmdline: str
+
+
+@dataclass(frozen=True)
+class HostBridge:
+    id: str
+    bus_nr: int
+
+
+@dataclass(frozen=True)
+class RootPort:
+    id: str
+    host_bridge: str
+    port: int
+    chassis: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class DownstreamPort:
+    id: str
+    switch: str
+    port: int
+    chassis: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class Switch:
+    id: str
+    root_port: str
+    downstream: tuple[DownstreamPort, ...]
+
+
+@dataclass(frozen=True)
+class Device:
+    """A CXL Type 3 memory device (the PF-NIC, or a module behind an electrical switch)."""
+
+    id: str
+    port: str
+    volatile: int
+    serial: int
+
+
+@dataclass(frozen=True)
+class Window:
+    """A CXL fixed memory window (one CFMWS entry, one root decoder in Linux)."""
+
+    id: str
+    size: int
+    targets: tuple[str, ...]
+    granularity: int
+    arithmetic: str = "modulo"      # CFMWS interleave arithmetic: modulo or xor
+    restrictions: int = 0x000F      # CFMWS window restriction bits (QEMU always writes 0x000F)
+    qtg_id: int = 0                 # CFMWS QoS throttling group
+
+    @property
+    def ways(self) -> int:
+        return len(self.targets)
+
+    @property
+    def qemu_expressible(self) -> bool:
+        """QEMU 10 writes modulo windows with restrictions 0x000F and QTG 0, nothing else."""
+        return self.arithmetic == "modulo" and self.restrictions == 0x000F and self.qtg_id == 0
+
+
+@dataclass(frozen=True)
+class Region:
+    id: str
+    window: str
+    devices: tuple[str, ...]
+    size: int
+    granularity: int
+    mode: str
+
+    @property
+    def ways(self) -> int:
+        return len(self.devices)
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    description: str
+    source: str
+    guest: Guest
+    host_bridges: tuple[HostBridge, ...]
+    root_ports: tuple[RootPort, ...]
+    switches: tuple[Switch, ...]
+    devices: tuple[Device, ...]
+    windows: tuple[Window, ...]
+    regions: tuple[Region, ...]
+    timing: str | None = None       # fabric_constants profile for CDAT and HMAT, or QEMU's defaults
+
+    @property
+    def downstream_ports(self) -> tuple[DownstreamPort, ...]:
+        return tuple(p for s in self.switches for p in s.downstream)
+
+    def device(self, device_id: str) -> Device:
+        return next(d for d in self.devices if d.id == device_id)
+
+    def window(self, window_id: str) -> Window:
+        return next(w for w in self.windows if w.id == window_id)
+
+    def host_bridge_of(self, device_id: str) -> str:
+        """The host bridge a device sits under, through any switch."""
+        port = self.device(device_id).port
+        for sw in self.switches:
+            if any(p.id == port for p in sw.downstream):
+                port = sw.root_port
+        return next(rp.host_bridge for rp in self.root_ports if rp.id == port)
+
+    @property
+    def needs_kmem(self) -> bool:
+        return any(r.mode == "system-ram" for r in self.regions)
