@@ -28,8 +28,9 @@ from pathlib import Path
 from pfcxl.errors import TopologyError
 
 from . import fabric_constants
-from .topology_model import (Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch,
+from .topology_model import (Appliance, Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch,
                              Topology, Window)
+from .topology_appliance import check_appliance_devices, read_appliance
 from .topology_reader import REQUIRED, Problems, Table, entries, read_list, string_list
 from .topology_rules import (BACKEND_PREFIX, MAX_GRANULARITY, MAX_RESTRICTIONS, MAX_WINDOW_TARGETS,
                              MIN_GRANULARITY, REGION_ALIGN, REGION_MODES, VALID_WAYS, WINDOW_ARITHMETIC,
@@ -41,11 +42,11 @@ DEFAULT_TOPOLOGY = "pf-nic"
 __all__ = [
     "BACKEND_PREFIX", "DEFAULT_TOPOLOGY", "MAX_GRANULARITY", "MAX_RESTRICTIONS", "MAX_WINDOW_TARGETS",
     "MIN_GRANULARITY", "REGION_ALIGN", "REGION_MODES", "TOPOLOGY_DIR", "VALID_WAYS", "WINDOW_ARITHMETIC",
-    "Device", "DownstreamPort", "Guest", "HostBridge", "Region", "RootPort", "Switch", "Topology",
+    "Appliance", "Device", "DownstreamPort", "Guest", "HostBridge", "Region", "RootPort", "Switch", "Topology",
     "TopologyError", "Window", "from_dict", "load", "resolve", "shipped_topologies",
 ]
 
-_SECTIONS = ("guest", "host_bridge", "root_port", "switch", "device", "window", "region")
+_SECTIONS = ("guest", "host_bridge", "root_port", "switch", "device", "window", "region", "appliance")
 
 
 def _read_guest(problems: Problems, doc: dict) -> Guest | None:
@@ -137,8 +138,11 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     switches = read_list(problems, doc, "switch", {"id": (str, REQUIRED), "root_port": (str, REQUIRED),
                                                    "downstream": (list, REQUIRED)}, build_switch)
     devices = read_list(problems, doc, "device", {"id": (str, REQUIRED), "port": (str, REQUIRED),
-                                                  "volatile": ("size", REQUIRED), "serial": (int, REQUIRED)},
-                        lambda t, w: Device(t["id"], t["port"], t["volatile"], t["serial"]))
+                                                  "volatile": ("size", REQUIRED), "serial": (int, REQUIRED),
+                                                  "appliance": (str, None)},
+                        lambda t, w: Device(t["id"], t["port"], t["volatile"], t["serial"], t["appliance"]))
+    appliance = read_appliance(problems, doc)
+    check_appliance_devices(problems, appliance, devices)
 
     def build_window(t: Table, where: str) -> Window | None:
         targets = string_list(problems, f"{where}.targets", t["targets"])
@@ -168,5 +172,6 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     topo_regions = check(problems, bridges, root_ports, switches, devices, windows, regions)
     problems.raise_if_any()
     return Topology(top["name"], top["description"], source, guest, tuple(bridges), tuple(root_ports),
-                    tuple(switches), tuple(devices), tuple(windows), tuple(topo_regions), top["timing"])
+                    tuple(switches), tuple(devices), tuple(windows), tuple(topo_regions), top["timing"],
+                    appliance)
 

@@ -53,6 +53,26 @@ class Device:
     port: str
     volatile: int
     serial: int
+    appliance: str | None = None    # "shared" or "private": memory served by the appliance service
+
+
+@dataclass(frozen=True)
+class Appliance:
+    """The pooled-memory appliance (seed/DIGEST.md): memory modules interleaved into one pool,
+    ports for hosts, a shared region every host maps and an optional private region per host."""
+
+    modules: int
+    module_capacity: int
+    hbm_cache: int                  # per module, HBM3E write-through cache (used by the timing model)
+    ports: int
+    granularity: int                # pool offsets interleave across modules at this granularity
+    shared: int
+    private: int                    # per host; 0 = no private regions
+    backing: str                    # "memfd" (volatile) or "directory" (persistent files)
+
+    @property
+    def capacity(self) -> int:
+        return self.modules * self.module_capacity
 
 
 @dataclass(frozen=True)
@@ -104,6 +124,7 @@ class Topology:
     windows: tuple[Window, ...]
     regions: tuple[Region, ...]
     timing: str | None = None       # fabric_constants profile for CDAT and HMAT, or QEMU's defaults
+    appliance: Appliance | None = None
 
     @property
     def downstream_ports(self) -> tuple[DownstreamPort, ...]:

@@ -27,7 +27,7 @@ from pfcxl.firmware_tables import cdat as tables_cdat
 from pfcxl.firmware_tables import cedt as tables_cedt
 from pfcxl.firmware_tables import generate as tables_generate
 
-from . import discovery, image, qemu, terminal
+from . import appliance, discovery, image, qemu, terminal
 from .vm import VM, boot_ready
 
 # Not a terminal (logs, CI): wide enough that tables and addresses are not cut.
@@ -83,14 +83,27 @@ def _build_image(topo: topology.Topology, cedt_mode: str = "auto") -> image.Boot
     return img
 
 
-def _boot(topo: topology.Topology, run_dir: Path, args) -> VM:
-    img = _build_image(topo, args.cedt)
-    start = time.monotonic()
-    with err.status(f"booting {topo.name} under TCG (QEMU start to PFCXL-READY)"):
-        vm = boot_ready(topo, img, run_dir, extra_cmdline=args.append, timeout=args.timeout)
-    err.print(f"[dim]{topo.name}: guest ready in {time.monotonic() - start:.1f}s wall "
-              f"({', '.join(r['dax'] + ' ' + r['mode'] for r in vm.ready_info.get('regions', []))})[/dim]")
-    return vm
+@contextlib.contextmanager
+def _booted(topo: topology.Topology, args):
+    """A ready guest for a command: run directory, appliance attachment (when the topology's
+    devices are served by the appliance), VM; all torn down in reverse order."""
+    with contextlib.ExitStack() as stack:
+        run_dir = stack.enter_context(_run_dir(args.run_dir, keep=args.keep))
+        fds = {}
+        if any(d.appliance for d in topo.devices):
+            where = Path(args.appliance_dir) if args.appliance_dir else appliance.default_dir(topo)
+            client = stack.enter_context(appliance.Client(where))
+            att = client.attach(args.host)
+            err.print(f"[dim]attached as host {att.host} at appliance port {att.port} ({where})[/dim]")
+            fds = {d.id: att.region(d.appliance).fd for d in topo.devices if d.appliance}
+        img = _build_image(topo, args.cedt)
+        start = time.monotonic()
+        with err.status(f"booting {topo.name} under TCG (QEMU start to PFCXL-READY)"):
+            vm = stack.enter_context(boot_ready(topo, img, run_dir, extra_cmdline=args.append,
+                                               timeout=args.timeout, appliance_fds=fds))
+        err.print(f"[dim]{topo.name}: guest ready in {time.monotonic() - start:.1f}s wall "
+                  f"({', '.join(r['dax'] + ' ' + r['mode'] for r in vm.ready_info.get('regions', []))})[/dim]")
+        yield vm
 
 
 # --------------------------------------------------------------------------- commands
@@ -173,7 +186,7 @@ def cmd_image(args) -> int:
 
 def cmd_boot(args) -> int:
     topo = _load(args.topology)
-    with _run_dir(args.run_dir, keep=args.keep) as run_dir, _boot(topo, run_dir, args) as vm:
+    with _booted(topo, args) as vm:
         terminal.interact(vm.console_fd, banner=f"pfcxl: {topo.name} console; Ctrl-] leaves and "
                                                 "powers the guest off")
     return 0
@@ -184,7 +197,7 @@ def cmd_run(args) -> int:
         raise PfcxlError("pfcxl run: give a command after --, e.g. pfcxl run -- cxl list -R")
     topo = _load(args.topology)
     command = shlex.join(args.command) if len(args.command) > 1 else args.command[0]
-    with _run_dir(args.run_dir, keep=args.keep) as run_dir, _boot(topo, run_dir, args) as vm:
+    with _booted(topo, args) as vm:
         result = vm.run(command, timeout=args.command_timeout)
     sys.stdout.write(result.output)
     sys.stdout.flush()
@@ -193,7 +206,7 @@ def cmd_run(args) -> int:
 
 def cmd_demo(args) -> int:
     topo = _load(args.topology)
-    with _run_dir(args.run_dir, keep=args.keep) as run_dir, _boot(topo, run_dir, args) as vm:
+    with _booted(topo, args) as vm:
         found = discovery.discover(vm)
     checks = discovery.compare(topo, found)
     t = Table(title=f"{topo.name}: what the guest's CXL subsystem found vs. what the topology predicts",
@@ -276,6 +289,10 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
         p.add_argument("--timeout", type=float, default=300,
                        help="seconds to wait for the guest to become ready (default 300)")
         p.add_argument("--append", default="", help="extra kernel command line")
+        p.add_argument("--host", type=int, default=0,
+                       help="host id on the appliance, for topologies whose devices it serves (default 0)")
+        p.add_argument("--appliance-dir", help="run directory of the appliance to attach to "
+                       "(default: $PFCXL_CACHE/appliance/<topology name>)")
 
 
 def parser() -> argparse.ArgumentParser:

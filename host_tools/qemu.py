@@ -59,14 +59,25 @@ def kernel_cmdline(topo: Topology, extra: str = "") -> str:
 
 
 def backing_paths(topo: Topology, run_dir: Path) -> dict[str, Path]:
-    """Device id -> the file that holds its memory (shared with other QEMUs and the host)."""
-    return {d.id: run_dir / f"{d.id}.mem" for d in topo.devices}
+    """Device id -> the file that holds its memory (shared with other QEMUs and the host).
+    Devices the appliance serves are not here: their memory comes as descriptors (inherited_backing)."""
+    return {d.id: run_dir / f"{d.id}.mem" for d in topo.devices if d.appliance is None}
+
+
+def inherited_backing(fds: dict[str, int]) -> dict[str, str]:
+    """Device id -> descriptor QEMU inherits (same number) -> mem-path=/proc/self/fd/N.
+
+    memory-backend-file opens mem-path with a plain open(), so /dev/fdset paths do not work
+    there; reopening the inherited descriptor through /proc maps the very same memfd or file."""
+    return {dev_id: f"/proc/self/fd/{fd}" for dev_id, fd in fds.items()}
 
 
 def prepare_backing(topo: Topology, run_dir: Path) -> dict[str, Path]:
     """Create missing backing files (sparse) and refuse ones of the wrong size: never truncate data."""
     paths = backing_paths(topo, run_dir)
     for dev in topo.devices:
+        if dev.id not in paths:
+            continue
         path = paths[dev.id]
         if path.exists():
             size = path.stat().st_size
@@ -79,7 +90,7 @@ def prepare_backing(topo: Topology, run_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def argv(topo: Topology, boot: BootFiles, backing: dict[str, Path], *, console_fd: int, qmp_fd: int,
+def argv(topo: Topology, boot: BootFiles, backing: dict[str, Path | str], *, console_fd: int, qmp_fd: int,
          qemu: str = QEMU_BINARY, cdat: dict[str, Path] | None = None,
          numa_args: list[str] | None = None) -> list[str]:
     """QEMU's argv. `cdat` maps device/switch ids to CDAT files; `numa_args` are generic-port and

@@ -55,7 +55,8 @@ class VM:
     """A guest booted from a topology. Use as a context manager; see module docstring."""
 
     def __init__(self, topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
-                 extra_cmdline: str = "", tables: TableSet | None = None) -> None:
+                 extra_cmdline: str = "", tables: TableSet | None = None,
+                 appliance_fds: dict[str, int] | None = None) -> None:
         self.topo, self.image, self.name = topo, image, name
         self.run_dir = Path(run_dir)
         self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline)
@@ -63,6 +64,11 @@ class VM:
         self.console_log = self.run_dir / f"{name}.console.log"
         self.qemu_log = self.run_dir / f"{name}.qemu.log"
         self.tables = tables if tables is not None else tables_for(topo)
+        self.appliance_fds = appliance_fds or {}     # device id -> descriptor from the appliance
+        missing = [d.id for d in topo.devices if d.appliance and d.id not in self.appliance_fds]
+        if missing:
+            raise VMError(f"devices {', '.join(missing)} are served by the appliance: attach this host "
+                          "first (pfcxl run --host N, with 'pfcxl appliance start' running)")
         self.argv: list[str] = []
         self.ready_info: dict = {}
         self._proc: subprocess.Popen | None = None
@@ -83,7 +89,8 @@ class VM:
         if self.state is not VMState.CREATED:
             raise VMError(f"{self.name}: launch() called in state {self.state.value}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        backing = qemu.prepare_backing(self.topo, self.run_dir)
+        backing: dict[str, Path | str] = dict(qemu.prepare_backing(self.topo, self.run_dir))
+        backing.update(qemu.inherited_backing(self.appliance_fds))
         cdat_files = {}
         if self.tables.device_cdat or self.tables.switch_cdat:
             tables_dir = self.run_dir / f"{self.name}.tables"
@@ -98,7 +105,8 @@ class VM:
         self.qemu_log.write_text(f"# {qemu.show(self.argv)}\n")
         self.state = VMState.BOOTING
         try:
-            self._proc = spawn(self.argv, log=self.qemu_log, pass_fds=(console_qemu.fileno(), qmp_qemu.fileno()))
+            self._proc = spawn(self.argv, log=self.qemu_log, pass_fds=(console_qemu.fileno(), qmp_qemu.fileno(),
+                                                                        *self.appliance_fds.values()))
             console_qemu.close()
             qmp_qemu.close()
             self._console_sock = console_ours
@@ -170,11 +178,20 @@ class VM:
 
     def run(self, command: str, timeout: float = 120) -> CommandResult:
         """Run a shell command on the console; return its output and exit status."""
+        return self.finish_command(self.start_command(command), timeout)
+
+    def start_command(self, command: str) -> tuple[str, str]:
+        """Type a command and return at once (several guests can then work at the same time)."""
         self._require(VMState.READY)
         tag = secrets.token_hex(4)
         # The markers only appear once the shell expands $((...)): the echo of the typed line
         # cannot be mistaken for them.
         self._console.sendline(f"echo {tag}$((0)); {command}; echo {tag}$((1))=$?")
+        return tag, command
+
+    def finish_command(self, started: tuple[str, str], timeout: float = 120) -> CommandResult:
+        """Wait for a command from start_command; its output and exit status."""
+        tag, command = started
         pattern = re.compile(rf"{tag}0\r?\n(.*?){tag}1=(\d+)\r?\n".encode(), re.DOTALL)
         try:
             self._console.expect(pattern, timeout=timeout)
@@ -246,9 +263,9 @@ class VM:
 
 
 def boot_ready(topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
-               extra_cmdline: str = "", timeout: float = 180) -> VM:
+               extra_cmdline: str = "", timeout: float = 180, appliance_fds: dict[str, int] | None = None) -> VM:
     """Launch and wait for ready; on failure nothing is left running."""
-    vm = VM(topo, image, run_dir, name=name, extra_cmdline=extra_cmdline)
+    vm = VM(topo, image, run_dir, name=name, extra_cmdline=extra_cmdline, appliance_fds=appliance_fds)
     try:
         vm.launch()
         vm.wait_ready(timeout)

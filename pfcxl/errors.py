@@ -39,3 +39,9 @@ class TableError(PfcxlError):
     """A firmware table cannot be built from the request, or bytes cannot be read as one."""
 
     exit_code = 6
+
+
+class ApplianceError(PfcxlError):
+    """The appliance service cannot start, is not running, or refused a request."""
+
+    exit_code = 7

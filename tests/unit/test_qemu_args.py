@@ -98,10 +98,20 @@ def load_case(name: str) -> topology.Topology:
 @pytest.fixture(params=sorted(CASES) + ["two-windows"])
 def rendered(request, tmp_path):
     topo = load_case(request.param)
-    backing = qemu.backing_paths(topo, tmp_path / "run")
+    backing = dict(qemu.backing_paths(topo, tmp_path / "run"))
+    # devices the appliance serves arrive as inherited descriptors (fake numbers here)
+    backing.update(qemu.inherited_backing({d.id: 40 + i for i, d in enumerate(topo.devices) if d.appliance}))
     boot = qemu.BootFiles(tmp_path / "vmlinuz", tmp_path / "initrd.cpio.gz", qemu.kernel_cmdline(topo))
     argv = qemu.argv(topo, boot, backing, console_fd=CONSOLE_FD, qmp_fd=QMP_FD, qemu=QEMU)
     return topo, boot, backing, argv
+
+
+def test_appliance_devices_map_inherited_descriptors(rendered):
+    topo, boot, backing, argv = rendered
+    by_id = {b["id"]: b for b in objects(argv, "memory-backend-file")}
+    for i, dev in enumerate(topo.devices):
+        if dev.appliance:
+            assert by_id[BACKEND_PREFIX + dev.id]["mem-path"] == f"/proc/self/fd/{40 + i}"
 
 
 # --------------------------------------------------------------------------- argv per topology

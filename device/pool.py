@@ -1,0 +1,201 @@
+"""The appliance's pooled memory: partitions, their backing, and which module serves each byte.
+
+Pool offsets: the shared region is [0, shared); private slot s is [shared + s*private, ...).
+Offsets rotate over the memory modules at the appliance's granularity, as the appliance
+interleaves its modules: module = (offset / g) mod modules.
+
+Each partition is its own memfd (volatile) or file (persistent), so handing a host the shared
+region and its private region gives it no way to reach another host's private memory.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import zlib
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+from pfcxl.errors import ApplianceError
+
+from .topology_model import Appliance
+
+LAYOUT_FILE = "layout.json"
+
+
+@dataclass
+class Partition:
+    name: str            # "shared" or "private/<slot>"
+    pool_offset: int
+    size: int
+    fd: int
+
+
+def where(appliance: Appliance, offset: int) -> dict:
+    """Which module serves pool `offset`, at which module offset, in which region."""
+    if not 0 <= offset < appliance.shared + appliance.ports * appliance.private:
+        raise ApplianceError(f"pool offset {offset:#x} is outside the pool's "
+                             f"{appliance.shared + appliance.ports * appliance.private:#x} mapped bytes")
+    g, m = appliance.granularity, appliance.modules
+    granule, rest = divmod(offset, g)
+    if offset < appliance.shared:
+        region, region_offset = "shared", offset
+    else:
+        slot, region_offset = divmod(offset - appliance.shared, appliance.private)
+        region = f"private/{slot}"
+    return {"offset": offset, "module": granule % m, "module_offset": (granule // m) * g + rest,
+            "region": region, "region_offset": region_offset}
+
+
+def bytes_per_module(appliance: Appliance, start: int, size: int) -> list[int]:
+    """How many bytes of [start, start+size) each module serves (exact, by granule counting)."""
+    g, m = appliance.granularity, appliance.modules
+    out = [0] * m
+    first, last = start // g, (start + size - 1) // g
+    if size <= 0:
+        return out
+    # whole rotations over all modules, then the partial granules at both ends
+    full = (last - first + 1) // m
+    for k in range(m):
+        out[k] = full * g
+    for granule in range(first + full * m, last + 1):
+        out[granule % m] += g
+    out[first % m] -= start - first * g
+    out[last % m] -= (last + 1) * g - (start + size)
+    return out
+
+
+class Pool:
+    """Owns the partitions' file descriptors. A context manager: closing it never loses data
+    in directory mode (the files stay), and frees the memory in memfd mode."""
+
+    def __init__(self, appliance: Appliance, directory: Path | None) -> None:
+        self.appliance = appliance
+        self.directory = directory
+        self.partitions: list[Partition] = []
+        self._open()
+        g = appliance.granularity
+        self._last_crc = array("I", [0]) * (self.mapped_bytes // g)
+        self._zero_crc = zlib.crc32(bytes(g))
+        self.changed = [0] * appliance.modules
+
+    @property
+    def mapped_bytes(self) -> int:
+        return self.appliance.shared + self.appliance.ports * self.appliance.private
+
+    def _layout_record(self) -> dict:
+        a = self.appliance
+        return {"shared": a.shared, "private": a.private, "ports": a.ports, "modules": a.modules,
+                "module_capacity": a.module_capacity, "granularity": a.granularity}
+
+    def _open(self) -> None:
+        a = self.appliance
+        names = [("shared", 0, a.shared)]
+        if a.private:
+            names += [(f"private/{s}", a.shared + s * a.private, a.private) for s in range(a.ports)]
+        if a.backing == "directory":
+            self._check_directory()
+        try:
+            for name, offset, size in names:
+                self.partitions.append(Partition(name, offset, size, self._open_one(name, size)))
+        except BaseException:
+            self.close()
+            raise
+        if a.backing == "directory":
+            (self.directory / LAYOUT_FILE).write_text(json.dumps(self._layout_record(), indent=1) + "\n")
+
+    def _check_directory(self) -> None:
+        """Persistent files are reused only if they were made for this very layout."""
+        assert self.directory is not None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        record = self.directory / LAYOUT_FILE
+        if record.exists():
+            try:
+                old = json.loads(record.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ApplianceError(f"{record} is unreadable ({exc}); the pool files next to it are in "
+                                     "an unknown state: move the directory away") from None
+            if old != self._layout_record():
+                diff = ", ".join(f"{k} {old.get(k)} -> {v}" for k, v in self._layout_record().items()
+                                 if old.get(k) != v)
+                raise ApplianceError(f"pool files in {self.directory} were made for another layout ({diff}); "
+                                     "refusing to reuse them: move them away or choose another --run-dir")
+        elif any(self.directory.glob("*.pool")):
+            raise ApplianceError(f"{self.directory} holds pool files but no {LAYOUT_FILE}: left by an "
+                                 "unknown run; refusing to reuse them")
+
+    def _open_one(self, name: str, size: int) -> int:
+        if self.appliance.backing == "memfd":
+            fd = os.memfd_create(f"pfcxl-{name.replace('/', '-')}", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)
+            return fd
+        path = self.directory / f"{name.replace('/', '-')}.pool"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        have = os.fstat(fd).st_size
+        if have not in (0, size):
+            os.close(fd)
+            raise ApplianceError(f"{path} has {have} bytes, the layout needs {size}: refusing to resize it")
+        if have == 0:
+            os.ftruncate(fd, size)
+        return fd
+
+    def partition(self, name: str) -> Partition:
+        return next(p for p in self.partitions if p.name == name)
+
+    def close(self) -> None:
+        for p in self.partitions:
+            try:
+                os.close(p.fd)
+            except OSError:
+                pass
+        self.partitions = []
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def checksums(self) -> dict[str, str]:
+        """crc32 of every partition and of the whole pool, in pool order."""
+        out, total = {}, 0
+        for p in self.partitions:
+            crc = 0
+            with mmap.mmap(p.fd, p.size, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+                for off in range(0, p.size, 16 << 20):
+                    chunk = m[off:off + (16 << 20)]
+                    crc = zlib.crc32(chunk, crc)
+                    total = zlib.crc32(chunk, total)
+            out[p.name] = f"{crc:#010x}"
+        out["pool"] = f"{total:#010x}"
+        return out
+
+    def scan(self) -> None:
+        """Count, per module, the granules whose contents changed since the last scan. Only the
+        data extents of each partition are read (holes are zero), so idle pools cost little."""
+        g, m = self.appliance.granularity, self.appliance.modules
+        for p in self.partitions:
+            with mmap.mmap(p.fd, p.size, mmap.MAP_SHARED, mmap.PROT_READ) as view:
+                for start, end in _data_extents(p.fd, p.size):
+                    for off in range(start - start % g, end, g):
+                        crc = zlib.crc32(view[off:off + g])
+                        index = (p.pool_offset + off) // g
+                        before = self._last_crc[index] or self._zero_crc
+                        if crc != before:
+                            self.changed[index % m] += g
+                            self._last_crc[index] = crc
+
+
+def _data_extents(fd: int, size: int):
+    """(start, end) ranges of a file that hold data (SEEK_DATA / SEEK_HOLE)."""
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:           # ENXIO: no data after pos
+            return
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, min(end, size)
+        pos = end
