@@ -14,7 +14,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -27,12 +26,10 @@ from pfcxl.firmware_tables import cdat as tables_cdat
 from pfcxl.firmware_tables import cedt as tables_cedt
 from pfcxl.firmware_tables import generate as tables_generate
 
-from . import appliance, discovery, image, qemu, terminal
+from . import appliance, cli_appliance, discovery, image, qemu, terminal
+from .ui import err, out
 from .vm import VM, boot_ready
 
-# Not a terminal (logs, CI): wide enough that tables and addresses are not cut.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 EPILOG = """\
 Topologies: give a shipped name (pf-nic, two-hb-interleave, electrical-switch) or a path to a
@@ -349,6 +346,8 @@ def parser() -> argparse.ArgumentParser:
                    help="decode: read files as this table kind (default: CEDT if the file says so, else CDAT)")
     p.set_defaults(func=cmd_tables)
 
+    cli_appliance.add_parsers(sub, _common)
+
     p = sub.add_parser("demo", help="boot and compare what the guest discovered with the topology's predictions")
     _common(p, boots=True)
     p.set_defaults(func=cmd_demo)
@@ -361,7 +360,7 @@ def _terminate(signum, frame):  # SIGTERM unwinds like Ctrl-C, so every VM is sh
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if getattr(args, "command", None) and args.command[:1] == ["--"]:
+    if isinstance(getattr(args, "command", None), list) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     signal.signal(signal.SIGTERM, _terminate)
     try:

@@ -1,0 +1,161 @@
+"""`pfcxl appliance start|stop|status|where` and `pfcxl multihost`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from pfcxl.device import topology
+from pfcxl.device.units import human
+from pfcxl.errors import PfcxlError
+
+from . import appliance, multihost
+from .ui import err, out
+
+DEFAULT_APPLIANCE = "pf-appliance"
+
+
+def _topology(args) -> tuple[topology.Topology, Path]:
+    path = topology.resolve(args.topology or DEFAULT_APPLIANCE)
+    return topology.load(path), path
+
+
+def _dir(args, topo: topology.Topology) -> Path:
+    return Path(args.run_dir) if args.run_dir else appliance.default_dir(topo)
+
+
+def cmd_start(args) -> int:
+    topo, path = _topology(args)
+    run_dir = _dir(args, topo)
+    pid = appliance.start(topo, path, run_dir, foreground=args.foreground, scan_interval=args.scan_interval)
+    a = topo.appliance
+    out.print(f"appliance '{topo.name}' running (pid {pid}): {a.modules} modules x {human(a.module_capacity)}, "
+              f"{a.ports} ports, shared {human(a.shared)}, private {human(a.private)} per host, {a.backing}")
+    out.print(f"socket {run_dir / appliance.SOCKET}, log {run_dir / appliance.LOG}", highlight=False)
+    return 0
+
+
+def cmd_stop(args) -> int:
+    topo, _ = _topology(args)
+    out.print(appliance.stop(_dir(args, topo)))
+    return 0
+
+
+def cmd_status(args) -> int:
+    topo, _ = _topology(args)
+    run_dir = _dir(args, topo)
+    with appliance.Client(run_dir) as client:
+        status = client.call("status")
+    if args.json:
+        print(json.dumps(status, indent=1))
+        return 0
+    a = status["appliance"]
+    out.print(f"appliance '{a['topology']}' (pid {status['pid']}, {a['backing']}): {a['modules']} modules, "
+              f"{a['ports']} ports, granularity {human(a['granularity'])}")
+    m = Table(title="memory modules", title_justify="left")
+    for col in ("module", "capacity", "HBM cache", "bytes mapped", "bytes changed"):
+        m.add_column(col, justify="right")
+    for mod in status["modules"]:
+        m.add_row(str(mod["module"]), human(mod["capacity"]), human(mod["hbm_cache"]),
+                  f"{mod['bytes_mapped']:,}", f"{mod['bytes_changed']:,}")
+    out.print(m)
+    p = Table(title="ports", title_justify="left")
+    for col in ("port", "host", "private slot", "bytes mapped", "attached for"):
+        p.add_column(col, justify="right")
+    hosts = {h["host"]: h for h in status["hosts"]}
+    for port in status["ports"]:
+        h = hosts.get(port["host"]) if port["host"] is not None else None
+        p.add_row(str(port["port"]), "-" if h is None else str(h["host"]),
+                  "-" if h is None or h["private_slot"] is None else str(h["private_slot"]),
+                  "-" if h is None else f"{h['bytes_mapped']:,}",
+                  "-" if port["since"] is None else f"{time.time() - port['since']:.0f}s")
+    out.print(p)
+    scan = status["scan"]
+    out.print(f"[dim]bytes changed: granules whose contents changed between scans, every {scan['interval']}s "
+              f"(last scan took {scan['seconds']}s)[/dim]")
+    return 0
+
+
+def cmd_where(args) -> int:
+    topo, _ = _topology(args)
+    try:
+        offset = int(args.offset, 0)
+    except ValueError:
+        raise PfcxlError(f"offset '{args.offset}' is not a number (decimal or 0x hex)") from None
+    with appliance.Client(_dir(args, topo)) as client:
+        w = client.call("where", offset=offset)
+    out.print(f"pool offset {w['offset']:#x}: module {w['module']} at module offset {w['module_offset']:#x}; "
+              f"region {w['region']} at {w['region_offset']:#x}")
+    return 0
+
+
+def cmd_multihost(args) -> int:
+    if not args.command:
+        raise PfcxlError("pfcxl multihost: give a command after --, e.g. pfcxl multihost -n 4 -- cxl list")
+    command = " ".join(args.command)
+    topo, path = _topology(args)
+    start = time.monotonic()
+
+    def host_done(r: multihost.HostResult) -> None:
+        state = "[red]failed[/red]" if r.error or r.status else "[green]ok[/green]"
+        err.print(f"  host {r.host:2} (port {r.port:2}): {state} ready in {r.ready_seconds:.1f}s"
+                  + (f", exit {r.status}" if r.status is not None else ""))
+
+    with tempfile.TemporaryDirectory(prefix="pfcxl-multihost-") as tmp:
+        results = multihost.run(topo, path, args.hosts, command, run_dir=Path(tmp),
+                                appliance_dir=Path(args.appliance_dir) if args.appliance_dir else None,
+                                ready_timeout=args.timeout, command_timeout=args.command_timeout,
+                                say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), host_done=host_done)
+    for r in results:
+        out.print(f"== host {r.host} (port {r.port}, exit {r.status if r.status is not None else '-'})",
+                  highlight=False)
+        out.print(escape(r.error) if r.error else escape(r.output.rstrip()), highlight=False)
+    failed = [r.host for r in results if r.error or r.status]
+    err.print(f"{len(results) - len(failed)} of {len(results)} hosts ok, {time.monotonic() - start:.1f}s wall"
+              + (f"; failed: {', '.join(map(str, failed))}" if failed else ""))
+    return 1 if failed else 0
+
+
+def add_parsers(sub, common) -> None:
+    ap = sub.add_parser("appliance", help="the appliance service that owns the pooled memory",
+                        description="Start, stop and inspect the appliance service: one background process "
+                        "that owns the pool (16 modules, 16 ports in pf-appliance) and hands its memory to "
+                        "hosts over a unix socket.")
+    asub = ap.add_subparsers(dest="appliance_cmd", metavar="ACTION", required=True)
+
+    def base(p):
+        p.add_argument("--topology", "-t", help=f"topology with an [appliance] section (default {DEFAULT_APPLIANCE})")
+        p.add_argument("--run-dir", help="socket, pid file, log (and persistent pool files); "
+                       "default $PFCXL_CACHE/appliance/<topology name>")
+        return p
+
+    p = base(asub.add_parser("start", help="start in the background (pid file, log, socket 0600)"))
+    p.add_argument("--foreground", action="store_true", help="run in this terminal, logging to stderr")
+    p.add_argument("--scan-interval", type=float, default=5.0, help="seconds between change scans (default 5)")
+    p.set_defaults(func=cmd_start)
+    base(asub.add_parser("stop", help="stop it (or clean up after a crashed one)")).set_defaults(func=cmd_stop)
+    p = base(asub.add_parser("status", help="modules, ports, attached hosts, bytes mapped and changed"))
+    p.add_argument("--json", action="store_true", help="the raw status reply")
+    p.set_defaults(func=cmd_status)
+    p = base(asub.add_parser("where", help="which module serves a pool offset"))
+    p.add_argument("offset", help="pool offset (decimal or 0x hex)")
+    p.set_defaults(func=cmd_where)
+
+    p = sub.add_parser("multihost", help="boot N hosts on one appliance, run a command in each",
+                       description="Boot N guests attached to one appliance (hosts 0..N-1) at once, run "
+                       "CMD in each with {host} and {hosts} replaced, and print every host's output. "
+                       "Uses the running appliance of the topology, or starts a temporary one.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", "-n", type=int, required=True, help="number of hosts")
+    p.add_argument("--topology", "-t", help=f"default {DEFAULT_APPLIANCE}")
+    p.add_argument("--appliance-dir", help="run directory of a running appliance to use")
+    p.add_argument("--timeout", type=float, default=900, help="seconds for all guests to be ready (default 900)")
+    p.add_argument("--command-timeout", type=float, default=900, help="seconds for the command (default 900)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command for each guest")
+    p.set_defaults(func=cmd_multihost)
