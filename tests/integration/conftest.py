@@ -52,12 +52,12 @@ def boot(tmp_path):
     vms: list[VM] = []
 
     def _boot(name: str | topology.Topology, run_dir: Path | None = None, vm_name: str = "guest",
-              extra_cmdline: str = "", cedt: str = "auto") -> VM:
+              extra_cmdline: str = "", cedt: str = "auto", appliance_fds: dict[str, int] | None = None) -> VM:
         topo = load(name) if isinstance(name, str) else name
         ours = generate.cedt_for_boot(topo, cedt)
         img = image.build(topo, acpi_tables={"CEDT": ours} if ours else None)
-        vm = boot_ready(topo, img, run_dir or tmp_path, name=vm_name,
-                        extra_cmdline=extra_cmdline, timeout=READY_TIMEOUT)
+        vm = boot_ready(topo, img, run_dir or tmp_path / vm_name, name=vm_name,
+                        extra_cmdline=extra_cmdline, timeout=READY_TIMEOUT, appliance_fds=appliance_fds)
         vms.append(vm)
         return vm
 
@@ -88,3 +88,30 @@ def guest_file(vm: VM, path: str) -> bytes:
     import base64
     out = vm.check(f"base64 {path} | tr -d '\\n'; echo")
     return base64.b64decode(out.strip())
+
+
+@pytest.fixture
+def running_appliance(tmp_path):
+    """A pf-appliance service in a temporary run directory, stopped at teardown."""
+    from pfcxl.host_tools import appliance
+
+    def _start(topo_path=None):
+        path = topo_path or topology.resolve("pf-appliance")
+        run_dir = tmp_path / f"appliance-{len(started)}"
+        appliance.start(topology.load(path), path, run_dir)
+        started.append(run_dir)
+        return run_dir
+
+    started: list[Path] = []
+    yield _start
+    for run_dir in started:
+        appliance.stop(run_dir)
+        assert not (run_dir / appliance.PID).exists()
+
+
+def boot_on_appliance(boot, client, host: int, topo=None, vm_name: str | None = None):
+    """Attach `host` through `client` and boot a guest on the appliance's memory."""
+    topo = topo or load("pf-appliance")
+    att = client.attach(host)
+    fds = {d.id: att.region(d.appliance).fd for d in topo.devices if d.appliance}
+    return boot(topo, vm_name=vm_name or f"host{host}", appliance_fds=fds), att
