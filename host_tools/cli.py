@@ -69,10 +69,11 @@ def _run_dir(arg: str | None, keep: bool):
             shutil.rmtree(path)
 
 
-def _build_image(topo: topology.Topology, cedt_mode: str = "auto") -> image.BootImage:
+def _build_image(topo: topology.Topology, cedt_mode: str = "auto", kind: str = "busybox") -> image.BootImage:
     ours = tables_generate.cedt_for_boot(topo, cedt_mode)
     with err.status("building guest image") as status:
-        img = image.build(topo, progress=lambda m: status.update(m), acpi_tables={"CEDT": ours} if ours else None)
+        img = image.build(topo, progress=lambda m: status.update(m), acpi_tables={"CEDT": ours} if ours else None,
+                          kind=kind)
     if ours:
         err.print("[dim]our CEDT replaces QEMU's (initrd ACPI table upgrade)[/dim]")
     err.print(f"[dim]guest image {img.initrd.name} ({'built' if img.rebuilt else 'cached'}), "
@@ -93,7 +94,7 @@ def _booted(topo: topology.Topology, args):
             att = client.attach(args.host)
             err.print(f"[dim]attached as host {att.host} at appliance port {att.port} ({where})[/dim]")
             fds = {d.id: att.region(d.appliance).fd for d in topo.devices if d.appliance}
-        img = _build_image(topo, args.cedt)
+        img = _build_image(topo, args.cedt, args.image)
         start = time.monotonic()
         with err.status(f"booting {topo.name} under TCG (QEMU start to PFCXL-READY)"):
             vm = stack.enter_context(boot_ready(topo, img, run_dir, extra_cmdline=args.append,
@@ -175,7 +176,7 @@ def cmd_qemu_args(args) -> int:
 
 def cmd_image(args) -> int:
     topo = _load(args.topology)
-    img = _build_image(topo, args.cedt)
+    img = _build_image(topo, args.cedt, args.image)
     print(json.dumps({"kernel": str(img.kernel), "initrd": str(img.initrd),
                       "kernel_release": img.kernel_release, "rebuilt": img.rebuilt}))
     return 0
@@ -276,6 +277,9 @@ def _decode_tables(files: list[str], kind: str | None) -> int:
 
 def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
     p.add_argument("--topology", "-t", help="shipped topology name or TOML path (default: pf-nic)")
+    p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox",
+                   help="guest image: busybox (default, small) or debian (trixie with python3 and the "
+                   "pfcxl_guest module; built once with mmdebstrap)")
     p.add_argument("--cedt", choices=tables_generate.CEDT_MODES, default="auto",
                    help="whose CEDT the guest sees: QEMU's, or ours through the initrd table upgrade; "
                    "auto (default) uses ours only when the topology sets fields QEMU cannot write")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pfcxl.device.topology import Topology
 from pfcxl.errors import ImageError
 from pfcxl.guest import plan
 
-from . import cache, cpio, elf_deps
+from . import cache, cpio, debian_image, elf_deps
 from .process import run
 
 GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
@@ -123,6 +124,21 @@ def _with_directories(entries: list[cpio.Entry]) -> list[cpio.Entry]:
     return out + sorted(entries, key=lambda e: e.path)
 
 
+def _debian_rootfs(say) -> tuple[bytes, set[str]]:
+    """The Debian rootfs as a gzipped archive (cached) and the set of paths it holds."""
+    tar = debian_image.rootfs_tar(say)
+    cached = cache.images_dir() / f"rootfs-{tar.stem}.cpio.gz"
+    entries = debian_image.rootfs_entries(tar)
+    if not cached.exists():
+        say(f"packing the Debian rootfs ({tar.stat().st_size >> 20} MiB)")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=".rootfs-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(cpio.gzipped(cpio.archive(entries)))
+        os.replace(tmp, cached)
+    return cached.read_bytes(), {e.path for e in entries}
+
+
 def acpi_override_archive(tables: dict[str, bytes]) -> bytes:
     """The kernel's initrd ACPI table upgrade: an uncompressed cpio, first in the initrd, holding
     kernel/firmware/acpi/<signature>.dat (file size equal to the table's length)."""
@@ -131,22 +147,36 @@ def acpi_override_archive(tables: dict[str, bytes]) -> bytes:
     return cpio.archive(entries)
 
 
-def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = None) -> BootImage:
+IMAGE_KINDS = ("busybox", "debian")
+
+
+def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = None,
+          kind: str = "busybox") -> BootImage:
     """The kernel and initrd to boot `topo`, from the cache when nothing changed.
 
     `acpi_tables` (signature -> bytes) replace QEMU's tables through the initrd table upgrade.
+    kind "debian" lays pfcxl's files over a Debian rootfs with python3 (debian_image.py).
     """
+    if kind not in IMAGE_KINDS:
+        raise ImageError(f"image kind '{kind}' must be one of {', '.join(IMAGE_KINDS)}")
     manifest = _manifest()
     say = progress or (lambda message: None)
     say("collecting guest image inputs")
     tree = elf_deps.ModuleTree(Path(manifest["modules_dir"]))
     modules = elf_deps.module_closure(tree, plan.modules_needed(topo))
     entries = base_entries(manifest, modules)
+    rootfs = b""
+    if kind == "debian":
+        rootfs, present = _debian_rootfs(say)
+        # keep Debian's own programs; busybox fills in only what the rootfs lacks (cttyhack, insmod)
+        entries = [e for e in entries if not (stat.S_ISLNK(e.mode) and e.data == b"/usr/bin/busybox"
+                                              and e.path in present)]
+        entries += debian_image.python_module_entries()
     plan_text = plan.render(topo, [m.name for m in modules])
     plan_entry = cpio.Entry.file("etc/pfcxl/plan", plan_text.encode())
     body = cpio.archive(entries + [plan_entry])
     prefix = acpi_override_archive(acpi_tables) if acpi_tables else b""
-    digest = hashlib.sha256(prefix + body).hexdigest()[:20]
+    digest = hashlib.sha256(prefix + hashlib.sha256(rootfs).digest() + body).hexdigest()[:20]
     images = cache.images_dir()
     images.mkdir(parents=True, exist_ok=True)
     initrd = images / f"initrd-{digest}.cpio.gz"
@@ -155,7 +185,7 @@ def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = 
         say(f"compressing guest image ({len(body) >> 20} MiB)")
         fd, tmp = tempfile.mkstemp(dir=images, prefix=".initrd-")
         with os.fdopen(fd, "wb") as f:
-            f.write(prefix + cpio.gzipped(body))
+            f.write(prefix + rootfs + cpio.gzipped(body))
         os.replace(tmp, initrd)
     return BootImage(Path(manifest["vmlinuz"]), initrd, manifest["kernel_release"], rebuilt)
 
