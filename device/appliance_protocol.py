@@ -51,7 +51,7 @@ def parse(line: bytes) -> dict[str, Any]:
     """One request line -> a checked dict. Raises RequestError with a message for the client."""
     try:
         request = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:   # RecursionError: nested too deep
         raise RequestError(f"not JSON: {exc}") from None
     if not isinstance(request, dict):
         raise RequestError(f"a request is a JSON object, got {type(request).__name__}")

@@ -33,6 +33,7 @@ from .pool import Pool, bytes_per_module, where
 log = logging.getLogger("pfcxl.appliance")
 MAX_CLIENTS = 256
 MAX_PENDING = 1 << 20          # bytes of replies a client may leave unread before it is dropped
+MAX_CHECKSUMS_WAITING = 64     # checksum requests one connection may have waiting for the worker
 SLOTS_FILE = "slots.json"
 
 
@@ -42,7 +43,7 @@ class Client:
     inbox: bytearray = field(default_factory=bytearray)
     outbox: list[tuple[bytes, list[int]]] = field(default_factory=list)
     hosts: set[int] = field(default_factory=set)
-    closing: bool = False
+    closing: bool = False          # no more requests are read: its last replies go out, then it is dropped
 
 
 @dataclass
@@ -69,6 +70,8 @@ class Service:
         self.last_scan = {"at": None, "seconds": None}
         self._wake_r, self._wake_w = socket.socketpair()
         self._results: list[tuple[Client, dict]] = []
+        self._checksum_waiting: list[tuple[Client, object]] = []
+        self._checksum_worker: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
@@ -106,6 +109,10 @@ class Service:
             self.selector.close()
             listener.close()
             scanner.join(timeout=60)       # the scan reads the pool: let it finish before closing
+            with self._lock:
+                worker = self._checksum_worker
+            if worker is not None:         # so does a checksum
+                worker.join(timeout=60)
             self.pool.close()
             log.info("stopped")
 
@@ -139,7 +146,14 @@ class Service:
             except OSError:
                 data = b""
             if not data:
-                self._drop(client, "disconnected")
+                # A client may shut its sending side after its last request and then read (as
+                # `socat` and `nc -N` do): send it what it asked for before dropping it, where
+                # dropping at once lost every reply still queued.
+                if client.outbox:
+                    client.closing = True
+                    self._flush(client)
+                else:
+                    self._drop(client, "disconnected")
                 return
             client.inbox += data
             while b"\n" in client.inbox and not client.closing:
@@ -149,13 +163,16 @@ class Service:
                     self._too_long(client)
                     break
                 self._handle(client, line)
-            if len(client.inbox) > proto.MAX_LINE:
+            if len(client.inbox) > proto.MAX_LINE and not client.closing:
                 self._too_long(client)
 
     def _too_long(self, client: Client) -> None:
-        self._reply(client, {"ok": False, "error": f"request line longer than {proto.MAX_LINE} bytes; closing"})
+        # closing first: the reply usually goes out at once, and only a flush that sees `closing`
+        # drops the client; set after it, the connection stayed open, never read again, and its
+        # pending input kept the loop spinning
         client.closing = True
         client.inbox.clear()
+        self._reply(client, {"ok": False, "error": f"request line longer than {proto.MAX_LINE} bytes; closing"})
 
     def _reply(self, client: Client, message: dict, fds: list[int] | None = None) -> None:
         client.outbox.append(((json.dumps(message) + "\n").encode(), fds or []))
@@ -177,14 +194,19 @@ class Service:
             client.outbox[0] = (data[sent:], [])   # fds went with the first byte
             if sent == len(data):
                 client.outbox.pop(0)
-        wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.outbox else 0)
+        if client.closing and not client.outbox:
+            self._drop(client, "closed after its last reply")
+            return
+        # a closing client is not read any more: waiting for its input too (always ready, at
+        # least with the end of file) made the loop spin until its replies went out
+        wanted = (0 if client.closing else selectors.EVENT_READ) | (selectors.EVENT_WRITE if client.outbox else 0)
         if client.sock.fileno() in self.clients:
             self.selector.modify(client.sock, wanted, client)
-        if client.closing and not client.outbox:
-            self._drop(client, "closed after an oversized request")
 
     def _drop(self, client: Client, why: str) -> None:
         fd = client.sock.fileno()
+        # requests already read from it must not be served (an attach would hold a port for good)
+        client.closing = True
         if fd not in self.clients:
             return
         for host in sorted(client.hosts):
@@ -298,9 +320,17 @@ class Service:
             raise proto.RequestError(str(exc)) from None
 
     def op_checksum(self, client, request):
-        def work() -> dict:
-            return {"ok": True, "checksums": self.pool.checksums()}
-        threading.Thread(target=self._run_for, args=(client, work, request.get("id")), daemon=True).start()
+        # One worker reads the pool, and each of its passes answers every request that came before
+        # the pass began: a thread per request let one client start any number of whole-pool
+        # reads at once (CPU, and a read buffer each).
+        with self._lock:
+            if sum(1 for c, _ in self._checksum_waiting if c is client) >= MAX_CHECKSUMS_WAITING:
+                raise proto.RequestError(f"{MAX_CHECKSUMS_WAITING} checksum requests of this connection are "
+                                         "already waiting: read their replies first")
+            self._checksum_waiting.append((client, request.get("id")))
+            if self._checksum_worker is None:
+                self._checksum_worker = threading.Thread(target=self._checksum_loop, daemon=True, name="checksum")
+                self._checksum_worker.start()
         return None, None
 
     def op_shutdown(self, client, request):
@@ -353,17 +383,22 @@ class Service:
             att.client.hosts.discard(host)
             log.info("host %d detached from port %d", host, att.port)
 
-    def _run_for(self, client: Client, work, request_id) -> None:
-        try:
-            result = work()
-        except Exception as exc:
-            log.error("background request failed:\n%s", traceback.format_exc())
-            result = {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"}
-        if request_id is not None:
-            result["id"] = request_id
-        with self._lock:
-            self._results.append((client, result))
-        self._wake_w.send(b"x")
+    def _checksum_loop(self) -> None:
+        while True:
+            with self._lock:
+                waiting, self._checksum_waiting = self._checksum_waiting, []
+                if not waiting or self._stopping.is_set():
+                    self._checksum_worker = None
+                    return
+            try:
+                result = {"ok": True, "checksums": self.pool.checksums()}
+            except Exception as exc:
+                log.error("checksum failed:\n%s", traceback.format_exc())
+                result = {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"}
+            with self._lock:
+                for client, request_id in waiting:
+                    self._results.append((client, result if request_id is None else {**result, "id": request_id}))
+            self._wake_w.send(b"x")
 
     def _deliver_results(self) -> None:
         self._wake_r.recv(4096)

@@ -148,6 +148,14 @@ def running_pid(run_dir: Path) -> int | None:
 
 
 def _alive(pid: int) -> bool:
+    # A service this very process started (multihost's temporary appliance) is its child: once
+    # it exits it stays a zombie, which kill(pid, 0) still finds, until reaped. Reap it here, or
+    # stop() waited out its whole timeout on a process that had already stopped.
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
     try:
         os.kill(pid, 0)
         return True
@@ -158,8 +166,11 @@ def _alive(pid: int) -> bool:
 
 
 def _is_service(pid: int) -> bool:
+    # Match the module argument exactly: a substring test took any process whose command line
+    # merely mentions the file (an editor on appliance_service.py, its tests) that reused a stale
+    # pid for the service, and stop() then signalled it.
     try:
-        return b"appliance_service" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"pfcxl.device.appliance_service" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
 

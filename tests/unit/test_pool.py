@@ -1,0 +1,105 @@
+"""The pool's pure arithmetic: which module serves an offset, and how many bytes of a range each
+module serves (checked against a granule-by-granule count)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pfcxl.device.pool import bytes_per_module, where
+from pfcxl.device.topology_model import Appliance
+from pfcxl.device.units import KiB, MiB
+from pfcxl.errors import ApplianceError
+
+SMALL = Appliance(modules=4, module_capacity=256 * MiB, hbm_cache=0, ports=2, granularity=4 * KiB,
+                  shared=256 * MiB, private=256 * MiB, backing="memfd")
+POOL_END = SMALL.shared + SMALL.ports * SMALL.private
+
+
+def appliance(modules: int, granularity: int, shared: int = 256 * MiB, private: int = 256 * MiB,
+              ports: int = 2) -> Appliance:
+    return Appliance(modules=modules, module_capacity=1 << 40, hbm_cache=0, ports=ports,
+                     granularity=granularity, shared=shared, private=private, backing="memfd")
+
+
+@pytest.mark.parametrize("offset,module,module_offset,region,region_offset", [
+    (0, 0, 0, "shared", 0),
+    (4095, 0, 4095, "shared", 4095),
+    (4096, 1, 0, "shared", 4096),
+    (3 * 4096 + 7, 3, 7, "shared", 3 * 4096 + 7),
+    (4 * 4096 + 7, 0, 4096 + 7, "shared", 4 * 4096 + 7),        # the rotation wraps to module 0
+    (9 * 4096 + 1, 1, 2 * 4096 + 1, "shared", 9 * 4096 + 1),
+    (256 * MiB - 1, 3, 64 * MiB - 1, "shared", 256 * MiB - 1),
+    (256 * MiB, 0, 64 * MiB, "private/0", 0),                      # private slot 0 starts here
+    (256 * MiB + 4096 + 5, 1, 64 * MiB + 5, "private/0", 4096 + 5),
+    (512 * MiB - 1, 3, 128 * MiB - 1, "private/0", 256 * MiB - 1),
+    (512 * MiB + 123, 0, 128 * MiB + 123, "private/1", 123),
+    (POOL_END - 1, 3, 192 * MiB - 1, "private/1", 256 * MiB - 1),
+])
+def test_where_names_module_and_region(offset, module, module_offset, region, region_offset):
+    assert where(SMALL, offset) == {"offset": offset, "module": module, "module_offset": module_offset,
+                                    "region": region, "region_offset": region_offset}
+
+
+@pytest.mark.parametrize("offset", [-1, POOL_END, POOL_END + 4096, 1 << 70])
+def test_where_refuses_offsets_outside_the_pool(offset):
+    with pytest.raises(ApplianceError, match=r"outside the pool's 0x30000000 mapped bytes"):
+        where(SMALL, offset)
+
+
+def test_where_without_private_regions():
+    shared_only = appliance(modules=3, granularity=64, private=0)
+    assert where(shared_only, 64 * 4)["module"] == 1
+    with pytest.raises(ApplianceError, match="outside"):
+        where(shared_only, shared_only.shared)
+
+
+@settings(max_examples=300, deadline=None)
+@given(modules=st.integers(1, 16), g_log=st.integers(6, 16), data=st.data())
+def test_where_is_a_rotation_at_the_granularity(modules, g_log, data):
+    a = appliance(modules, 1 << g_log)
+    g = a.granularity
+    offset = data.draw(st.integers(0, a.shared + a.ports * a.private - 1))
+    w = where(a, offset)
+    assert w["module"] == (offset // g) % modules
+    # (module, module offset) names the byte back: the interleave is a bijection
+    assert ((w["module_offset"] // g) * modules + w["module"]) * g + w["module_offset"] % g == offset
+    if offset < a.shared:
+        assert (w["region"], w["region_offset"]) == ("shared", offset)
+    else:
+        slot = (offset - a.shared) // a.private
+        assert w["region"] == f"private/{slot}"
+        assert w["region_offset"] == offset - a.shared - slot * a.private
+
+
+def brute_force(a: Appliance, start: int, size: int) -> list[int]:
+    """Bytes per module, one granule at a time."""
+    g, out = a.granularity, [0] * a.modules
+    granule = start // g
+    while granule * g < start + size:
+        lo, hi = max(start, granule * g), min(start + size, (granule + 1) * g)
+        out[granule % a.modules] += hi - lo
+        granule += 1
+    return out
+
+
+@settings(max_examples=500, deadline=None)
+@given(modules=st.integers(1, 9), g_log=st.integers(6, 12), start=st.integers(0, 1 << 18),
+       size=st.integers(0, 1 << 18))
+def test_bytes_per_module_matches_a_granule_count(modules, g_log, start, size):
+    a = appliance(modules, 1 << g_log)
+    counted = bytes_per_module(a, start, size)
+    assert counted == brute_force(a, start, size)
+    assert sum(counted) == size
+    assert all(n >= 0 for n in counted)
+
+
+@pytest.mark.parametrize("start,size,expected", [
+    (0, 0, [0, 0, 0, 0]),
+    (0, 4096, [4096, 0, 0, 0]),
+    (4095, 2, [1, 1, 0, 0]),
+    (0, 16 * 4096, [4 * 4096] * 4),
+    (256 * MiB, 256 * MiB, [64 * MiB] * 4),               # a private region spreads evenly
+    (3 * 4096 + 10, 4096, [10, 0, 0, 4086]),
+])
+def test_bytes_per_module_examples(start, size, expected):
+    assert bytes_per_module(SMALL, start, size) == expected
