@@ -1,0 +1,436 @@
+/*
+ * bandwidth: sequential or random transfers of 32 B .. 1 KiB (any multiple of 8) moved with
+ * volatile 8-byte loads/stores by 1..N threads; bytes moved are counted by the threads.
+ *
+ * Built static for the guest image (glibc >= 2.34 has pthreads in libc.a: no -pthread needed):
+ *     gcc -static -O2 -Wall -Wextra -Werror -o bandwidth guest/src/bandwidth.c
+ *
+ * Conventions as guest/src/daxio.c (helpers re-implemented, not shared): 2 MiB-aligned
+ * MAP_SHARED window of a device or file, only volatile 8-byte accesses to it, one JSON line on
+ * stdout, errors one line on stderr, exit 0 ok / 1 some row moved other than the requested
+ * bytes / 2 error. Output fields: guest/bench_schema.md.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WINDOW_ALIGN (2ULL << 20)
+#define MAX_THREADS 256
+#define MAX_LIST 64
+#define WRITE_SEED 0x4257ULL /* "BW": stores write daxio's pattern for this seed */
+#define EXIT_SHORT 1
+#define EXIT_ERROR 2
+#define CLOCK_NOTE "guest CLOCK_MONOTONIC (under TCG: emulator time, not fabric latency)"
+
+static const char HELP[] =
+    "usage: bandwidth --target T [--pattern seq,random] [--op read,write,mixed]\n"
+    "                 [--sizes 32,64,128,256,512,1024] [--threads 1,2,...] [--bytes BYTES]\n"
+    "                 [--span BYTES] [--read-pct P] [--seed S]\n"
+    "\n"
+    "Memory bandwidth by transfer size. A transfer moves SIZE bytes with SIZE/8 volatile 8-byte\n"
+    "loads (read) or stores (write). One measurement (row) per combination of pattern, op,\n"
+    "size and thread count, in that nesting order: BYTES/SIZE transfers shared out over the\n"
+    "threads; thread t works in its own slice [t*L, (t+1)*L) of [0, span), L = span/threads\n"
+    "rounded down to 64 bytes, at SIZE-aligned slots: seq walks the slots in order (wrapping),\n"
+    "random draws them uniformly (seeded per thread). mixed: P% of each thread's transfers are\n"
+    "reads, the rest writes, evenly interleaved. Each thread counts the bytes it moved; a row's\n"
+    "time runs from the first thread's start to the last thread's end.\n"
+    "Stores write daxio's pattern for seed 0x4257 (word at byte offset o from the start of the\n"
+    "target = 0x5046000000000000 ^ (0x4257 << 40) ^ (o >> 3)), so daxio verify can check them.\n"
+    "\n"
+    "options (also accepted as --name=value; LIST = comma-separated):\n"
+    "  --target T     /dev/daxN.M (device-DAX, MAP_SHARED, 2 MiB-aligned), 'anon' (local DRAM)\n"
+    "                 or a regular file of at least span bytes (never extended). Required.\n"
+    "  --pattern LIST seq and/or random (default seq,random)\n"
+    "  --op LIST      read, write and/or mixed (default read,write,mixed)\n"
+    "  --sizes LIST   transfer sizes in bytes, multiples of 8, 8..1M (default\n"
+    "                 32,64,128,256,512,1024)\n"
+    "  --threads LIST thread counts, 1..256 (default 1)\n"
+    "  --bytes BYTES  bytes requested per row, a multiple of every size (default 64M)\n"
+    "  --span BYTES   region used, at least threads*size per slice (default 64M)\n"
+    "  --read-pct P   percent of reads for --op mixed, 0..100 (default 50)\n"
+    "  --seed S       seed of the random offsets (default 1)\n"
+    "  -h, --help     show this text and exit 0\n"
+    "  Numbers are decimal or 0x hex; BYTES accepts a suffix K, M or G (KiB, MiB, GiB).\n"
+    "\n"
+    "output: one JSON line: {\"tool\":\"bandwidth\",...,\"results\":[{\"pattern\":\"seq\",\n"
+    "  \"op\":\"read\",\"size\":64,\"threads\":1,\"bytes_requested\":67108864,\n"
+    "  \"bytes_moved\":67108864,\"seconds\":0.05,\"MBps\":1342.2,...}],\"clock\":...}\n"
+    "  MBps = bytes_moved / seconds / 10^6. All fields: guest/bench_schema.md. Times are guest\n"
+    "  CLOCK_MONOTONIC; under QEMU TCG that is emulator time, NOT fabric throughput.\n"
+    "\n"
+    "exit status: 0 ok; 1 some row moved a byte count other than requested; 2 error (bad\n"
+    "  argument, target too small, open/mmap/thread failure, bus error). One line on stderr.\n";
+
+static void fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+static void fail(int code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    for (char *p = msg; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+    fflush(stdout);
+    fprintf(stderr, "bandwidth: %s\n", msg);
+    exit(code);
+}
+#define die(...) fail(EXIT_ERROR, __VA_ARGS__)
+
+/* ---------------------------------------------------------------- arguments */
+
+/* Decimal or 0x hex in [s, end) (end NULL: up to the NUL); with allow_suffix one trailing K, M
+ * or G (KiB, MiB, GiB). 0 ok, -1 bad syntax or overflow. */
+static int parse_u64(const char *s, const char *end, int allow_suffix, uint64_t *out)
+{
+    char buf[32], *e;
+    size_t n = end ? (size_t)(end - s) : strlen(s);
+    if (n == 0 || n >= sizeof buf)
+        return -1;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    int hex = buf[0] == '0' && (buf[1] == 'x' || buf[1] == 'X');
+    unsigned char d0 = (unsigned char)buf[2 * hex];
+    if (!(hex ? isxdigit(d0) : isdigit(d0)))
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(buf + 2 * hex, &e, hex ? 16 : 10);
+    unsigned sh = 0;
+    if (allow_suffix && *e)
+        sh = (*e == 'K' || *e == 'k') ? 10 : (*e == 'M' || *e == 'm') ? 20
+           : (*e == 'G' || *e == 'g') ? 30 : 0;
+    e += sh != 0;
+    if (errno || *e || v > (UINT64_MAX >> sh))
+        return -1;
+    *out = (uint64_t)v << sh;
+    return 0;
+}
+
+struct opt {
+    const char *name;
+    const char *val;
+};
+
+static void parse_opts(int argc, char **argv, struct opt *opts)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(HELP, stdout);
+            exit(fflush(stdout) == 0 ? 0 : EXIT_ERROR);
+        }
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
+            die("unexpected argument '%s' (parameters are --flags); see bandwidth --help", arg);
+        size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+        struct opt *o = opts;
+        while (o->name && !(strlen(o->name) == n && !strncmp(o->name, arg, n)))
+            o++;
+        if (!o->name)
+            die("unknown option '%.*s'; see bandwidth --help", (int)n, arg);
+        if (o->val)
+            die("option %s given twice", o->name);
+        if (!eq && i + 1 >= argc)
+            die("option %s needs a value", o->name);
+        o->val = eq ? eq + 1 : argv[++i];
+    }
+}
+
+static uint64_t num(const struct opt *o, uint64_t def, int suffix, uint64_t lo, uint64_t hi)
+{
+    uint64_t v;
+    if (!o->val)
+        return def;
+    if (parse_u64(o->val, NULL, suffix, &v) != 0)
+        die("bad value '%s' for %s (want decimal or 0x hex%s)", o->val, o->name,
+            suffix ? ", optional K/M/G suffix" : "");
+    if (v < lo || v > hi)
+        die("%s %" PRIu64 " is out of range [%" PRIu64 ", %" PRIu64 "]", o->name, v, lo, hi);
+    return v;
+}
+
+/* Comma-separated list of numbers into out[max]; returns the count. */
+static size_t num_list(const char *name, const char *s, uint64_t *out, size_t max)
+{
+    size_t n = 0;
+    for (const char *p = s;; p++) {
+        const char *c = strchr(p, ',');
+        if (n == max)
+            die("%s: more than %zu values", name, max);
+        if (parse_u64(p, c, 0, &out[n++]) != 0)
+            die("bad list '%s' for %s (want comma-separated decimal or 0x hex numbers)", s, name);
+        if (!c)
+            return n;
+        p = c;
+    }
+}
+
+/* ---------------------------------------------------------------- target */
+
+static void on_sigbus(int sig)
+{
+    static const char m[] = "bandwidth: bus error accessing the target\n";
+    (void)sig;
+    ssize_t r = write(2, m, sizeof m - 1);
+    (void)r;
+    _exit(EXIT_ERROR);
+}
+
+/* Map [0, len) of the target read-write: 'anon', a device-DAX character device or a file. */
+static volatile uint64_t *map_target(const char *t, uint64_t len, const char **kind)
+{
+    uint64_t maplen = (len + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1), have = 0;
+    void *m;
+    if (!strcmp(t, "anon")) {
+        *kind = "anon";
+        char *raw = mmap(NULL, maplen + WINDOW_ALIGN, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED)
+            die("mmap anonymous %" PRIu64 " bytes: %s", maplen, strerror(errno));
+        m = (void *)(((uintptr_t)raw + WINDOW_ALIGN - 1) & ~(uintptr_t)(WINDOW_ALIGN - 1));
+        madvise(m, maplen, MADV_HUGEPAGE); /* best effort, like a 2 MiB device-DAX mapping */
+    } else {
+        struct stat st;
+        int fd = open(t, O_RDWR);
+        if (fd < 0 || fstat(fd, &st) != 0)
+            die("open %s: %s", t, strerror(errno));
+        if (S_ISREG(st.st_mode)) {
+            *kind = "file";
+            have = (uint64_t)st.st_size;
+        } else if (S_ISCHR(st.st_mode)) {
+            char path[96];
+            unsigned long long v = 0;
+            *kind = "dax";
+            snprintf(path, sizeof path, "/sys/dev/char/%u:%u/size", major(st.st_rdev),
+                     minor(st.st_rdev));
+            FILE *f = fopen(path, "r");
+            if (f && fscanf(f, "%llu", &v) == 1)
+                have = v;
+            if (f)
+                fclose(f);
+            have = have ? have : len; /* size unknown: let the mmap decide */
+        } else {
+            die("%s is neither 'anon', a character device nor a regular file", t);
+        }
+        if (have < len)
+            die("%s holds %" PRIu64 " bytes, %" PRIu64 " needed (files are not extended)", t,
+                have, len);
+        m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED)
+            die("mmap %s (length %" PRIu64 "): %s", t, maplen, strerror(errno));
+        close(fd);
+    }
+    signal(SIGBUS, on_sigbus);
+    return (volatile uint64_t *)m;
+}
+
+/* ---------------------------------------------------------------- workers */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+enum { OP_READ, OP_WRITE, OP_MIXED };
+static const char *const PATTERNS[] = {"seq", "random", NULL};
+static const char *const OPS[] = {"read", "write", "mixed", NULL};
+
+struct worker {
+    volatile uint64_t *base; /* the mapping; the slice starts at word off/8 */
+    uint64_t off, slots, size, transfers, read_pct, seed;
+    int random, op;
+    pthread_t tid;
+    uint64_t moved, reads, writes, t_start, t_end, sink;
+};
+
+static pthread_barrier_t g_start;
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    const uint64_t words = w->size / 8, magic = 0x5046000000000000ULL ^ (WRITE_SEED << 40);
+    uint64_t rs = w->seed, slot = 0, acc = 0, moved = 0, reads = 0, writes = 0, sink = 0;
+    pthread_barrier_wait(&g_start);
+    w->t_start = now_ns();
+    for (uint64_t t = 0; t < w->transfers; t++) {
+        uint64_t s = slot;
+        if (w->random)
+            s = (uint64_t)(((unsigned __int128)splitmix64(&rs) * w->slots) >> 64);
+        else
+            slot = slot + 1 == w->slots ? 0 : slot + 1;
+        uint64_t o = w->off + s * w->size; /* byte offset from the start of the target */
+        volatile uint64_t *q = w->base + o / 8;
+        int rd = w->op == OP_READ;
+        if (w->op == OP_MIXED && (acc += w->read_pct) >= 100) { /* Bresenham interleave */
+            acc -= 100;
+            rd = 1;
+        }
+        if (rd) {
+            for (uint64_t i = 0; i < words; i++, moved += 8)
+                sink += q[i];
+            reads++;
+        } else {
+            for (uint64_t i = 0; i < words; i++, moved += 8)
+                q[i] = magic ^ ((o >> 3) + i);
+            writes++;
+        }
+    }
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    w->t_end = now_ns();
+    w->moved = moved;
+    w->reads = reads;
+    w->writes = writes;
+    w->sink = sink;
+    return NULL;
+}
+
+/* Comma-separated names into indices of choices[]; returns the count. */
+static size_t name_list(const char *name, const char *s, const char *const *choices, int *out)
+{
+    size_t n = 0;
+    for (const char *p = s;; p++) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        int k = 0;
+        while (choices[k] && !(strlen(choices[k]) == len && !strncmp(choices[k], p, len)))
+            k++;
+        if (!choices[k])
+            die("bad value '%.*s' in %s (want %s or %s%s)", (int)len, p, name, choices[0],
+                choices[1], choices[2] ? ", or mixed" : "");
+        if (n == MAX_LIST)
+            die("%s: more than %d values", name, MAX_LIST);
+        out[n++] = k;
+        if (!c)
+            return n;
+        p = c;
+    }
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(int argc, char **argv)
+{
+    struct opt o[] = {{"--target", 0}, {"--pattern", 0}, {"--op", 0},   {"--sizes", 0},
+                      {"--threads", 0}, {"--bytes", 0},  {"--span", 0}, {"--read-pct", 0},
+                      {"--seed", 0},   {0, 0}};
+    parse_opts(argc, argv, o);
+    const char *target = o[0].val;
+    if (!target || !*target)
+        die("missing --target (/dev/daxN.M, anon or a file); see bandwidth --help");
+    int pats[MAX_LIST], ops[MAX_LIST];
+    uint64_t sizes[MAX_LIST], threads[MAX_LIST], maxsize = 0, maxthreads = 0;
+    size_t np = name_list("--pattern", o[1].val ? o[1].val : "seq,random", PATTERNS, pats);
+    size_t no = name_list("--op", o[2].val ? o[2].val : "read,write,mixed", OPS, ops);
+    size_t ns = num_list("--sizes", o[3].val ? o[3].val : "32,64,128,256,512,1024", sizes,
+                         MAX_LIST);
+    size_t nt = num_list("--threads", o[4].val ? o[4].val : "1", threads, MAX_LIST);
+    uint64_t bytes = num(&o[5], 64ULL << 20, 1, 8, 1ULL << 50);
+    uint64_t span = num(&o[6], 64ULL << 20, 1, 64, 1ULL << 50);
+    uint64_t read_pct = num(&o[7], 50, 0, 0, 100);
+    uint64_t seed = num(&o[8], 1, 0, 0, UINT64_MAX);
+    for (size_t i = 0; i < ns; i++) {
+        if (sizes[i] < 8 || sizes[i] > (1 << 20) || sizes[i] % 8)
+            die("--sizes: %" PRIu64 " is not a multiple of 8 in [8, 1048576]", sizes[i]);
+        if (bytes % sizes[i])
+            die("--bytes %" PRIu64 " is not a multiple of size %" PRIu64, bytes, sizes[i]);
+        maxsize = sizes[i] > maxsize ? sizes[i] : maxsize;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        if (threads[i] < 1 || threads[i] > MAX_THREADS)
+            die("--threads: %" PRIu64 " is out of range [1, %d]", threads[i], MAX_THREADS);
+        maxthreads = threads[i] > maxthreads ? threads[i] : maxthreads;
+    }
+    if ((span / maxthreads) / 64 * 64 < maxsize)
+        die("--span %" PRIu64 " is too small: each of %" PRIu64 " threads needs a slice of at "
+            "least %" PRIu64 " bytes", span, maxthreads, maxsize);
+
+    const char *kind;
+    volatile uint64_t *p = map_target(target, span, &kind);
+    for (uint64_t off = 0; off < span; off += 4096)
+        p[off / 8] = p[off / 8]; /* fault the span in before the first row */
+    struct worker *w = calloc(maxthreads, sizeof *w);
+    size_t nrows = np * no * ns * nt, rows_len = 0;
+    char *rows_json = NULL;
+    FILE *rows = open_memstream(&rows_json, &rows_len);
+    if (!w || !rows)
+        die("out of memory for %" PRIu64 " threads", maxthreads);
+    int short_row = 0;
+    for (size_t r = 0; r < nrows; r++) { /* pattern, op, size, threads: outermost first */
+        int pat = pats[r / (no * ns * nt)], op = ops[r / (ns * nt) % no];
+        uint64_t size = sizes[r / nt % ns], n = threads[r % nt], transfers = bytes / size;
+        uint64_t slice = span / n / 64 * 64, first = UINT64_MAX, last = 0;
+        uint64_t moved = 0, reads = 0, writes = 0;
+        pthread_barrier_init(&g_start, NULL, (unsigned)n);
+        for (uint64_t t = 0; t < n; t++) {
+            w[t] = (struct worker){.base = p, .off = t * slice, .slots = slice / size,
+                                   .size = size, .read_pct = read_pct, .random = pat, .op = op,
+                                   .transfers = transfers / n + (t < transfers % n),
+                                   .seed = seed + t * 0x632BE59BD9B4E019ULL};
+            int e = pthread_create(&w[t].tid, NULL, worker_main, &w[t]);
+            if (e)
+                die("pthread_create (thread %" PRIu64 "): %s", t, strerror(e));
+        }
+        for (uint64_t t = 0; t < n; t++) {
+            pthread_join(w[t].tid, NULL);
+            moved += w[t].moved;
+            reads += w[t].reads;
+            writes += w[t].writes;
+            first = w[t].t_start < first ? w[t].t_start : first;
+            last = w[t].t_end > last ? w[t].t_end : last;
+        }
+        pthread_barrier_destroy(&g_start);
+        double sec = (double)(last - first) / 1e9;
+        fprintf(rows, "%s{\"pattern\":\"%s\",\"op\":\"%s\",\"size\":%" PRIu64 ",\"threads\":%" PRIu64
+                ",\"transfers\":%" PRIu64 ",\"read_transfers\":%" PRIu64 ",\"write_transfers\":%"
+                PRIu64 ",\"bytes_requested\":%" PRIu64 ",\"bytes_moved\":%" PRIu64
+                ",\"seconds\":%.9f,\"MBps\":%.3f,\"thread_bytes\":[",
+                r ? "," : "", PATTERNS[pat], OPS[op], size, n, transfers, reads, writes, bytes,
+                moved, sec, sec > 0 ? (double)moved / sec / 1e6 : 0.0);
+        for (uint64_t t = 0; t < n; t++)
+            fprintf(rows, t ? ",%" PRIu64 : "%" PRIu64, w[t].moved);
+        fprintf(rows, "]}");
+        short_row |= moved != bytes;
+    }
+    if (fclose(rows) != 0)
+        die("buffering output: %s", strerror(errno));
+
+    printf("{\"tool\":\"bandwidth\",\"target\":\"");
+    for (const unsigned char *c = (const unsigned char *)target; *c; c++)
+        printf(*c == '"' || *c == '\\' ? "\\%c" : *c < 0x20 || *c == 0x7f ? "\\u%04x" : "%c", *c);
+    printf("\",\"kind\":\"%s\",\"span\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"read_pct\":%" PRIu64
+           ",\"seed\":%" PRIu64 ",\"write_seed\":%llu,\"cpus_online\":%ld,\"results\":[%s",
+           kind, span, bytes, read_pct, seed, WRITE_SEED, sysconf(_SC_NPROCESSORS_ONLN),
+           rows_json);
+    printf("],\"clock\":\"%s\"}\n", CLOCK_NOTE);
+    if (fflush(stdout) != 0 || ferror(stdout))
+        die("writing output: %s", strerror(errno));
+    if (short_row)
+        fail(EXIT_SHORT, "some row moved a byte count other than the requested %" PRIu64, bytes);
+    return 0;
+}

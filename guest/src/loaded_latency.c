@@ -1,0 +1,465 @@
+/*
+ * loaded_latency: pointer-chase latency while traffic threads load the memory, swept over an
+ * injection delay, like Intel MLC's loaded-latency table.
+ *
+ * Built static for the guest image (glibc >= 2.34 has pthreads in libc.a: no -pthread needed):
+ *     gcc -static -O2 -Wall -Wextra -Werror -o loaded_latency guest/src/loaded_latency.c
+ *
+ * Conventions as guest/src/daxio.c (helpers re-implemented, not shared): 2 MiB-aligned
+ * MAP_SHARED window of a device or file, only volatile 8-byte accesses to it, one JSON line on
+ * stdout, errors one line on stderr, exit 0 ok / 1 chain check failed / 2 error. Output fields:
+ * guest/bench_schema.md.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WINDOW_ALIGN (2ULL << 20)
+#define LINE ((uint64_t)64)
+#define WPL (LINE / 8) /* words per line */
+#define MAX_THREADS 256
+#define MAX_DELAYS 64
+#define RAMP_TIMEOUT_NS 60000000000ULL
+#define EXIT_CHAIN 1
+#define EXIT_ERROR 2
+#define CLOCK_NOTE "guest CLOCK_MONOTONIC (under TCG: emulator time, not fabric latency)"
+
+static const char HELP[] =
+    "usage: loaded_latency --target T [--threads N] [--delays LIST [--delay-unit cycles|ns]]\n"
+    "                      [--read-pct P] [--span BYTES] [--traffic-span BYTES] [--seed S]\n"
+    "                      [--laps L] [--min-ms M]\n"
+    "\n"
+    "Loaded latency. The main thread is the latency thread: a dependent pointer chase over a\n"
+    "random cyclic permutation of the 64-byte lines of [0, BYTES) (as idle_latency; the first\n"
+    "warm-up lap checks it visits every line exactly once). N traffic threads each walk their\n"
+    "own region sequentially, one 64-byte line (8 volatile 8-byte words) per access, P% of the\n"
+    "accesses reads and the rest writes (evenly interleaved), spinning DELAY between accesses.\n"
+    "For each delay (one row): start the traffic threads, wait until every one has made an\n"
+    "access, then chase at least L laps, at least M ms and until every traffic thread has made\n"
+    "an access inside this window; bandwidth = traffic bytes moved in the window / window time,\n"
+    "latency = window time / chase loads.\n"
+    "\n"
+    "options (also accepted as --name=value):\n"
+    "  --target T            /dev/daxN.M (device-DAX, MAP_SHARED, 2 MiB-aligned), 'anon' (local\n"
+    "                        DRAM) or a regular file (never extended). Required. Layout: chase\n"
+    "                        [0, span); thread i's region at span + i*traffic_span.\n"
+    "  --threads N           traffic threads, 0..256 (default 1)\n"
+    "  --delays LIST         comma-separated injection delays, swept in order, up to 64\n"
+    "                        (default 0,50,200,1000,5000,20000)\n"
+    "  --delay-unit U        cycles (TSC ticks, spin on rdtsc) or ns (spin on CLOCK_MONOTONIC);\n"
+    "                        default cycles\n"
+    "  --delay-cycles LIST   same as --delays LIST --delay-unit cycles\n"
+    "  --delay-ns LIST       same as --delays LIST --delay-unit ns\n"
+    "  --read-pct P          percent of traffic accesses that are reads, 0..100 (default 100)\n"
+    "  --span BYTES          chased bytes, a multiple of 64, at least 128 (default 64M)\n"
+    "  --traffic-span BYTES  each traffic thread's region, a multiple of 64 (default 16M)\n"
+    "  --seed S              permutation seed (default 1)\n"
+    "  --laps L              minimum chase laps per row, at least 1 (default 1)\n"
+    "  --min-ms M            minimum measurement window per row in ms (default 100)\n"
+    "  -h, --help            show this text and exit 0\n"
+    "  Numbers are decimal or 0x hex; BYTES accepts a suffix K, M or G (KiB, MiB, GiB).\n"
+    "\n"
+    "output: one JSON line: {\"tool\":\"loaded_latency\",...,\"rows\":[{\"delay\":0,\n"
+    "  \"bandwidth_MBps\":1234.5,\"latency_ns\":150.2,...,\"thread_accesses\":[...]}],\"clock\":...}\n"
+    "  MB = 10^6 bytes. All fields: guest/bench_schema.md. Times are guest CLOCK_MONOTONIC;\n"
+    "  under QEMU TCG that is emulator time, NOT fabric latency. With fewer CPUs than N+1 the\n"
+    "  threads share CPUs (cpus_online is reported).\n"
+    "\n"
+    "exit status: 0 ok; 1 the chain check failed; 2 error (bad argument, target too small,\n"
+    "  open/mmap/thread failure, bus error). Errors are one line on stderr.\n";
+
+static void fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+static void fail(int code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    for (char *p = msg; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+    fflush(stdout);
+    fprintf(stderr, "loaded_latency: %s\n", msg);
+    exit(code);
+}
+#define die(...) fail(EXIT_ERROR, __VA_ARGS__)
+
+/* ---------------------------------------------------------------- arguments */
+
+/* Decimal or 0x hex in [s, end) (end NULL: up to the NUL); with allow_suffix one trailing K, M
+ * or G (KiB, MiB, GiB). 0 ok, -1 bad syntax or overflow. */
+static int parse_u64(const char *s, const char *end, int allow_suffix, uint64_t *out)
+{
+    char buf[32], *e;
+    size_t n = end ? (size_t)(end - s) : strlen(s);
+    if (n == 0 || n >= sizeof buf)
+        return -1;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    int hex = buf[0] == '0' && (buf[1] == 'x' || buf[1] == 'X');
+    unsigned char d0 = (unsigned char)buf[2 * hex];
+    if (!(hex ? isxdigit(d0) : isdigit(d0)))
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(buf + 2 * hex, &e, hex ? 16 : 10);
+    unsigned sh = 0;
+    if (allow_suffix && *e)
+        sh = (*e == 'K' || *e == 'k') ? 10 : (*e == 'M' || *e == 'm') ? 20
+           : (*e == 'G' || *e == 'g') ? 30 : 0;
+    e += sh != 0;
+    if (errno || *e || v > (UINT64_MAX >> sh))
+        return -1;
+    *out = (uint64_t)v << sh;
+    return 0;
+}
+
+struct opt {
+    const char *name;
+    const char *val;
+};
+
+static void parse_opts(int argc, char **argv, struct opt *opts)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(HELP, stdout);
+            exit(fflush(stdout) == 0 ? 0 : EXIT_ERROR);
+        }
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
+            die("unexpected argument '%s' (parameters are --flags); see loaded_latency --help", arg);
+        size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+        struct opt *o = opts;
+        while (o->name && !(strlen(o->name) == n && !strncmp(o->name, arg, n)))
+            o++;
+        if (!o->name)
+            die("unknown option '%.*s'; see loaded_latency --help", (int)n, arg);
+        if (o->val)
+            die("option %s given twice", o->name);
+        if (!eq && i + 1 >= argc)
+            die("option %s needs a value", o->name);
+        o->val = eq ? eq + 1 : argv[++i];
+    }
+}
+
+static uint64_t num(const struct opt *o, uint64_t def, int suffix, uint64_t lo, uint64_t hi)
+{
+    uint64_t v;
+    if (!o->val)
+        return def;
+    if (parse_u64(o->val, NULL, suffix, &v) != 0)
+        die("bad value '%s' for %s (want decimal or 0x hex%s)", o->val, o->name,
+            suffix ? ", optional K/M/G suffix" : "");
+    if (v < lo || v > hi)
+        die("%s %" PRIu64 " is out of range [%" PRIu64 ", %" PRIu64 "]", o->name, v, lo, hi);
+    return v;
+}
+
+/* Comma-separated list of numbers into out[max]; returns the count. */
+static size_t num_list(const char *name, const char *s, uint64_t *out, size_t max)
+{
+    size_t n = 0;
+    for (const char *p = s;; p++) {
+        const char *c = strchr(p, ',');
+        if (n == max)
+            die("%s: more than %zu values", name, max);
+        if (parse_u64(p, c, 0, &out[n++]) != 0)
+            die("bad list '%s' for %s (want comma-separated decimal or 0x hex numbers)", s, name);
+        if (!c)
+            return n;
+        p = c;
+    }
+}
+
+/* ---------------------------------------------------------------- target */
+
+static void on_sigbus(int sig)
+{
+    static const char m[] = "loaded_latency: bus error accessing the target\n";
+    (void)sig;
+    ssize_t r = write(2, m, sizeof m - 1);
+    (void)r;
+    _exit(EXIT_ERROR);
+}
+
+/* Map [0, len) of the target read-write: 'anon', a device-DAX character device or a file. */
+static volatile uint64_t *map_target(const char *t, uint64_t len, const char **kind)
+{
+    uint64_t maplen = (len + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1), have = 0;
+    void *m;
+    if (!strcmp(t, "anon")) {
+        *kind = "anon";
+        char *raw = mmap(NULL, maplen + WINDOW_ALIGN, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED)
+            die("mmap anonymous %" PRIu64 " bytes: %s", maplen, strerror(errno));
+        m = (void *)(((uintptr_t)raw + WINDOW_ALIGN - 1) & ~(uintptr_t)(WINDOW_ALIGN - 1));
+        madvise(m, maplen, MADV_HUGEPAGE); /* best effort, like a 2 MiB device-DAX mapping */
+    } else {
+        struct stat st;
+        int fd = open(t, O_RDWR);
+        if (fd < 0 || fstat(fd, &st) != 0)
+            die("open %s: %s", t, strerror(errno));
+        if (S_ISREG(st.st_mode)) {
+            *kind = "file";
+            have = (uint64_t)st.st_size;
+        } else if (S_ISCHR(st.st_mode)) {
+            char path[96];
+            unsigned long long v = 0;
+            *kind = "dax";
+            snprintf(path, sizeof path, "/sys/dev/char/%u:%u/size", major(st.st_rdev),
+                     minor(st.st_rdev));
+            FILE *f = fopen(path, "r");
+            if (f && fscanf(f, "%llu", &v) == 1)
+                have = v;
+            if (f)
+                fclose(f);
+            have = have ? have : len; /* size unknown: let the mmap decide */
+        } else {
+            die("%s is neither 'anon', a character device nor a regular file", t);
+        }
+        if (have < len)
+            die("%s holds %" PRIu64 " bytes, %" PRIu64 " needed (files are not extended)", t,
+                have, len);
+        m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED)
+            die("mmap %s (length %" PRIu64 "): %s", t, maplen, strerror(errno));
+        close(fd);
+    }
+    signal(SIGBUS, on_sigbus);
+    return (volatile uint64_t *)m;
+}
+
+/* ---------------------------------------------------------------- chase and traffic */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t chase(volatile uint64_t *p, uint64_t idx, uint64_t k, uint64_t lines)
+{
+    while (k--) {
+        uint64_t next = p[idx * WPL];
+        if (next >= lines)
+            fail(EXIT_CHAIN, "chain corrupted: line %" PRIu64 " holds %" PRIu64 " (>= %" PRIu64
+                 " lines)", idx, next, lines);
+        idx = next;
+    }
+    return idx;
+}
+
+struct traffic {
+    volatile uint64_t *base;
+    uint64_t words, read_pct, delay, sink;
+    int unit_ns;
+    pthread_t tid;
+    _Alignas(64) uint64_t count; /* accesses so far; written only by the thread */
+    char pad[56];
+};
+
+static int g_stop;
+
+static void *traffic_main(void *arg)
+{
+    struct traffic *t = arg;
+    uint64_t pos = 0, acc = 0, n = 0, sink = 0;
+    while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
+        volatile uint64_t *l = t->base + pos;
+        acc += t->read_pct; /* Bresenham: exactly read_pct of every 100 accesses are reads */
+        if (acc >= 100) {
+            acc -= 100;
+            for (unsigned w = 0; w < WPL; w++)
+                sink += l[w];
+        } else {
+            for (unsigned w = 0; w < WPL; w++)
+                l[w] = n;
+        }
+        pos = pos + WPL == t->words ? 0 : pos + WPL;
+        __atomic_store_n(&t->count, ++n, __ATOMIC_RELAXED);
+        if (t->delay && t->unit_ns) {
+            for (uint64_t end = now_ns() + t->delay; now_ns() < end;)
+                __builtin_ia32_pause();
+        } else if (t->delay) {
+            for (uint64_t end = __builtin_ia32_rdtsc() + t->delay; __builtin_ia32_rdtsc() < end;)
+                __builtin_ia32_pause();
+        }
+    }
+    t->sink = sink;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(int argc, char **argv)
+{
+    struct opt o[] = {{"--target", 0},    {"--threads", 0},    {"--delays", 0},
+                      {"--delay-unit", 0}, {"--delay-cycles", 0}, {"--delay-ns", 0},
+                      {"--read-pct", 0},  {"--span", 0},       {"--traffic-span", 0},
+                      {"--seed", 0},      {"--laps", 0},       {"--min-ms", 0}, {0, 0}};
+    parse_opts(argc, argv, o);
+    const char *target = o[0].val;
+    if (!target || !*target)
+        die("missing --target (/dev/daxN.M, anon or a file); see loaded_latency --help");
+    uint64_t nthreads = num(&o[1], 1, 0, 0, MAX_THREADS);
+    if (!!o[2].val + !!o[4].val + !!o[5].val > 1)
+        die("give only one of --delays, --delay-cycles and --delay-ns");
+    if (o[3].val && !o[2].val)
+        die("--delay-unit applies only to --delays");
+    const char *unit = o[3].val ? o[3].val : o[5].val ? "ns" : "cycles";
+    if (strcmp(unit, "cycles") && strcmp(unit, "ns"))
+        die("bad value '%s' for --delay-unit (want cycles or ns)", unit);
+    const struct opt *dl = o[2].val ? &o[2] : o[4].val ? &o[4] : o[5].val ? &o[5] : NULL;
+    uint64_t delays[MAX_DELAYS];
+    size_t ndelays = num_list(dl ? dl->name : "--delays", dl ? dl->val : "0,50,200,1000,5000,20000",
+                              delays, MAX_DELAYS);
+    for (size_t i = 0; i < ndelays; i++)
+        if (delays[i] > 1000000000ULL)
+            die("delay %" PRIu64 " is too large (at most 1000000000)", delays[i]);
+    uint64_t read_pct = num(&o[6], 100, 0, 0, 100);
+    uint64_t span = num(&o[7], 64ULL << 20, 1, 2 * LINE, LINE * 0xFFFFFFFFULL);
+    uint64_t tspan = num(&o[8], 16ULL << 20, 1, LINE, 1ULL << 40);
+    if (span % LINE || tspan % LINE)
+        die("--%s %" PRIu64 " is not a multiple of 64", span % LINE ? "span" : "traffic-span",
+            span % LINE ? span : tspan);
+    uint64_t seed = num(&o[9], 1, 0, 0, UINT64_MAX);
+    uint64_t laps = num(&o[10], 1, 0, 1, 1000000);
+    uint64_t min_ms = num(&o[11], 100, 0, 0, 3600000);
+    const uint64_t lines = span / LINE;
+
+    uint32_t *order = malloc(lines * sizeof *order);
+    uint64_t *seen = calloc((lines + 63) / 64, sizeof *seen);
+    struct traffic *tr = aligned_alloc(64, (nthreads + 1) * sizeof *tr);
+    uint64_t *cnt = malloc((nthreads + 1) * sizeof *cnt); /* per-thread accesses in a row */
+    char *rows_json = NULL;
+    size_t rows_len = 0;
+    FILE *rows = open_memstream(&rows_json, &rows_len);
+    if (!order || !seen || !tr || !cnt || !rows)
+        die("out of memory for %" PRIu64 " lines", lines);
+    for (uint64_t i = 0; i < lines; i++)
+        order[i] = (uint32_t)i;
+    uint64_t rs = seed;
+    for (uint64_t i = lines - 1; i > 0; i--) { /* seeded Fisher-Yates shuffle */
+        uint64_t j = (uint64_t)(((unsigned __int128)splitmix64(&rs) * (i + 1)) >> 64);
+        uint32_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+
+    const char *kind;
+    volatile uint64_t *p = map_target(target, span + nthreads * tspan, &kind);
+    for (uint64_t k = 0; k < lines; k++)
+        p[(uint64_t)order[k] * WPL] = order[k + 1 == lines ? 0 : k + 1];
+    for (uint64_t off = span; off < span + nthreads * tspan; off += 4096)
+        p[off / 8] = p[off / 8]; /* fault the traffic regions in before the first row */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    uint64_t idx = order[0], visited = 0; /* warm-up lap: every line exactly once? */
+    for (uint64_t k = 0; k < lines; k++) {
+        if (!(seen[idx >> 6] >> (idx & 63) & 1)) {
+            seen[idx >> 6] |= 1ULL << (idx & 63);
+            visited++;
+        }
+        idx = chase(p, idx, 1, lines);
+    }
+    int closed = idx == order[0];
+
+    for (size_t r = 0; r < ndelays; r++) {
+        __atomic_store_n(&g_stop, 0, __ATOMIC_SEQ_CST);
+        for (uint64_t i = 0; i < nthreads; i++) {
+            tr[i] = (struct traffic){.base = p + (span + i * tspan) / 8, .words = tspan / 8,
+                                     .read_pct = read_pct, .delay = delays[r],
+                                     .unit_ns = !strcmp(unit, "ns")};
+            int e = pthread_create(&tr[i].tid, NULL, traffic_main, &tr[i]);
+            if (e)
+                die("pthread_create (traffic thread %" PRIu64 "): %s", i, strerror(e));
+        }
+        uint64_t ramp = now_ns();
+        for (uint64_t i = 0; i < nthreads; i++)
+            while (!__atomic_load_n(&tr[i].count, __ATOMIC_RELAXED)) {
+                if (now_ns() - ramp > RAMP_TIMEOUT_NS)
+                    die("traffic thread %" PRIu64 " made no access within 60 s", i);
+                nanosleep(&(struct timespec){0, 100000}, NULL);
+            }
+        for (uint64_t i = 0; i < nthreads; i++)
+            cnt[i] = __atomic_load_n(&tr[i].count, __ATOMIC_RELAXED);
+        uint64_t t0 = now_ns(), t1, done = 0, lagging;
+        do { /* at least L laps, M ms, and until every traffic thread ran inside the window */
+            idx = chase(p, idx, lines, lines);
+            done++;
+            t1 = now_ns();
+            lagging = nthreads;
+            while (lagging && __atomic_load_n(&tr[lagging - 1].count, __ATOMIC_RELAXED) >
+                                  cnt[lagging - 1])
+                lagging--;
+            if (lagging && t1 - t0 > RAMP_TIMEOUT_NS)
+                die("traffic thread %" PRIu64 " made no access in 60 s of measurement", lagging - 1);
+        } while (done < laps || t1 - t0 < min_ms * 1000000ULL || lagging);
+        uint64_t total = 0;
+        for (uint64_t i = 0; i < nthreads; i++) {
+            cnt[i] = __atomic_load_n(&tr[i].count, __ATOMIC_RELAXED) - cnt[i];
+            total += cnt[i];
+        }
+        __atomic_store_n(&g_stop, 1, __ATOMIC_SEQ_CST);
+        for (uint64_t i = 0; i < nthreads; i++)
+            pthread_join(tr[i].tid, NULL);
+        double sec = (double)(t1 - t0) / 1e9;
+        fprintf(rows, "%s{\"delay\":%" PRIu64 ",\"seconds\":%.6f,\"laps\":%" PRIu64
+                ",\"loads\":%" PRIu64 ",\"latency_ns\":%.3f,\"accesses\":%" PRIu64
+                ",\"bytes\":%" PRIu64 ",\"bandwidth_MBps\":%.3f,\"thread_accesses\":[",
+                r ? "," : "", delays[r], sec, done, done * lines,
+                (double)(t1 - t0) / (double)(done * lines), total, total * LINE,
+                (double)(total * LINE) / sec / 1e6);
+        for (uint64_t i = 0; i < nthreads; i++)
+            fprintf(rows, i ? ",%" PRIu64 : "%" PRIu64, cnt[i]);
+        fprintf(rows, "]}");
+    }
+    if (fclose(rows) != 0)
+        die("buffering output: %s", strerror(errno));
+
+    printf("{\"tool\":\"loaded_latency\",\"target\":\"");
+    for (const unsigned char *c = (const unsigned char *)target; *c; c++)
+        printf(*c == '"' || *c == '\\' ? "\\%c" : *c < 0x20 || *c == 0x7f ? "\\u%04x" : "%c", *c);
+    printf("\",\"kind\":\"%s\",\"span\":%" PRIu64 ",\"line_bytes\":%" PRIu64 ",\"lines\":%" PRIu64
+           ",\"seed\":%" PRIu64 ",\"traffic_span\":%" PRIu64 ",\"threads\":%" PRIu64
+           ",\"read_pct\":%" PRIu64 ",\"access_bytes\":%" PRIu64 ",\"delay_unit\":\"%s\",\"laps\":%" PRIu64
+           ",\"min_ms\":%" PRIu64 ",\"cpus_online\":%ld,\"visited_lines_per_lap\":%" PRIu64
+           ",\"lap_closed\":%s,\"rows\":[",
+           kind, span, LINE, lines, seed, tspan, nthreads, read_pct, LINE, unit, laps, min_ms,
+           sysconf(_SC_NPROCESSORS_ONLN), visited, closed ? "true" : "false");
+    printf("%s],\"clock\":\"%s\"}\n", rows_json, CLOCK_NOTE);
+    if (fflush(stdout) != 0 || ferror(stdout))
+        die("writing output: %s", strerror(errno));
+    if (visited != lines || !closed) {
+        fprintf(stderr, "loaded_latency: chain check failed: a lap visited %" PRIu64
+                " distinct lines of %" PRIu64 "%s\n", visited, lines,
+                closed ? "" : " and did not return to its start");
+        return EXIT_CHAIN;
+    }
+    return 0;
+}
