@@ -92,9 +92,10 @@ def prepare_backing(topo: Topology, run_dir: Path) -> dict[str, Path]:
 
 def argv(topo: Topology, boot: BootFiles, backing: dict[str, Path | str], *, console_fd: int, qmp_fd: int,
          qemu: str = QEMU_BINARY, cdat: dict[str, Path] | None = None,
-         numa_args: list[str] | None = None) -> list[str]:
+         numa_args: list[str] | None = None, extra_args: list[str] | None = None) -> list[str]:
     """QEMU's argv. `cdat` maps device/switch ids to CDAT files; `numa_args` are generic-port and
-    HMAT options (firmware_tables.generate), given together when the topology has timing."""
+    HMAT options (firmware_tables.generate), given together when the topology has timing.
+    `extra_args` are appended verbatim (e.g. the TCG plugin options of host_tools/timing.py)."""
     for w in topo.windows:
         if w.arithmetic != "modulo":
             raise VMError(f"window '{w.id}' uses {w.arithmetic} arithmetic, but QEMU 10 routes CXL windows "
@@ -102,7 +103,7 @@ def argv(topo: Topology, boot: BootFiles, backing: dict[str, Path | str], *, con
     return [qemu] + render_lines("qemu.args.j2", topo=topo, guest=topo.guest, kernel=boot.kernel,
                                  initrd=boot.initrd, cmdline=boot.cmdline, backing=backing,
                                  console_fd=console_fd, qmp_fd=qmp_fd, backend_prefix=BACKEND_PREFIX,
-                                 cdat=cdat or {}, numa_args=numa_args or [])
+                                 cdat=cdat or {}, numa_args=numa_args or []) + list(extra_args or [])
 
 
 def show(argv_list: list[str]) -> str:

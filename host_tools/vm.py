@@ -56,8 +56,9 @@ class VM:
 
     def __init__(self, topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
                  extra_cmdline: str = "", tables: TableSet | None = None,
-                 appliance_fds: dict[str, int] | None = None) -> None:
+                 appliance_fds: dict[str, int] | None = None, extra_args: list[str] | None = None) -> None:
         self.topo, self.image, self.name = topo, image, name
+        self.extra_args = list(extra_args or [])   # appended to QEMU's argv (e.g. a TCG plugin)
         self.run_dir = Path(run_dir)
         self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline)
         self.state = VMState.CREATED
@@ -101,7 +102,7 @@ class VM:
         boot = qemu.BootFiles(self.image.kernel, self.image.initrd, self.cmdline)
         self.argv = qemu.argv(self.topo, boot, backing, console_fd=console_qemu.fileno(),
                               qmp_fd=qmp_qemu.fileno(), qemu=qemu.qemu_binary(), cdat=cdat_files,
-                              numa_args=self.tables.numa_args)
+                              numa_args=self.tables.numa_args, extra_args=self.extra_args)
         self.qemu_log.write_text(f"# {qemu.show(self.argv)}\n")
         self.state = VMState.BOOTING
         try:
@@ -263,9 +264,11 @@ class VM:
 
 
 def boot_ready(topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
-               extra_cmdline: str = "", timeout: float = 180, appliance_fds: dict[str, int] | None = None) -> VM:
+               extra_cmdline: str = "", timeout: float = 180, appliance_fds: dict[str, int] | None = None,
+               extra_args: list[str] | None = None) -> VM:
     """Launch and wait for ready; on failure nothing is left running."""
-    vm = VM(topo, image, run_dir, name=name, extra_cmdline=extra_cmdline, appliance_fds=appliance_fds)
+    vm = VM(topo, image, run_dir, name=name, extra_cmdline=extra_cmdline, appliance_fds=appliance_fds,
+            extra_args=extra_args)
     try:
         vm.launch()
         vm.wait_ready(timeout)

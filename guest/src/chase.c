@@ -1,0 +1,169 @@
+/*
+ * chase: dependent pointer chase, the latency probe for pfcxl's injected fabric timing.
+ *
+ *     chase [--dax /dev/dax0.0 | --local] [--lines N] [--span BYTES] [--loads L] [--seed S]
+ *           [--no-mark] [--profile K]
+ *
+ * N lines, line j at byte offset j * (span / N rounded down to 64), are linked into one random
+ * cycle (Sattolo's algorithm, seeded): the first 8 bytes of each line hold the offset of the
+ * next. The chain is written before the measured phase; then L loads, each depending on the
+ * previous, walk it between pfcxl phase markers (--no-mark leaves them out). --local chases the
+ * same pattern in ordinary guest RAM (no markers): a workload that never touches CXL.
+ * --profile K first selects the plugin's inject latency profile K (doorbell 0x100 + K).
+ * Defaults: N 4096, span 16M, L 100000, seed 1. Numbers accept K/M/G suffixes.
+ *
+ * Output, one JSON line: {"tool":"chase","where":"dax"|"local","lines":N,"span":...,"loads":L,
+ *   "ns":...,"ns_per_load":...,"end":...}; ns is guest CLOCK_MONOTONIC time of the walk only.
+ * Exit status 0, or 2 on any error.
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../include/pfcxl_mark.h"
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("chase: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(2);
+}
+
+static uint64_t number(const char *name, const char *s)
+{
+    char *end;
+    uint64_t v = strtoull(s, &end, 0);
+    if (end == s || *s == '-')
+        die("bad value '%s' for %s", s, name);
+    switch (*end) {
+    case 'K': case 'k': v <<= 10; end++; break;
+    case 'M': case 'm': v <<= 20; end++; break;
+    case 'G': case 'g': v <<= 30; end++; break;
+    }
+    if (*end)
+        die("bad value '%s' for %s", s, name);
+    return v;
+}
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dax = "/dev/dax0.0";
+    uint64_t lines = 4096, span = 16ULL << 20, loads = 100000, seed = 1;
+    int mark = 1, local = 0;
+    long profile = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-mark")) {
+            mark = 0;
+            continue;
+        }
+        if (!strcmp(a, "--local")) {
+            local = 1;
+            continue;
+        }
+        if (!v)
+            die("unknown or incomplete option '%s'", a);
+        if (!strcmp(a, "--dax"))
+            dax = v;
+        else if (!strcmp(a, "--lines"))
+            lines = number(a, v);
+        else if (!strcmp(a, "--span"))
+            span = number(a, v);
+        else if (!strcmp(a, "--loads"))
+            loads = number(a, v);
+        else if (!strcmp(a, "--seed"))
+            seed = number(a, v);
+        else if (!strcmp(a, "--profile"))
+            profile = (long)number(a, v);
+        else
+            die("unknown option '%s'", a);
+        i++;
+    }
+    if (!span || span % PFCXL_DAX_ALIGN)
+        die("--span must be a positive multiple of 2 MiB");
+    uint64_t stride = span / (lines ? lines : 1) / 64 * 64;
+    if (lines < 2 || stride < 64)
+        die("--lines must be at least 2 and at most span / 64");
+
+    volatile uint64_t *base;
+    if (local) {
+        mark = 0;
+        base = aligned_alloc(PFCXL_DAX_ALIGN, span);
+        if (!base)
+            die("out of memory");
+    } else {
+        int fd = open(dax, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+            die("%s: %s", dax, strerror(errno));
+        uint64_t size = pfcxl_dev_size(fd);
+        if (size < PFCXL_DAX_ALIGN || span > size - PFCXL_DAX_ALIGN)
+            die("--span %" PRIu64 " exceeds the device size (%" PRIu64 ") minus 2 MiB", span, size);
+        base = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (base == MAP_FAILED)
+            die("mmap %s: %s", dax, strerror(errno));
+        close(fd);
+    }
+
+    /* Sattolo: a uniformly random single cycle through all N lines */
+    uint64_t *order = malloc(lines * sizeof *order), x = seed;
+    if (!order)
+        die("out of memory");
+    for (uint64_t j = 0; j < lines; j++)
+        order[j] = j;
+    for (uint64_t j = lines - 1; j > 0; j--) {
+        uint64_t k = splitmix(&x) % j, t = order[j];
+        order[j] = order[k];
+        order[k] = t;
+    }
+    for (uint64_t j = 0; j < lines; j++)
+        base[order[j] * stride / 8] = order[(j + 1) % lines] * stride;
+
+    struct pfcxl_doorbell db = {0};
+    if (mark || profile >= 0) {
+        int rc = pfcxl_doorbell_open(dax, &db);
+        if (rc)
+            die("doorbell of %s: %s", dax, strerror(-rc));
+        if (profile >= 0)
+            pfcxl_doorbell_ring(&db, PFCXL_MARK_PROFILE(profile));
+        if (mark)
+            pfcxl_doorbell_ring(&db, PFCXL_MARK_START);
+    }
+    uint64_t p = order[0] * stride, t0 = now_ns();
+    for (uint64_t i = 0; i < loads; i++)
+        p = base[p / 8];
+    uint64_t t1 = now_ns();
+    if (mark)
+        pfcxl_doorbell_ring(&db, PFCXL_MARK_STOP);
+    pfcxl_doorbell_close(&db);
+    printf("{\"tool\":\"chase\",\"where\":\"%s\",\"lines\":%" PRIu64 ",\"span\":%" PRIu64
+           ",\"loads\":%" PRIu64 ",\"profile\":%ld,\"ns\":%" PRIu64 ",\"ns_per_load\":%.1f,"
+           "\"end\":%" PRIu64 "}\n", local ? "local" : "dax", lines, span, loads, profile, t1 - t0,
+           loads ? (double)(t1 - t0) / (double)loads : 0.0, p);
+    return 0;
+}

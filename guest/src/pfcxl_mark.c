@@ -1,0 +1,59 @@
+/*
+ * pfcxl_mark: start or stop a measured phase of pfcxl's TCG plugin from a shell.
+ *
+ *     pfcxl_mark start|stop|profile K [--dax /dev/dax0.0]
+ *
+ * Stores 1 (start), 2 (stop) or 0x100 + K (select inject latency profile K) into the doorbell,
+ * the last 64-byte line of the DAX device (guest/include/pfcxl_mark.h). Without the plugin the store is harmless: that line is
+ * reserved for markers. Prints one JSON line; exit status 0, or 2 on any error.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../include/pfcxl_mark.h"
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: pfcxl_mark start|stop|profile K [--dax DEV]   (default DEV: /dev/dax0.0)\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dax = "/dev/dax0.0";
+    uint64_t value = 0;
+    const char *what = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "start"))
+            value = PFCXL_MARK_START, what = argv[i];
+        else if (!strcmp(argv[i], "stop"))
+            value = PFCXL_MARK_STOP, what = argv[i];
+        else if (!strcmp(argv[i], "profile") && i + 1 < argc) {
+            char *end;
+            unsigned long k = strtoul(argv[++i], &end, 10);
+            if (*end || end == argv[i] || k > 0xff)
+                return usage();
+            value = PFCXL_MARK_PROFILE(k), what = argv[i - 1];
+        }
+        else if (!strcmp(argv[i], "--dax") && i + 1 < argc)
+            dax = argv[++i];
+        else if (!strncmp(argv[i], "--dax=", 6))
+            dax = argv[i] + 6;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage();
+            return 0;
+        } else
+            return usage();
+    }
+    if (!what)
+        return usage();
+    int rc = pfcxl_mark(dax, value);
+    if (rc) {
+        fprintf(stderr, "pfcxl_mark: %s: %s\n", dax, strerror(-rc));
+        return 2;
+    }
+    printf("{\"tool\":\"pfcxl_mark\",\"mark\":\"%s\",\"value\":%llu,\"dax\":\"%s\"}\n", what,
+           (unsigned long long)value, dax);
+    return 0;
+}

@@ -1,0 +1,394 @@
+"""The capture side of fabric timing without QEMU: the plugin builds (and only declares what
+QEMU exports), the trace ring's header and drain logic against a producer written in Python
+the way the plugin writes (records first, then head; waits when full), the doorbell address,
+the QEMU options, and the guest marker header and tools on regular files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from pfcxl.device import address_map, topology
+from pfcxl.device import trace_format as tf
+from pfcxl.host_tools import timing
+
+REPO = Path(timing.__file__).resolve().parent.parent
+GUEST_SRC = REPO / "guest" / "src"
+QEMU = Path("/usr/bin/qemu-system-x86_64")
+MiB = 1 << 20
+
+
+def dyn_symbols(path: Path) -> dict[str, tuple[str, bool]]:
+    """name -> (type, defined) from the dynamic symbol table."""
+    with open(path, "rb") as f:
+        section = ELFFile(f).get_section_by_name(".dynsym")
+        return {s.name: (s["st_info"]["type"], s["st_shndx"] != "SHN_UNDEF") for s in section.iter_symbols()
+                if s.name}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("PFCXL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+# ---------------------------------------------------------------------------- plugin build
+
+def test_plugin_builds_into_cache_and_is_reused(cache):
+    so = timing.build_plugin()
+    assert so.is_absolute() and so.parent == (cache / "plugin").resolve()
+    assert so.name.startswith("pfcxl_plugin-") and so.suffix == ".so"
+    syms = dyn_symbols(so)
+    assert syms["qemu_plugin_install"] == ("STT_FUNC", True)
+    assert syms["qemu_plugin_version"] == ("STT_OBJECT", True)
+    mtime = so.stat().st_mtime_ns
+    assert timing.build_plugin() == so and so.stat().st_mtime_ns == mtime
+
+
+def test_plugin_api_version_and_imports_match_qemu(cache):
+    so = timing.build_plugin()
+    with open(so, "rb") as f:
+        elf = ELFFile(f)
+        sym = elf.get_section_by_name(".dynsym").get_symbol_by_name("qemu_plugin_version")[0]
+        section = elf.get_section(sym["st_shndx"])
+        offset = sym["st_value"] - section["sh_addr"] + section["sh_offset"]
+        f.seek(offset)
+        version = struct.unpack("<i", f.read(4))[0]
+    assert version == 4                      # QEMU 10.0.2 accepts 2..4
+    imported = {n for n, (_, defined) in dyn_symbols(so).items() if n.startswith("qemu_plugin_") and not defined}
+    assert "qemu_plugin_update_ns" not in imported and "qemu_plugin_request_time_control" not in imported
+    if not QEMU.exists():
+        pytest.skip("no QEMU binary to compare the imports with")
+    exported = {n for n, (_, defined) in dyn_symbols(QEMU).items() if defined}
+    assert imported <= exported, f"not exported by QEMU: {sorted(imported - exported)}"
+
+
+def test_plugin_rebuilds_when_its_source_changes(cache, tmp_path, monkeypatch):
+    src = tmp_path / "plugin"
+    shutil.copytree(timing.PLUGIN_DIR, src)
+    monkeypatch.setattr(timing, "PLUGIN_DIR", src)
+    first = timing.build_plugin()
+    with open(src / "pfcxl_plugin.c", "a") as f:
+        f.write("\n/* changed */\n")
+    second = timing.build_plugin()
+    assert second != first and first.exists() and second.exists()
+
+
+def test_plugin_build_failure_is_a_clear_error(cache, tmp_path, monkeypatch):
+    src = tmp_path / "plugin"
+    shutil.copytree(timing.PLUGIN_DIR, src)
+    (src / "pfcxl_plugin.c").write_text("int broken(void) { return }\n")
+    monkeypatch.setattr(timing, "PLUGIN_DIR", src)
+    with pytest.raises(timing.TimingError, match="gcc could not build .*pfcxl_plugin.c"):
+        timing.build_plugin()
+    assert not list((cache / "plugin").glob("*.so"))
+
+
+def run_qemu_with_plugin(options: str, log: Path, seconds: float) -> subprocess.CompletedProcess:
+    """QEMU with no machine: it loads the plugin (qemu_plugin_install runs) and then idles."""
+    so = timing.build_plugin()
+    cmd = [str(QEMU), "-M", "none", "-accel", "tcg", "-display", "none", "-plugin", f"{so},{options}",
+           "-d", "plugin", "-D", str(log)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.terminate()          # QEMU runs its atexit callbacks on SIGTERM
+        out, err = proc.communicate(timeout=10)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.mark.skipif(not QEMU.exists(), reason="no QEMU binary")
+def test_plugin_loads_into_this_qemu(cache, tmp_path):
+    log = tmp_path / "plugin.log"
+    run_qemu_with_plugin("mode=inject,read_ns=283:833,baseline_ns=100,doorbell=0x28fffffc0", log, 3)
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    start = events[0]
+    assert start["event"] == "start" and start["api"][0] <= 4 <= start["api"][1]
+    assert start["doorbell"] == "0x28fffffc0" and start["tsc_per_ns"] > 0
+    assert [p["read_ns"] for p in start["profiles"]] == [283, 833]
+    # spin = modelled - baseline, to within the TSC calibration
+    assert [round(p["read_spin_ns"]) for p in start["profiles"]] == pytest.approx([183, 733], abs=2)
+    assert events[-1]["event"] == "exit" and events[-1]["reads"] == 0
+
+
+@pytest.mark.skipif(not QEMU.exists(), reason="no QEMU binary")
+@pytest.mark.parametrize("options, message", [
+    ("mode=bogus", "use count, trace or inject"),
+    ("mode=trace", "needs ring=PATH"),
+    ("mode=trace,ring=/nonexistent/ring", "cannot open ring"),
+    ("mode=count,doorbell=0x41", "not 64-byte aligned"),
+    ("mode=inject,read_ns=1:2,write_ns=1:2:3", "different numbers of profiles"),
+    ("mode=inject,read_ns=-5", "non-negative"),
+    ("mode=count,speed=9", "unknown argument 'speed'"),
+])
+def test_plugin_refuses_bad_arguments(cache, tmp_path, options, message):
+    done = run_qemu_with_plugin(options, tmp_path / "plugin.log", 20)
+    assert done.returncode != 0
+    assert message in done.stderr and "Could not load plugin" in done.stderr
+
+
+# ---------------------------------------------------------------------------- ring
+
+class FakePlugin:
+    """Produces records the way pfcxl_plugin.c does: write the slot, then publish head; wait
+    (never overwrite) while the ring is full."""
+
+    def __init__(self, path: Path) -> None:
+        self.f = open(path, "r+b", buffering=0)   # unbuffered: see the drainer's tail
+        self.capacity = struct.unpack_from("<Q", self.f.read(64), 16)[0]
+
+    def _u64(self, offset: int) -> int:
+        self.f.seek(offset)
+        return struct.unpack("<Q", self.f.read(8))[0]
+
+    def push(self, rec: tuple, timeout: float = 10) -> None:
+        head = self._u64(24)
+        deadline = time.monotonic() + timeout
+        while head - self._u64(32) >= self.capacity:
+            assert time.monotonic() < deadline, "drainer never made room"
+            time.sleep(0.0005)
+        self.f.seek(tf.HEADER_SIZE + (head % self.capacity) * tf.RECORD_SIZE)
+        self.f.write(struct.pack("<QQIBBH", *rec))
+        self.f.flush()
+        self.f.seek(24)
+        self.f.write(struct.pack("<Q", head + 1))
+        self.f.flush()
+
+
+def rec(i: int) -> tuple:
+    return (1000 + i, 0x3_9000_0000 + 64 * i, 8 + i % 57, i % 2, i % 3, 0)
+
+
+def test_ring_header_is_the_documented_layout(tmp_path):
+    ring = timing.Ring.create(tmp_path / "r", capacity=100)
+    raw = (tmp_path / "r").read_bytes()
+    assert len(raw) == 64 + 100 * 24
+    magic, version, size, cap, head, tail, dropped = struct.unpack_from("<QIIQQQQ", raw)
+    assert raw[:8] == b"PFCXLRNG" and magic == tf.RING_MAGIC
+    assert (version, size, cap, head, tail, dropped) == (1, 24, 100, 0, 0, 0)
+    assert raw[48:64] == bytes(16)
+    assert np.dtype(tf.RECORD_FIELDS).itemsize == tf.RECORD_SIZE
+    ring.close()
+    ring.close()   # harmless twice
+
+
+def test_ring_open_rejects_other_files(tmp_path):
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"NOTARING" + bytes(200))
+    with pytest.raises(timing.TimingError, match="not a version-1 trace ring"):
+        timing.Ring.open(bad)
+    short = tmp_path / "short"
+    timing.Ring.create(short, capacity=10).close()
+    with open(short, "r+b") as f:
+        f.truncate(64 + 5 * 24)
+    with pytest.raises(timing.TimingError, match="claims 10 records"):
+        timing.Ring.open(short)
+
+
+def test_drain_returns_records_in_order_across_the_wrap(tmp_path):
+    ring = timing.Ring.create(tmp_path / "r", capacity=8)
+    producer = FakePlugin(tmp_path / "r")
+    got = []
+    for batch in (5, 3, 7, 8, 0, 1):          # head wraps several times
+        start = ring.head
+        for i in range(start, start + batch):
+            producer.push(rec(i))
+        records = ring.drain()
+        assert ring.tail == ring.head == start + batch
+        got.extend(records.tolist())
+    assert got == [rec(i) for i in range(24)]
+    ring.close()
+
+
+def test_drain_refuses_a_corrupt_ring(tmp_path):
+    ring = timing.Ring.create(tmp_path / "r", capacity=4)
+    with open(tmp_path / "r", "r+b") as f:
+        f.seek(24)
+        f.write(struct.pack("<QQ", 9, 2))     # head - tail > capacity
+    with pytest.raises(timing.TimingError, match="corrupt ring"):
+        ring.drain()
+    ring.close()
+
+
+def test_drainer_thread_keeps_up_with_a_waiting_producer(tmp_path):
+    ring = timing.Ring.create(tmp_path / "r", capacity=16)
+    out = tmp_path / "trace"
+    drainer = timing.Drainer(ring, out, interval=0.001).start()
+    producer = FakePlugin(tmp_path / "r")
+    n = 2000                                  # 125 ring lengths: the producer must wait
+    thread = threading.Thread(target=lambda: [producer.push(rec(i)) for i in range(n)])
+    thread.start()
+    thread.join(60)
+    records = drainer.stop()
+    assert len(records) == n and ring.dropped == 0
+    assert records.tolist() == [rec(i) for i in range(n)]
+    assert np.fromfile(out, np.dtype(tf.RECORD_FIELDS)).tolist() == records.tolist()
+    ring.close()
+
+
+# ---------------------------------------------------------------------------- doorbell, options
+
+@pytest.mark.parametrize("name", ["pf-nic", "two-hb-interleave", "electrical-switch"])
+def test_doorbell_is_the_last_line_of_the_first_dax_device(name):
+    topo = topology.load(topology.resolve(name))
+    dax = address_map.dax_placements(topo)[0]
+    window = address_map.window_placements(topo)[0]
+    hpa = timing.doorbell_hpa(topo)
+    assert hpa == dax.base + dax.size - 64
+    assert hpa % 64 == 0
+    assert window.base <= dax.base <= hpa < dax.base + dax.size <= window.base + window.size
+
+
+def test_pf_nic_doorbell_value():
+    # pf-nic: 1 GiB RAM, maxmem 2 GiB, 4 slots -> CXL base 4 + 1 + 4 GiB = 0x2_4000_0000, window
+    # at 0x2_5000_0000, one 1 GiB region from its start: the last line is 0x2_8fff_ffc0.
+    assert timing.doorbell_hpa(topology.load(topology.resolve("pf-nic"))) == 0x2_8FFF_FFC0
+
+
+def test_qemu_args(cache, tmp_path):
+    topo = topology.load(topology.resolve("pf-nic"))
+    run = tmp_path / "a,b"                     # a comma in the path must be doubled for QEMU
+    with timing.TimingSession(topo, run, timing.TimingConfig("trace", capacity=64)) as s:
+        args = s.qemu_args()
+        assert args[0] == "-plugin" and args[2:4] == ["-d", "plugin"] and args[4] == "-D"
+        opts = args[1].replace(",,", "\0").split(",")
+        assert opts[0].replace("\0", ",") == str(timing.build_plugin())
+        assert "mode=trace" in opts and "doorbell=0x28fffffc0" in opts
+        ring_opt = next(o for o in opts if o.startswith("ring="))
+        assert ring_opt.replace("\0", ",") == f"ring={(run / 'guest.ring').resolve()}"
+        assert timing.Ring.open(run / "guest.ring").capacity == 64
+    cfg = timing.TimingConfig("inject", read_ns=(283, 833), write_ns=224, baseline_ns=300.5, doorbell=False)
+    with timing.TimingSession(topo, tmp_path / "i", cfg) as s:
+        opts = s.qemu_args()[1].split(",")[1:]
+        assert opts == ["mode=inject", "read_ns=283:833", "write_ns=224", "baseline_ns=300.5"]
+        assert s.ring is None and s.stop() is None
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"mode": "fast"}, "not one of count, trace, inject"),
+    ({"mode": "inject", "read_ns": -1}, "read_ns"),
+    ({"mode": "inject", "read_ns": tuple(range(9))}, "read_ns"),
+    ({"mode": "inject", "read_ns": (1, 2), "write_ns": (1, 2, 3)}, "profiles"),
+])
+def test_config_rejects(kwargs, match):
+    with pytest.raises(timing.TimingError, match=match):
+        timing.TimingConfig(**kwargs)
+
+
+def test_session_reads_the_plugins_json_lines(cache, tmp_path):
+    topo = topology.load(topology.resolve("pf-nic"))
+    with timing.TimingSession(topo, tmp_path, timing.TimingConfig("count")) as s:
+        s.log.write_text('{"event":"start","mode":"count"}\nnoise from QEMU\n'
+                         '{"event":"phase","phase":1,"reads":3}\n{"event":"phase","pha')
+        assert [e["event"] for e in s.events()] == ["start", "phase"]
+        assert s.wait_phases(1, timeout=0)[0]["reads"] == 3
+        with pytest.raises(timing.TimingError, match="reported 1 phases, expected 2"):
+            s.wait_phases(2, timeout=0.1)
+
+
+# ---------------------------------------------------------------------------- guest side on files
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory) -> dict[str, Path]:
+    """The guest tools, compiled as the image builder does."""
+    out = tmp_path_factory.mktemp("tools")
+    built = {}
+    for name in ("pfcxl_mark", "cxl_touch", "chase"):
+        cmd = ["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out / name),
+               str(GUEST_SRC / f"{name}.c")]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        built[name] = out / name
+    return built
+
+
+@pytest.fixture
+def dax(tmp_path) -> Path:
+    path = tmp_path / "dax.img"
+    with open(path, "wb") as f:
+        f.truncate(8 * MiB)
+    return path
+
+
+def word_at(path: Path, offset: int) -> int:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return struct.unpack("<Q", f.read(8))[0]
+
+
+def test_pfcxl_mark_stores_into_the_last_line(tools, dax):
+    for args, value in ((["start"], 1), (["stop"], 2), (["profile", "3"], 0x103)):
+        out = subprocess.run([tools["pfcxl_mark"], *args, "--dax", dax], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["value"] == value
+        assert word_at(dax, 8 * MiB - 64) == value
+    assert dax.read_bytes()[: 8 * MiB - 64] == bytes(8 * MiB - 64)   # nothing else touched
+    bad = subprocess.run([tools["pfcxl_mark"], "begin"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def touch_lines(seed: int, lines: int, n: int) -> list[int]:
+    """cxl_touch's line choice, mirrored: (a*i + b) mod lines from splitmix64(seed)."""
+    mask = (1 << 64) - 1
+    x = seed
+
+    def splitmix() -> int:
+        nonlocal x
+        x = (x + 0x9E3779B97F4A7C15) & mask
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    import math
+    a = (splitmix() % lines) | 1
+    b = splitmix() % lines
+    while math.gcd(a, lines) != 1:
+        a += 2
+    return [(a * i + b) % lines for i in range(n)]
+
+
+def test_cxl_touch_touches_distinct_lines_and_never_the_doorbell(tools, dax):
+    out = subprocess.run([tools["cxl_touch"], "--dax", dax, "--reads", "300", "--writes", "200",
+                          "--seed", "9", "--span", "4M"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert (res["reads"], res["writes"], res["marked"]) == (300, 200, True)
+    chosen = touch_lines(9, 4 * MiB // 64, 500)
+    assert len(set(chosen)) == 500
+    assert res["read_offsets_sum"] == 64 * sum(chosen[:300])
+    assert res["write_offsets_sum"] == 64 * sum(chosen[300:])
+    data = np.fromfile(dax, "<u8")
+    written = set(np.nonzero(data)[0].tolist())
+    doorbell_word = (8 * MiB - 64) // 8
+    assert written == {64 * line // 8 for line in chosen[300:]} | {doorbell_word}
+    assert data[doorbell_word] == 2                  # stop was the last mark
+    # the span may not reach the doorbell's 2 MiB window
+    bad = subprocess.run([tools["cxl_touch"], "--dax", dax, "--span", "8M"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "minus 2 MiB" in bad.stderr
+
+
+def test_chase_walks_one_cycle(tools, dax):
+    def chase(loads: int, *extra: str) -> dict:
+        out = subprocess.run([tools["chase"], "--dax", dax, "--lines", "64", "--span", "2M",
+                              "--loads", str(loads), "--seed", "5", *extra], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    start = chase(0)["end"]
+    assert chase(64)["end"] == start                 # one cycle through all 64 lines
+    assert chase(63)["end"] != start
+    assert chase(1000, "--profile", "1")["ns_per_load"] > 0
+    assert word_at(dax, 8 * MiB - 64) == 2           # the profile mark, then start, then stop
+    local = subprocess.run([tools["chase"], "--local", "--loads", "1000"], capture_output=True, text=True)
+    assert local.returncode == 0 and json.loads(local.stdout)["where"] == "local"
