@@ -63,8 +63,10 @@ def build_tools(out_dir: Path) -> dict[str, Path]:
     """Compile each guest/src/*.c into a static binary, cached by the source's hash."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tools = {}
+    # the tools share guest/include headers: a header change must rebuild them too
+    headers = b"".join(h.read_bytes() for h in sorted((GUEST_DIR / "include").glob("*.h")))
     for src in sorted(GUEST_SOURCES.glob("*.c")):
-        digest = hashlib.sha256(src.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(src.read_bytes() + headers + " ".join(CFLAGS).encode()).hexdigest()[:16]
         binary = out_dir / f"{src.stem}-{digest}"
         if not binary.exists():
             tmp = binary.with_suffix(".tmp")
