@@ -26,7 +26,9 @@ from pfcxl.firmware_tables import cdat as tables_cdat
 from pfcxl.firmware_tables import cedt as tables_cedt
 from pfcxl.firmware_tables import generate as tables_generate
 
-from . import appliance, cli_appliance, discovery, image, qemu, terminal
+from pfcxl.device import fabric_constants
+
+from . import appliance, cli_appliance, discovery, image, qemu, terminal, timing, timing_report
 from .ui import err, out
 from .vm import VM, boot_ready
 
@@ -95,13 +97,39 @@ def _booted(topo: topology.Topology, args):
             err.print(f"[dim]attached as host {att.host} at appliance port {att.port} ({where})[/dim]")
             fds = {d.id: att.region(d.appliance).fd for d in topo.devices if d.appliance}
         img = _build_image(topo, args.cedt, args.image)
+        session = None
+        if args.timing:
+            config = _timing_config(topo, args, img, run_dir)
+            session = stack.enter_context(timing.TimingSession(topo, run_dir, config))
         start = time.monotonic()
         with err.status(f"booting {topo.name} under TCG (QEMU start to PFCXL-READY)"):
             vm = stack.enter_context(boot_ready(topo, img, run_dir, extra_cmdline=args.append,
-                                               timeout=args.timeout, appliance_fds=fds))
+                                               timeout=args.timeout, appliance_fds=fds,
+                                               extra_args=session.qemu_args() if session else None))
+        if session:
+            session.start()
         err.print(f"[dim]{topo.name}: guest ready in {time.monotonic() - start:.1f}s wall "
                   f"({', '.join(r['dax'] + ' ' + r['mode'] for r in vm.ready_info.get('regions', []))})[/dim]")
-        yield vm
+        yield vm, session
+
+
+def _timing_config(topo: topology.Topology, args, img, run_dir: Path) -> "timing.TimingConfig":
+    if args.timing != "inject":
+        return timing.TimingConfig(args.timing)
+    profile = args.inject_profile
+    baseline = args.baseline_ns
+    if baseline is None:
+        with err.status("calibrating the emulator's cost per CXL request (a count-mode guest)"):
+            baseline = timing.measure_baseline(topo, img, run_dir / "calibrate")["baseline_ns"]
+        err.print(f"[dim]emulator baseline: {baseline:.0f} ns per CXL request (TCG overhead, subtracted "
+                  "from the modelled latency; nothing is added where the model is below it)[/dim]")
+    return timing.TimingConfig("inject", read_ns=fabric_constants.idle_read_ns(profile),
+                               write_ns=fabric_constants.idle_write_ns(profile), baseline_ns=baseline)
+
+
+def _timed_command(command: str) -> str:
+    """Bracket a command with the plugin's phase markers; keep its exit status."""
+    return f"pfcxl_mark start; {command}; rc=$?; pfcxl_mark stop; (exit $rc)"
 
 
 # --------------------------------------------------------------------------- commands
@@ -184,7 +212,7 @@ def cmd_image(args) -> int:
 
 def cmd_boot(args) -> int:
     topo = _load(args.topology)
-    with _booted(topo, args) as vm:
+    with _booted(topo, args) as (vm, session):
         terminal.interact(vm.console_fd, banner=f"pfcxl: {topo.name} console; Ctrl-] leaves and "
                                                 "powers the guest off")
     return 0
@@ -195,16 +223,34 @@ def cmd_run(args) -> int:
         raise PfcxlError("pfcxl run: give a command after --, e.g. pfcxl run -- cxl list -R")
     topo = _load(args.topology)
     command = shlex.join(args.command) if len(args.command) > 1 else args.command[0]
-    with _booted(topo, args) as vm:
-        result = vm.run(command, timeout=args.command_timeout)
+    report = None
+    with _booted(topo, args) as (vm, session):
+        if session is None:
+            result = vm.run(command, timeout=args.command_timeout)
+        else:
+            start = time.monotonic()
+            result = vm.run(_timed_command(command), timeout=args.command_timeout)
+            seconds = time.monotonic() - start
+            phase = session.wait_phases(1)[-1]
+            records = session.stop()
+            if args.timing == "trace":
+                with err.status(f"modelling {len(records)} CXL requests on the PF and electrical fabrics"):
+                    report = timing_report.model_trace(topo, records, dependent=args.issue == "dependent")
+                report["emulator"] = timing_report.emulator_cost(len(records), seconds)
+            else:
+                err.print(f"[dim]plugin ({args.timing}): {json.dumps(phase)}[/dim]", highlight=False)
     sys.stdout.write(result.output)
     sys.stdout.flush()
+    if report is not None:
+        err.print(timing_report.table(report, f"CXL traffic of: {command}"))
+        if args.report:
+            Path(args.report).write_text(json.dumps(report, indent=1))
     return result.status
 
 
 def cmd_demo(args) -> int:
     topo = _load(args.topology)
-    with _booted(topo, args) as vm:
+    with _booted(topo, args) as (vm, session):
         found = discovery.discover(vm)
     checks = discovery.compare(topo, found)
     t = Table(title=f"{topo.name}: what the guest's CXL subsystem found vs. what the topology predicts",
@@ -294,6 +340,16 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
                        help="host id on the appliance, for topologies whose devices it serves (default 0)")
         p.add_argument("--appliance-dir", help="run directory of the appliance to attach to "
                        "(default: $PFCXL_CACHE/appliance/<topology name>)")
+        p.add_argument("--timing", choices=timing.MODES, help="load the TCG plugin: count (CXL requests), "
+                       "trace (every request, modelled on the PF and electrical fabrics afterwards) or "
+                       "inject (slow the vCPU by the modelled latency)")
+        p.add_argument("--inject-profile", choices=tuple(fabric_constants.PROFILES), default="pf",
+                       help="inject: whose idle latency to add (default pf: 283 ns read, 224 ns write)")
+        p.add_argument("--baseline-ns", type=float, help="inject: the emulator's own cost per CXL request "
+                       "(default: measured first in a count-mode guest)")
+        p.add_argument("--issue", choices=("dependent", "independent"), default="dependent",
+                       help="trace: model each vCPU's requests as dependent (pointer chase) or independent")
+        p.add_argument("--report", help="trace: also write the modelled report as JSON to this file")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,0 +1,97 @@
+"""What the fabrics would take for exactly the CXL accesses a guest command made.
+
+The TCG plugin's trace (host_tools/timing.py) goes through the fabric models (device/): the
+photonic appliance and the electrical switch pool, with local DRAM beside them. The emulator's
+own cost per request is shown too, always labelled as emulator overhead: under TCG it is the
+price of an I/O callback, not a property of any fabric.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.table import Table
+
+from pfcxl.device import address_map, fabric_engine, fabric_model, topology
+from pfcxl.device.topology import Topology
+from pfcxl.device.topology_model import Appliance
+from pfcxl.device.trace_format import LINE
+
+SYSTEMS = ("pf", "pf_hbm", "electrical", "local")
+LABELS = {"pf": "modelled PF appliance (DDR5 path)", "pf_hbm": "modelled PF + HBM3E cache",
+          "electrical": "modelled electrical switch pool", "local": "local DRAM (model, context)",
+          "emulator": "measured in emulator (TCG overhead)"}
+
+
+def appliance_for(topo: Topology) -> Appliance:
+    """The appliance whose modules serve the trace: the topology's, else the shipped pf-appliance's."""
+    if topo.appliance is not None:
+        return topo.appliance
+    shipped = topology.load(topology.resolve("pf-appliance")).appliance
+    assert shipped is not None
+    return shipped
+
+
+def models(topo: Topology) -> dict[str, fabric_model.FabricModel]:
+    app = appliance_for(topo)
+    # The paper's 224/283 ns are the DDR5 path; the write-through HBM3E cache is shown on its own.
+    return {"pf": fabric_model.pf_appliance(app, cache=False), "pf_hbm": fabric_model.pf_appliance(app),
+            "electrical": fabric_model.electrical_pool(app.ports, app.modules),
+            "local": fabric_model.local_dram(app.ports)}
+
+
+def model_trace(topo: Topology, records: np.ndarray, *, dependent: bool, seed: int = 1) -> dict:
+    """Per model: read/write latency percentiles (ns), requests, bytes and achieved GB/s."""
+    app = appliance_for(topo)
+    base = address_map.dax_placements(topo)[0].base if topo.regions else 0
+    out: dict = {"requests": int(len(records)), "reads": int(np.count_nonzero(records["write"] == 0)),
+                 "writes": int(np.count_nonzero(records["write"])), "bytes": int(records["size"].sum()),
+                 "issue": "dependent" if dependent else "independent"}
+    if not len(records):
+        return out
+    # A CPU moves whole 64-byte lines over CXL, whatever part of the line the program touched.
+    lines = records.copy()
+    lines["size"] = LINE
+    out["bytes"] = int(len(lines)) * LINE
+    for name, model in models(topo).items():
+        result = fabric_engine.run(model, lines, dependent=dependent, base_hpa=base,
+                                   granularity=app.granularity, seed=seed)
+        window = max(int(result.window_ps), 1)
+        out[name] = {"read": result.percentiles("read"), "write": result.percentiles("write"),
+                     "gbps": out["bytes"] / window * 1000}   # bytes per ps -> GB/s
+        if name == "pf":
+            out[name]["idle_terms_ns"] = {"read": list(model.idle_terms_ns(False)),
+                                          "write": list(model.idle_terms_ns(True))}
+    return out
+
+
+def emulator_cost(requests: int, seconds: float) -> dict:
+    return {"seconds": seconds, "ns_per_request": seconds * 1e9 / requests if requests else None,
+            "what": "the command's host wall-clock / its CXL requests (process start and console "
+                    "included): QEMU TCG overhead, not a fabric figure"}
+
+
+def table(report: dict, title: str) -> Table:
+    """Rows: read, write; columns: the labelled systems."""
+    t = Table(title=title, title_justify="left")
+    t.add_column("")
+    for key in ("emulator",) + SYSTEMS:
+        t.add_column(LABELS[key], justify="right")
+    emu = report.get("emulator", {}).get("ns_per_request")
+    for op in ("read", "write"):
+        count = report.get(f"{op}s", 0)
+        if not count:
+            continue
+        cells = [f"{emu:.0f} ns/request" if emu else "-"]
+        for key in SYSTEMS:
+            p = report.get(key, {}).get(op, {})
+            cells.append(f"p50 {p['p50']:.0f}  p99 {p['p99']:.0f}  p99.9 {p['p99.9']:.0f}  max {p['max']:.0f}"
+                         if p.get("count") else "-")
+        t.add_row(f"{op} ({count} requests)", *cells)
+    bw = ["-"] + [f"{report[k]['gbps']:.2f} GB/s" if k in report else "-" for k in SYSTEMS]
+    t.add_row("achieved bandwidth", *bw)
+    terms = report.get("pf", {}).get("idle_terms_ns")
+    if terms:
+        t.caption = ("PF idle decomposition T_req + T_mem + T_resp: read "
+                     f"{' + '.join(map(str, terms['read']))} = {sum(terms['read'])} ns, write "
+                     f"{' + '.join(map(str, terms['write']))} = {sum(terms['write'])} ns (paper)")
+    return t
