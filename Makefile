@@ -7,10 +7,11 @@ export PFCXL_VENV := $(abspath $(VENV))
 PFCXL := $(VENV)/bin/pfcxl
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo boot test test-unit ci
+.PHONY: help setup demo bench boot test test-unit ci
 
 help:
-	@echo "make demo        boot the default appliance (pf-nic) and compare what the guest found with the topology"
+	@echo "make demo        boot the default appliance (pf-nic), compare what the guest found with the topology, run the quick benchmarks"
+	@echo "make bench       the quick benchmark suite with the fabric models fed by the traced accesses"
 	@echo "make test        the whole suite: unit tests and integration tests that boot guests under TCG"
 	@echo "make test-unit   only the fast tests that boot nothing"
 	@echo "make boot T=...  boot a topology and attach to its console (Ctrl-] leaves)"
@@ -22,6 +23,10 @@ setup:
 
 demo: setup
 	$(PFCXL) demo --topology $(T)
+	$(PFCXL) bench --topology $(T) --suite quick --timing trace
+
+bench: setup
+	$(PFCXL) bench --topology $(T) --suite quick --timing trace
 
 boot: setup
 	$(PFCXL) boot --topology $(T)

@@ -16,6 +16,7 @@ from pfcxl.device.topology import Topology
 from pfcxl.device.topology_model import Appliance
 from pfcxl.device.trace_format import LINE
 
+QUANTILES = list(range(0, 100)) + [99.5, 99.9, 100]
 SYSTEMS = ("pf", "pf_hbm", "electrical", "local")
 LABELS = {"pf": "modelled PF appliance (DDR5 path)", "pf_hbm": "modelled PF + HBM3E cache",
           "electrical": "modelled electrical switch pool", "local": "local DRAM (model, context)",
@@ -56,8 +57,12 @@ def model_trace(topo: Topology, records: np.ndarray, *, dependent: bool, seed: i
         result = fabric_engine.run(model, lines, dependent=dependent, base_hpa=base,
                                    granularity=app.granularity, seed=seed)
         window = max(int(result.window_ps), 1)
+        reads = result.latency_ns[~result.write]
+        lat = reads if len(reads) else result.latency_ns     # the CDF plot is of read latency
         out[name] = {"read": result.percentiles("read"), "write": result.percentiles("write"),
-                     "gbps": out["bytes"] / window * 1000}   # bytes per ps -> GB/s
+                     "gbps": out["bytes"] / window * 1000,   # bytes per ps -> GB/s
+                     # the whole distribution, compactly, for CDF plots: latency at 0..100 %
+                     "quantiles_ns": [float(q) for q in np.percentile(lat, QUANTILES)]}
         if name == "pf":
             out[name]["idle_terms_ns"] = {"read": list(model.idle_terms_ns(False)),
                                           "write": list(model.idle_terms_ns(True))}

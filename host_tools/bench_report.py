@@ -1,0 +1,201 @@
+"""Tables, plots and comparisons of `pfcxl bench` results (results/<timestamp>/results.json).
+
+Every table carries the same labelled columns: measured in emulator (guest wall-clock under
+TCG: emulator overhead, not fabric latency), modelled PF appliance, modelled electrical switch
+pool, and local DRAM (measured in the same emulator, for scale).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from pfcxl.errors import PfcxlError
+
+from .timing_report import LABELS, QUANTILES, models
+
+MEASURED = "measured in emulator (CXL)"
+LOCAL = "local DRAM (measured in emulator)"
+PF, EL = LABELS["pf"], LABELS["electrical"]
+
+
+def load(path: str | Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PfcxlError(f"no results at {path}") from None
+    except json.JSONDecodeError as exc:
+        raise PfcxlError(f"{path} is not a results file: {exc}") from None
+
+
+def _runs(results: dict) -> dict[str, dict]:
+    return {r["name"]: r for r in results["results"]}
+
+
+def _modelled(run: dict | None, key: str, op: str) -> str:
+    if run and run.get("modelled", {}).get(key, {}).get(op, {}).get("count"):
+        return f"{run['modelled'][key][op]['p50']:.0f} ns (traced)"
+    return "-"
+
+
+def _idle(topo_name: str, key: str, op: str) -> str:
+    """The model's idle latency when no trace was taken (the figures the paper quotes)."""
+    from pfcxl.device import topology
+    try:
+        topo = topology.load(topology.resolve(topo_name))
+    except PfcxlError:          # a topology file not at hand: the shipped appliance's figures
+        topo = topology.load(topology.resolve("pf-appliance"))
+    model = models(topo)[key]
+    return f"{model.idle_ns(op == 'write'):.0f} ns (idle model)"
+
+
+def tables(results: dict) -> list[Table]:
+    runs, env = _runs(results), results["environment"]
+    out = []
+    t = Table(title="idle latency (pointer chase, 64 B lines)", title_justify="left")
+    for col in ("", MEASURED, PF, EL, LOCAL):
+        t.add_column(col, justify="right")
+    cxl, local = runs.get("idle_latency/cxl"), runs.get("idle_latency/local")
+    for op, per in (("read", "ns_per_load"), ("write", "ns_per_store")):
+        def measured(run):
+            d = (run or {}).get("data") or {}
+            return f"{d[op][per]:.0f} ns" if d.get(op) else (run or {}).get("error") or "-"
+        t.add_row(op, measured(cxl),
+                  _modelled(cxl, "pf", op) if cxl and cxl.get("modelled") else _idle(env["topology"], "pf", op),
+                  _modelled(cxl, "electrical", op) if cxl and cxl.get("modelled") else _idle(env["topology"], "electrical", op),
+                  measured(local))
+    out.append(t)
+    t = Table(title="loaded latency (one chasing thread + traffic threads)", title_justify="left")
+    for col in ("delay", f"{MEASURED}: MB/s", "ns", f"{LOCAL}: MB/s", "ns"):
+        t.add_column(col, justify="right")
+    cxl_rows = ((runs.get("loaded_latency/cxl") or {}).get("data") or {}).get("rows", [])
+    local_rows = ((runs.get("loaded_latency/local") or {}).get("data") or {}).get("rows", [])
+    for i, row in enumerate(cxl_rows):
+        lrow = local_rows[i] if i < len(local_rows) else {}
+        t.add_row(str(row["delay"]), f"{row['bandwidth_MBps']:.1f}", f"{row['latency_ns']:.0f}",
+                  f"{lrow.get('bandwidth_MBps', 0):.1f}" if lrow else "-", f"{lrow.get('latency_ns', 0):.0f}" if lrow else "-")
+    out.append(t)
+    t = Table(title="bandwidth by transfer size", title_justify="left")
+    for col in ("pattern", "op", "size", "threads", f"{MEASURED} MB/s", f"{LOCAL} MB/s"):
+        t.add_column(col, justify="right")
+    cxl_res = ((runs.get("bandwidth/cxl") or {}).get("data") or {}).get("results", [])
+    local_res = {(r["pattern"], r["op"], r["size"], r["threads"]): r
+                 for r in ((runs.get("bandwidth/local") or {}).get("data") or {}).get("results", [])}
+    for r in cxl_res:
+        lr = local_res.get((r["pattern"], r["op"], r["size"], r["threads"]))
+        t.add_row(r["pattern"], r["op"], str(r["size"]), str(r["threads"]), f"{r['MBps']:.1f}",
+                  f"{lr['MBps']:.1f}" if lr else "-")
+    bw = (runs.get("bandwidth/cxl") or {}).get("modelled", {})
+    if bw:
+        t.caption = (f"the whole bandwidth run's CXL requests: {PF} {bw['pf']['gbps']:.2f} GB/s, "
+                     f"{EL} {bw['electrical']['gbps']:.2f} GB/s (at the emulator's issue rate)")
+    out.append(t)
+    failed = [r for r in results["results"] if r["status"] != "ok"]
+    if failed:
+        t = Table(title="benchmarks that did not complete", title_justify="left")
+        t.add_column("benchmark")
+        t.add_column("error")
+        for r in failed:
+            t.add_row(r["name"], r.get("error") or r["status"])
+        out.append(t)
+    return out
+
+
+def plots(results: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs, written = _runs(results), []
+    # 1. latency CDF per system: modelled distributions of the traced chase, measured points
+    fig, ax = plt.subplots(figsize=(7, 4))
+    cxl = runs.get("idle_latency/cxl") or {}
+    for key in ("pf", "pf_hbm", "electrical", "local"):
+        q = cxl.get("modelled", {}).get(key, {}).get("quantiles_ns")
+        if q:
+            ax.plot(q, [p / 100 for p in QUANTILES], label=LABELS[key])
+    for name, label in (("idle_latency/cxl", MEASURED), ("idle_latency/local", LOCAL)):
+        d = ((runs.get(name) or {}).get("data") or {}).get("read")
+        if d:
+            ax.plot([d["p50_ns"], d["p99_ns"], d["p999_ns"]], [0.5, 0.99, 0.999], "o--", label=f"{label} (batches)")
+    ax.set_xscale("log")
+    ax.set_xlabel("read latency (ns)")
+    ax.set_ylabel("fraction of loads")
+    ax.set_title("pointer-chase read latency: modelled fabrics vs emulator")
+    ax.legend(fontsize=7)
+    written.append(_save(fig, out_dir / "latency_cdf.png"))
+    # 2. loaded latency against bandwidth
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, label in (("loaded_latency/cxl", MEASURED), ("loaded_latency/local", LOCAL)):
+        rows = ((runs.get(name) or {}).get("data") or {}).get("rows", [])
+        if rows:
+            ax.plot([r["bandwidth_MBps"] for r in rows], [r["latency_ns"] for r in rows], "o-", label=label)
+    ax.set_xlabel("traffic bandwidth (MB/s)")
+    ax.set_ylabel("chase latency (ns)")
+    ax.set_title("loaded latency (emulator wall-clock)")
+    ax.legend(fontsize=7)
+    written.append(_save(fig, out_dir / "loaded_latency.png"))
+    # 3. bandwidth by transfer size
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, label in (("bandwidth/cxl", MEASURED), ("bandwidth/local", LOCAL)):
+        res = ((runs.get(name) or {}).get("data") or {}).get("results", [])
+        for key in sorted({(r["pattern"], r["op"]) for r in res if r["threads"] == 1}):
+            pts = sorted((r["size"], r["MBps"]) for r in res if (r["pattern"], r["op"]) == key and r["threads"] == 1)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{label} {key[0]} {key[1]}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("transfer size (bytes)")
+    ax.set_ylabel("MB/s")
+    ax.set_title("bandwidth by transfer size (emulator wall-clock)")
+    ax.legend(fontsize=6)
+    written.append(_save(fig, out_dir / "bandwidth.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path
+
+
+def _metrics(results: dict) -> dict[str, float]:
+    """The headline numbers of a results file, for comparisons."""
+    out = {}
+    for name, run in _runs(results).items():
+        d = run.get("data") or {}
+        for op, per in (("read", "ns_per_load"), ("write", "ns_per_store")):
+            if isinstance(d.get(op), dict):
+                out[f"{name} {op} ns"] = d[op][per]
+        for r in d.get("results", []):
+            out[f"{name} {r['pattern']} {r['op']} {r['size']}B x{r['threads']} MB/s"] = r["MBps"]
+        for r in d.get("rows", []):
+            out[f"{name} delay {r['delay']} latency ns"] = r["latency_ns"]
+        for key in ("pf", "electrical"):
+            for op in ("read", "write"):
+                p = run.get("modelled", {}).get(key, {}).get(op, {})
+                if p.get("count"):
+                    out[f"{name} {LABELS[key]} {op} p50 ns"] = p["p50"]
+    return out
+
+
+def compare(a: dict, b: dict) -> Table:
+    ma, mb = _metrics(a), _metrics(b)
+    t = Table(title=f"A: {a['environment'].get('topology')} ({a['environment'].get('timing_mode')})  vs  "
+                    f"B: {b['environment'].get('topology')} ({b['environment'].get('timing_mode')})",
+              title_justify="left")
+    for col in ("metric", "A", "B", "B / A"):
+        t.add_column(col, justify="right" if col != "metric" else "left")
+    for key in [k for k in ma if k in mb]:
+        ratio = mb[key] / ma[key] if ma[key] else float("nan")
+        t.add_row(key, f"{ma[key]:.1f}", f"{mb[key]:.1f}", f"{ratio:.2f}")
+    only = sorted(set(ma) ^ set(mb))
+    if only:
+        t.caption = f"{len(only)} metrics appear in only one file"
+    return t

@@ -1,0 +1,97 @@
+"""`pfcxl bench` and `pfcxl bench compare A B`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import time
+from pathlib import Path
+
+from rich.markup import escape
+
+from pfcxl.device import topology
+from pfcxl.errors import PfcxlError
+
+from . import bench, bench_report, image, timing, timing_report
+from .ui import err, out
+from .vm import boot_ready
+
+
+def cmd_bench(args) -> int:
+    if args.items[:1] == ["compare"]:
+        if len(args.items) != 3:
+            raise PfcxlError("usage: pfcxl bench compare RESULTS_A RESULTS_B (results.json files or their folders)")
+        out.print(bench_report.compare(bench_report.load(args.items[1]), bench_report.load(args.items[2])))
+        return 0
+    if args.items:
+        raise PfcxlError(f"unexpected '{' '.join(args.items)}' (did you mean: pfcxl bench compare A B?)")
+    topo = topology.load(topology.resolve(args.topology))
+    if any(d.appliance for d in topo.devices):
+        raise PfcxlError(f"bench boots its own guest; topology '{topo.name}' needs the appliance "
+                         "(use pf-nic, electrical-switch or two-hb-interleave)")
+    specs = bench.load_suite(args.suite)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.out or Path("results") / f"{stamp}-{topo.name}")
+    results = bench.Results(out_dir, bench.environment(topo, suite=args.suite, image=args.image, timing=args.timing))
+    img = image.build(topo, kind=args.image)
+    start = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        session = None
+        if args.timing:
+            session = stack.enter_context(timing.TimingSession(topo, out_dir / "run", timing.TimingConfig("trace")))
+        boots = [0]
+
+        def boot():
+            boots[0] += 1
+            vm = boot_ready(topo, img, out_dir / "run", name=f"bench{boots[0]}", timeout=args.timeout,
+                            extra_args=session.qemu_args() if session else None)
+            if session:
+                session.stop()           # drop whatever an earlier guest left
+                session.start()
+            return vm
+
+        def before(vm, spec):
+            if session and spec.system == "cxl":
+                vm.check("pfcxl_mark start")
+
+        def after(vm, spec, result):
+            if session and spec.system == "cxl":
+                vm.check("pfcxl_mark stop")
+                records = session.stop()
+                session.start()
+                dependent = spec.name.startswith("idle_latency")
+                result.modelled = timing_report.model_trace(topo, records, dependent=dependent)
+
+        with err.status("running the benchmark suite") as status:
+            bench.run_suite(specs, results, boot=boot, before=before, after=after,
+                            say=lambda m: status.update(f"{topo.name}: {m}"))
+    for table in bench_report.tables({"environment": results.env,
+                                      "results": [r.__dict__ for r in results.runs]}):
+        out.print(table)
+    written = bench_report.plots(bench_report.load(out_dir), out_dir)
+    failed = [r.name for r in results.runs if r.status != "ok"]
+    err.print(f"{len(results.runs) - len(failed)} of {len(results.runs)} benchmarks ok in "
+              f"{time.monotonic() - start:.0f}s; results in {escape(str(out_dir / 'results.json'))}; plots: "
+              f"{', '.join(p.name for p in written)}")
+    return 1 if failed else 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("bench", help="run the guest benchmark suite; or compare two results",
+                       description="pfcxl bench [--topology T] [--suite quick|full|FILE] [--image busybox|debian] "
+                       "[--timing trace]: boot, run idle_latency, loaded_latency and bandwidth on the CXL DAX "
+                       "device and on local memory, save results/<time>-<topology>/results.json and PNG plots, "
+                       "print tables with labelled columns (measured in emulator, modelled PF appliance, "
+                       "modelled electrical switch pool, local DRAM). With --timing trace every CXL run's "
+                       "accesses are captured by the TCG plugin and fed to the fabric models.\n"
+                       "pfcxl bench compare A B: compare two results files.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("items", nargs="*", metavar="compare A B")
+    p.add_argument("--topology", "-t", help="default pf-nic")
+    p.add_argument("--suite", default="quick", help="quick (default, a minute or two), full, or a JSON suite file")
+    p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox")
+    p.add_argument("--timing", choices=("trace",), help="capture every CXL access and model it")
+    p.add_argument("--out", help="results directory (default results/<time>-<topology>)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds for the guest to become ready")
+    p.set_defaults(func=cmd_bench)
