@@ -1,0 +1,75 @@
+"""pfcxl bench end to end: real guests, real benchmarks, the fabric models fed by the traced
+accesses; failures are named and the other results kept."""
+
+import json
+
+import pytest
+
+from .conftest import pfcxl_cli
+
+pytestmark = pytest.mark.integration
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def results(path):
+    return json.loads((path / "results.json").read_text())
+
+
+def test_quick_suite_reproduces_the_papers_idle_table(tmp_path):
+    out = tmp_path / "pf"
+    done = pfcxl_cli("bench", "--topology", "pf-nic", "--timing", "trace", "--out", str(out), timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = results(out)
+    env = data["environment"]
+    for key in ("pfcxl", "qemu", "kernel", "topology", "timing_mode", "host_cpu", "suite", "image"):
+        assert env[key], key
+    assert env["timing_mode"] == "trace" and env["topology"] == "pf-nic"
+    runs = {r["name"]: r for r in data["results"]}
+    assert set(runs) == {f"{t}/{s}" for t in ("idle_latency", "loaded_latency", "bandwidth") for s in ("cxl", "local")}
+    assert all(r["status"] == "ok" for r in runs.values())
+    chase = runs["idle_latency/cxl"]
+    assert chase["data"]["visited_lines_per_lap"] == chase["data"]["lines"]
+    pf = chase["modelled"]["pf"]
+    assert pf["read"]["p50"] == 283 and pf["write"]["p50"] == 224            # the paper's idle figures
+    assert pf["idle_terms_ns"] == {"read": [24, 212, 47], "write": [24, 153, 47]}
+    assert chase["modelled"]["reads"] >= chase["data"]["read"]["loads"]      # every measured load was traced
+    assert all(r["bytes_moved"] == r["bytes_requested"] for r in runs["bandwidth/cxl"]["data"]["results"])
+    assert runs["idle_latency/local"]["modelled"] == {}                      # local memory is not traced
+    for png in ("latency_cdf.png", "loaded_latency.png", "bandwidth.png"):
+        assert (out / png).read_bytes()[:8] == PNG
+    for label in ("measured in emulator", "modelled PF appliance", "modelled electrical switch pool", "local DRAM"):
+        assert label in done.stdout
+
+
+def test_electrical_switch_lands_in_belugas_range(tmp_path):
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps([{"name": "idle_latency/cxl", "system": "cxl", "timeout": 600,
+                                  "command": "idle_latency --target {dax} --span 4M --mode read --laps 1"}]))
+    out = tmp_path / "el"
+    done = pfcxl_cli("bench", "--topology", "electrical-switch", "--suite", str(suite), "--timing", "trace",
+                     "--out", str(out), timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    modelled = results(out)["results"][0]["modelled"]
+    assert 800 <= modelled["electrical"]["read"]["p50"] <= 900
+    assert modelled["pf"]["read"]["p50"] == 283
+
+
+def test_a_crash_and_a_hang_are_named_and_the_rest_is_kept(tmp_path):
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps([
+        {"name": "first", "system": "local", "timeout": 120, "command": "idle_latency --target anon --span 1M"},
+        {"name": "crasher", "system": "local", "timeout": 120, "command": "sh -c 'kill -SEGV $$'"},
+        {"name": "hanger", "system": "local", "timeout": 15, "command": "sleep 600"},
+        {"name": "after", "system": "local", "timeout": 120, "command": "idle_latency --target anon --span 1M"},
+    ]))
+    out = tmp_path / "bad"
+    done = pfcxl_cli("bench", "--suite", str(suite), "--out", str(out), timeout=1200)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    runs = {r["name"]: r for r in results(out)["results"]}
+    assert list(runs) == ["first", "crasher", "hanger", "after"]
+    assert runs["first"]["status"] == "ok" and runs["after"]["status"] == "ok"   # guest rebooted after the hang
+    assert runs["crasher"]["status"] == "failed" and "benchmark crasher exited with status" in runs["crasher"]["error"]
+    assert runs["hanger"]["status"] == "error" and "benchmark hanger" in runs["hanger"]["error"]
+    assert "did not finish within 15s" in runs["hanger"]["error"]
+    assert "crasher" in done.stdout and "hanger" in done.stdout                 # the table of failures
