@@ -1,0 +1,91 @@
+"""bench reports from results files: labelled tables, PNG plots, comparisons, suite files."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from pfcxl.errors import PfcxlError
+from pfcxl.host_tools import bench, bench_report
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def sample(scale: float = 1.0, modelled: bool = True) -> dict:
+    chase = {"tool": "idle_latency", "lines": 1024, "visited_lines_per_lap": 1024,
+             "read": {"loads": 1024, "ns_per_load": 700.0 * scale, "p50_ns": 690.0, "p99_ns": 900.0, "p999_ns": 1200.0},
+             "write": {"stores": 1024, "ns_per_store": 800.0 * scale, "p50_ns": 790.0, "p99_ns": 990.0, "p999_ns": 1300.0}}
+    model = {"pf": {"read": {"count": 2048, "p50": 283.0}, "write": {"count": 1024, "p50": 224.0}, "gbps": 0.2,
+                    "quantiles_ns": [283.0] * 103},
+             "electrical": {"read": {"count": 2048, "p50": 833.0}, "write": {"count": 1024, "p50": 774.0},
+                            "gbps": 0.1, "quantiles_ns": [833.0] * 103}} if modelled else {}
+    bw = {"tool": "bandwidth", "results": [
+        {"pattern": "seq", "op": "read", "size": s, "threads": 1, "MBps": 20.0 * scale * s / 64,
+         "bytes_moved": 1 << 20, "bytes_requested": 1 << 20} for s in (32, 64, 1024)]}
+    loaded = {"tool": "loaded_latency", "rows": [{"delay": d, "bandwidth_MBps": 10.0 / (1 + d), "latency_ns": 1200.0}
+                                                 for d in (0, 2000)]}
+    runs = [("idle_latency/cxl", chase, model), ("idle_latency/local", chase, {}),
+            ("bandwidth/cxl", bw, {"pf": {"gbps": 0.8}, "electrical": {"gbps": 0.8}} if modelled else {}),
+            ("bandwidth/local", bw, {}), ("loaded_latency/cxl", loaded, {}), ("loaded_latency/local", loaded, {})]
+    results = [{"name": n, "system": n.split("/")[1], "command": "x", "status": "ok", "seconds": 1.0, "data": d,
+                "error": None, "modelled": m} for n, d, m in runs]
+    results.append({"name": "hanger", "system": "local", "command": "sleep 600", "status": "error", "seconds": 15.0,
+                    "data": None, "error": "benchmark hanger: command did not finish within 15s", "modelled": {}})
+    return {"environment": {"topology": "pf-nic", "timing_mode": "trace" if modelled else "none"}, "results": results}
+
+
+def render(tables) -> str:
+    console = Console(width=240, record=True)
+    for t in tables:
+        console.print(t)
+    return console.export_text()
+
+
+def test_tables_carry_the_labelled_columns_and_the_failures():
+    text = render(bench_report.tables(sample()))
+    for label in ("measured in emulator", "modelled PF appliance", "modelled electrical switch pool", "local DRAM"):
+        assert label in text
+    assert "283 ns (traced)" in text and "774 ns (traced)" in text
+    assert "hanger" in text and "did not finish within 15s" in text
+
+
+def test_without_a_trace_the_idle_model_is_shown_and_said_so():
+    text = render(bench_report.tables(sample(modelled=False)))
+    assert "283 ns (idle model)" in text and "224 ns (idle model)" in text
+    assert "(traced)" not in text
+
+
+def test_plots_are_png_files(tmp_path):
+    written = bench_report.plots(sample(), tmp_path)
+    assert {p.name for p in written} == {"latency_cdf.png", "loaded_latency.png", "bandwidth.png"}
+    assert all(p.read_bytes()[:8] == PNG for p in written)
+
+
+def test_compare_reports_ratios(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for path, scale in ((a, 1.0), (b, 2.0)):
+        path.mkdir()
+        (path / "results.json").write_text(json.dumps(sample(scale)))
+    text = render([bench_report.compare(bench_report.load(a), bench_report.load(b))])
+    assert "idle_latency/cxl read ns" in text and "2.00" in text
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "bench", "compare", str(a), str(b)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and "B / A" in done.stdout
+    with pytest.raises(PfcxlError, match="no results"):
+        bench_report.load(tmp_path / "missing")
+
+
+def test_suite_files_are_checked(tmp_path):
+    assert [s.name for s in bench.load_suite("quick")][:2] == ["idle_latency/cxl", "idle_latency/local"]
+    bad = tmp_path / "suite.json"
+    bad.write_text('[{"name": "x"}]')
+    with pytest.raises(PfcxlError, match="suite file"):
+        bench.load_suite(str(bad))
+    dup = tmp_path / "dup.json"
+    dup.write_text(json.dumps([{"name": "x", "command": "true", "system": "local"}] * 2))
+    with pytest.raises(PfcxlError, match="unique"):
+        bench.load_suite(str(dup))
+    with pytest.raises(PfcxlError, match="no suite 'nope'"):
+        bench.load_suite("nope")
