@@ -5,35 +5,21 @@
  * Built static for the guest image (glibc >= 2.34 has pthreads in libc.a: no -pthread needed):
  *     gcc -static -O2 -Wall -Wextra -Werror -o bandwidth guest/src/bandwidth.c
  *
- * Conventions as guest/src/daxio.c (helpers re-implemented, not shared): 2 MiB-aligned
+ * Conventions as guest/src/daxio.c (shared helpers: guest/include/pfcxl_tool.h): 2 MiB-aligned
  * MAP_SHARED window of a device or file, only volatile 8-byte accesses to it, one JSON line on
  * stdout, errors one line on stderr, exit 0 ok / 1 some row moved other than the requested
  * bytes / 2 error. Output fields: guest/bench_schema.md.
  */
 #define _GNU_SOURCE
-#include <ctype.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
-#include <time.h>
-#include <unistd.h>
 
-#define WINDOW_ALIGN (2ULL << 20)
+#define TOOL_NAME "bandwidth"
+#include "../include/pfcxl_tool.h"
+
 #define MAX_THREADS 256
 #define MAX_LIST 64
 #define WRITE_SEED 0x4257ULL /* "BW": stores write daxio's pattern for this seed */
 #define EXIT_SHORT 1
-#define EXIT_ERROR 2
 #define CLOCK_NOTE "guest CLOCK_MONOTONIC (under TCG: emulator time, not fabric latency)"
 
 static const char HELP[] =
@@ -76,186 +62,7 @@ static const char HELP[] =
     "exit status: 0 ok; 1 some row moved a byte count other than requested; 2 error (bad\n"
     "  argument, target too small, open/mmap/thread failure, bus error). One line on stderr.\n";
 
-static void fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
-static void fail(int code, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    for (char *p = msg; *p; p++)
-        if (*p == '\n' || *p == '\r')
-            *p = ' ';
-    fflush(stdout);
-    fprintf(stderr, "bandwidth: %s\n", msg);
-    exit(code);
-}
-#define die(...) fail(EXIT_ERROR, __VA_ARGS__)
-
-/* ---------------------------------------------------------------- arguments */
-
-/* Decimal or 0x hex in [s, end) (end NULL: up to the NUL); with allow_suffix one trailing K, M
- * or G (KiB, MiB, GiB). 0 ok, -1 bad syntax or overflow. */
-static int parse_u64(const char *s, const char *end, int allow_suffix, uint64_t *out)
-{
-    char buf[32], *e;
-    size_t n = end ? (size_t)(end - s) : strlen(s);
-    if (n == 0 || n >= sizeof buf)
-        return -1;
-    memcpy(buf, s, n);
-    buf[n] = '\0';
-    int hex = buf[0] == '0' && (buf[1] == 'x' || buf[1] == 'X');
-    unsigned char d0 = (unsigned char)buf[2 * hex];
-    if (!(hex ? isxdigit(d0) : isdigit(d0)))
-        return -1;
-    errno = 0;
-    unsigned long long v = strtoull(buf + 2 * hex, &e, hex ? 16 : 10);
-    unsigned sh = 0;
-    if (allow_suffix && *e)
-        sh = (*e == 'K' || *e == 'k') ? 10 : (*e == 'M' || *e == 'm') ? 20
-           : (*e == 'G' || *e == 'g') ? 30 : 0;
-    e += sh != 0;
-    if (errno || *e || v > (UINT64_MAX >> sh))
-        return -1;
-    *out = (uint64_t)v << sh;
-    return 0;
-}
-
-struct opt {
-    const char *name;
-    const char *val;
-};
-
-static void parse_opts(int argc, char **argv, struct opt *opts)
-{
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(HELP, stdout);
-            exit(fflush(stdout) == 0 ? 0 : EXIT_ERROR);
-        }
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *eq = strchr(arg, '=');
-        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
-            die("unexpected argument '%s' (parameters are --flags); see bandwidth --help", arg);
-        size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
-        struct opt *o = opts;
-        while (o->name && !(strlen(o->name) == n && !strncmp(o->name, arg, n)))
-            o++;
-        if (!o->name)
-            die("unknown option '%.*s'; see bandwidth --help", (int)n, arg);
-        if (o->val)
-            die("option %s given twice", o->name);
-        if (!eq && i + 1 >= argc)
-            die("option %s needs a value", o->name);
-        o->val = eq ? eq + 1 : argv[++i];
-    }
-}
-
-static uint64_t num(const struct opt *o, uint64_t def, int suffix, uint64_t lo, uint64_t hi)
-{
-    uint64_t v;
-    if (!o->val)
-        return def;
-    if (parse_u64(o->val, NULL, suffix, &v) != 0)
-        die("bad value '%s' for %s (want decimal or 0x hex%s)", o->val, o->name,
-            suffix ? ", optional K/M/G suffix" : "");
-    if (v < lo || v > hi)
-        die("%s %" PRIu64 " is out of range [%" PRIu64 ", %" PRIu64 "]", o->name, v, lo, hi);
-    return v;
-}
-
-/* Comma-separated list of numbers into out[max]; returns the count. */
-static size_t num_list(const char *name, const char *s, uint64_t *out, size_t max)
-{
-    size_t n = 0;
-    for (const char *p = s;; p++) {
-        const char *c = strchr(p, ',');
-        if (n == max)
-            die("%s: more than %zu values", name, max);
-        if (parse_u64(p, c, 0, &out[n++]) != 0)
-            die("bad list '%s' for %s (want comma-separated decimal or 0x hex numbers)", s, name);
-        if (!c)
-            return n;
-        p = c;
-    }
-}
-
-/* ---------------------------------------------------------------- target */
-
-static void on_sigbus(int sig)
-{
-    static const char m[] = "bandwidth: bus error accessing the target\n";
-    (void)sig;
-    ssize_t r = write(2, m, sizeof m - 1);
-    (void)r;
-    _exit(EXIT_ERROR);
-}
-
-/* Map [0, len) of the target read-write: 'anon', a device-DAX character device or a file. */
-static volatile uint64_t *map_target(const char *t, uint64_t len, const char **kind)
-{
-    uint64_t maplen = (len + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1), have = 0;
-    void *m;
-    if (!strcmp(t, "anon")) {
-        *kind = "anon";
-        char *raw = mmap(NULL, maplen + WINDOW_ALIGN, PROT_READ | PROT_WRITE,
-                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (raw == MAP_FAILED)
-            die("mmap anonymous %" PRIu64 " bytes: %s", maplen, strerror(errno));
-        m = (void *)(((uintptr_t)raw + WINDOW_ALIGN - 1) & ~(uintptr_t)(WINDOW_ALIGN - 1));
-        madvise(m, maplen, MADV_HUGEPAGE); /* best effort, like a 2 MiB device-DAX mapping */
-    } else {
-        struct stat st;
-        int fd = open(t, O_RDWR);
-        if (fd < 0 || fstat(fd, &st) != 0)
-            die("open %s: %s", t, strerror(errno));
-        if (S_ISREG(st.st_mode)) {
-            *kind = "file";
-            have = (uint64_t)st.st_size;
-        } else if (S_ISCHR(st.st_mode)) {
-            char path[96];
-            unsigned long long v = 0;
-            *kind = "dax";
-            snprintf(path, sizeof path, "/sys/dev/char/%u:%u/size", major(st.st_rdev),
-                     minor(st.st_rdev));
-            FILE *f = fopen(path, "r");
-            if (f && fscanf(f, "%llu", &v) == 1)
-                have = v;
-            if (f)
-                fclose(f);
-            have = have ? have : len; /* size unknown: let the mmap decide */
-        } else {
-            die("%s is neither 'anon', a character device nor a regular file", t);
-        }
-        if (have < len)
-            die("%s holds %" PRIu64 " bytes, %" PRIu64 " needed (files are not extended)", t,
-                have, len);
-        m = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (m == MAP_FAILED)
-            die("mmap %s (length %" PRIu64 "): %s", t, maplen, strerror(errno));
-        close(fd);
-    }
-    signal(SIGBUS, on_sigbus);
-    return (volatile uint64_t *)m;
-}
-
 /* ---------------------------------------------------------------- workers */
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
 
 enum { OP_READ, OP_WRITE, OP_MIXED };
 static const char *const PATTERNS[] = {"seq", "random", NULL};
@@ -339,7 +146,7 @@ int main(int argc, char **argv)
     struct opt o[] = {{"--target", 0}, {"--pattern", 0}, {"--op", 0},   {"--sizes", 0},
                       {"--threads", 0}, {"--bytes", 0},  {"--span", 0}, {"--read-pct", 0},
                       {"--seed", 0},   {0, 0}};
-    parse_opts(argc, argv, o);
+    parse_opts(argc, argv, o, HELP);
     const char *target = o[0].val;
     if (!target || !*target)
         die("missing --target (/dev/daxN.M, anon or a file); see bandwidth --help");
@@ -420,16 +227,14 @@ int main(int argc, char **argv)
     if (fclose(rows) != 0)
         die("buffering output: %s", strerror(errno));
 
-    printf("{\"tool\":\"bandwidth\",\"target\":\"");
-    for (const unsigned char *c = (const unsigned char *)target; *c; c++)
-        printf(*c == '"' || *c == '\\' ? "\\%c" : *c < 0x20 || *c == 0x7f ? "\\u%04x" : "%c", *c);
-    printf("\",\"kind\":\"%s\",\"span\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"read_pct\":%" PRIu64
+    printf("{\"tool\":\"bandwidth\",\"target\":");
+    json_str(target);
+    printf(",\"kind\":\"%s\",\"span\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"read_pct\":%" PRIu64
            ",\"seed\":%" PRIu64 ",\"write_seed\":%llu,\"cpus_online\":%ld,\"results\":[%s",
            kind, span, bytes, read_pct, seed, WRITE_SEED, sysconf(_SC_NPROCESSORS_ONLN),
            rows_json);
     printf("],\"clock\":\"%s\"}\n", CLOCK_NOTE);
-    if (fflush(stdout) != 0 || ferror(stdout))
-        die("writing output: %s", strerror(errno));
+    finish_output();
     if (short_row)
         fail(EXIT_SHORT, "some row moved a byte count other than the requested %" PRIu64, bytes);
     return 0;

@@ -18,51 +18,11 @@
  * *_ns: guest CLOCK_MONOTONIC time of each loop. Exit status 0, or 2 on any error.
  */
 #define _GNU_SOURCE
-#include <inttypes.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
+#define TOOL_NAME "cxl_touch"
+#define TOOL_VERBATIM_ERRORS /* as formatted: no flush of stdout, no one-lining */
+#include "../include/pfcxl_tool.h"
 #include "../include/pfcxl_mark.h"
-
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("cxl_touch: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(2);
-}
-
-static uint64_t number(const char *name, const char *s)
-{
-    char *end;
-    uint64_t v = strtoull(s, &end, 0);
-    if (end == s || *s == '-')
-        die("bad value '%s' for %s", s, name);
-    switch (*end) {
-    case 'K': case 'k': v <<= 10; end++; break;
-    case 'M': case 'm': v <<= 20; end++; break;
-    case 'G': case 'g': v <<= 30; end++; break;
-    }
-    if (*end)
-        die("bad value '%s' for %s", s, name);
-    return v;
-}
-
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
 
 static uint64_t gcd(uint64_t a, uint64_t b)
 {
@@ -72,13 +32,6 @@ static uint64_t gcd(uint64_t a, uint64_t b)
         b = t;
     }
     return a;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
 int main(int argc, char **argv)
@@ -98,13 +51,13 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--dax"))
             dax = v;
         else if (!strcmp(a, "--reads"))
-            reads = number(a, v);
+            reads = loose_number(a, v);
         else if (!strcmp(a, "--writes"))
-            writes = number(a, v);
+            writes = loose_number(a, v);
         else if (!strcmp(a, "--seed"))
-            seed = number(a, v);
+            seed = loose_number(a, v);
         else if (!strcmp(a, "--span"))
-            span = number(a, v);
+            span = loose_number(a, v);
         else
             die("unknown option '%s'", a);
         i++;
@@ -126,7 +79,7 @@ int main(int argc, char **argv)
     close(fd);
 
     /* (a*i + b) mod lines is a bijection on [0, lines) when gcd(a, lines) == 1 */
-    uint64_t x = seed, a = (splitmix(&x) % lines) | 1, b = splitmix(&x) % lines;
+    uint64_t x = seed, a = (splitmix64(&x) % lines) | 1, b = splitmix64(&x) % lines;
     while (gcd(a, lines) != 1)
         a += 2;
     uint64_t n = reads + writes, rsum = 0, wsum = 0;

@@ -19,27 +19,12 @@
  * the mapping). Errors are one line on stderr, starting with "daxio: ".
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <setjmp.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
-#include <time.h>
-#include <unistd.h>
 
-#define WINDOW_ALIGN (2ULL << 20) /* device-DAX mapping granule (region align) */
-#define PATTERN_MAGIC 0x5046000000000000ULL
+#define TOOL_NAME "daxio"
+#include "../include/pfcxl_tool.h"
+
 #define SEED_LIMIT (1ULL << 16)
 #define EXIT_MISMATCH 1
-#define EXIT_ERROR 2
 
 static const char HELP[] =
     "usage: daxio SUBCOMMAND DEV [OPTIONS]\n"
@@ -95,115 +80,7 @@ static const char HELP[] =
     "exit status: 0 ok; 1 verify found mismatches; 2 error (bad argument, range outside DEV,\n"
     "  open/mmap failure, bus error). Errors are one line on stderr.\n";
 
-static const char *g_prog = "daxio";
-
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    /* keep the message on one line whatever the arguments contained */
-    for (char *p = msg; *p; p++)
-        if (*p == '\n' || *p == '\r')
-            *p = ' ';
-    fflush(stdout);
-    fprintf(stderr, "%s: %s\n", g_prog, msg);
-    exit(EXIT_ERROR);
-}
-
-/* ---------------------------------------------------------------- pattern and crc32 */
-
-static inline uint64_t word(uint64_t seed, uint64_t o)
-{
-    return PATTERN_MAGIC ^ (seed << 40) ^ (o >> 3);
-}
-
-/* Slicing-by-8 tables for zlib's CRC-32; crc_tab[0] is the classic byte-wise table. */
-static uint32_t crc_tab[8][256];
-
-static void crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
-        crc_tab[0][i] = c;
-    }
-    for (int t = 1; t < 8; t++)
-        for (uint32_t i = 0; i < 256; i++)
-            crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xff];
-}
-
-/* Feed one little-endian 64-bit word (8 bytes in address order) into a running crc state
- * (state = ~crc, i.e. starts at 0xFFFFFFFF and is inverted at the end). */
-static inline __attribute__((always_inline)) uint32_t crc_word(uint32_t state, uint64_t w)
-{
-    uint32_t lo = state ^ (uint32_t)w;
-    uint32_t hi = (uint32_t)(w >> 32);
-    return crc_tab[7][lo & 0xff] ^ crc_tab[6][(lo >> 8) & 0xff] ^
-           crc_tab[5][(lo >> 16) & 0xff] ^ crc_tab[4][lo >> 24] ^
-           crc_tab[3][hi & 0xff] ^ crc_tab[2][(hi >> 8) & 0xff] ^
-           crc_tab[1][(hi >> 16) & 0xff] ^ crc_tab[0][hi >> 24];
-}
-
-/* Words are handled as native uint64 values; the pattern and crc are defined on little-endian
- * byte order, which is what x86 (the only guest) stores. */
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "daxio assumes a little-endian CPU"
-#endif
-
 /* ---------------------------------------------------------------- argument parsing */
-
-/* Parse decimal or 0x hex into *out; with allow_suffix, accept one trailing K/M/G (binary).
- * Returns 0 on success, -1 on syntax error or overflow. */
-static int parse_u64(const char *s, int allow_suffix, uint64_t *out)
-{
-    uint64_t v = 0, base = 10;
-    const char *p = s;
-    int digits = 0;
-    if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X')) {
-        base = 16;
-        p += 2;
-    }
-    for (;; p++) {
-        unsigned d;
-        char c = *p;
-        if (c >= '0' && c <= '9')
-            d = (unsigned)(c - '0');
-        else if (base == 16 && c >= 'a' && c <= 'f')
-            d = (unsigned)(c - 'a' + 10);
-        else if (base == 16 && c >= 'A' && c <= 'F')
-            d = (unsigned)(c - 'A' + 10);
-        else
-            break;
-        if (v > (UINT64_MAX - d) / base)
-            return -1;
-        v = v * base + d;
-        digits++;
-    }
-    if (digits == 0)
-        return -1;
-    if (*p && allow_suffix) {
-        unsigned shift;
-        switch (*p) {
-        case 'K': case 'k': shift = 10; break;
-        case 'M': case 'm': shift = 20; break;
-        case 'G': case 'g': shift = 30; break;
-        default: return -1;
-        }
-        if (v > (UINT64_MAX >> shift))
-            return -1;
-        v <<= shift;
-        p++;
-    }
-    if (*p)
-        return -1;
-    *out = v;
-    return 0;
-}
 
 enum op { OP_FILL, OP_VERIFY, OP_CRC, OP_POKE, OP_PEEK };
 
@@ -288,7 +165,7 @@ static void parse_args(int argc, char **argv, struct args *a)
         }
         uint64_t v;
         int sized = (bit == O_OFFSET || bit == O_SIZE);
-        if (parse_u64(val, sized, &v) != 0)
+        if (parse_u64(val, NULL, sized ? PARSE_SUFFIX : 0, &v) != 0)
             die("%s: bad value '%s' for %s (want decimal or 0x hex%s, fitting in 64 bits)", op,
                 val, OPTNAMES[which], sized ? ", optional K/M/G suffix" : "");
         switch (bit) {
@@ -322,56 +199,7 @@ static void parse_args(int argc, char **argv, struct args *a)
             a->size);
 }
 
-/* ---------------------------------------------------------------- device access */
-
-/* Size of a device-DAX character device from sysfs, or 0 if unknown. */
-static uint64_t chardev_size(const struct stat *st)
-{
-    char path[96];
-    snprintf(path, sizeof path, "/sys/dev/char/%u:%u/size", major(st->st_rdev),
-             minor(st->st_rdev));
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    unsigned long long v = 0;
-    if (fscanf(f, "%llu", &v) != 1)
-        v = 0;
-    fclose(f);
-    return v;
-}
-
-static sigjmp_buf g_fault_jmp;
-static void *volatile g_fault_addr;
-
-static void on_sigbus(int sig, siginfo_t *si, void *uc)
-{
-    (void)sig;
-    (void)uc;
-    g_fault_addr = si->si_addr;
-    siglongjmp(g_fault_jmp, 1);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
-/* Print s as a JSON string (quoted, escaped). */
-static void json_str(const char *s)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20 || *p == 0x7f)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
+/* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv)
 {
@@ -380,12 +208,8 @@ int main(int argc, char **argv)
     const char *op = a.def->name;
     const char *dev = a.dev;
 
-    int fd = open(dev, a.def->writes ? O_RDWR : O_RDONLY);
-    if (fd < 0)
-        die("open %s: %s", dev, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0)
-        die("fstat %s: %s", dev, strerror(errno));
+    int fd = open_dev(dev, a.def->writes, &st);
     uint64_t end = a.offset + a.size;
     if (S_ISREG(st.st_mode)) {
         if ((uint64_t)st.st_size < end)
@@ -393,7 +217,7 @@ int main(int argc, char **argv)
                 " bytes); the file is not extended",
                 op, a.offset, end, dev, (uint64_t)st.st_size);
     } else if (S_ISCHR(st.st_mode)) {
-        uint64_t devsize = chardev_size(&st);
+        uint64_t devsize = dax_size(NULL, &st);
         if (devsize && devsize < end)
             die("%s: range [%" PRIu64 ", %" PRIu64 ") is past the end of %s (%" PRIu64 " bytes)",
                 op, a.offset, end, dev, devsize);
@@ -401,27 +225,11 @@ int main(int argc, char **argv)
         die("%s: %s is neither a regular file nor a character device", op, dev);
     }
 
-    uint64_t win_off = a.offset & ~(WINDOW_ALIGN - 1);
-    uint64_t win_len = ((end + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1)) - win_off;
-    int prot = PROT_READ | (a.def->writes ? PROT_WRITE : 0);
-    void *map = mmap(NULL, (size_t)win_len, prot, MAP_SHARED, fd, (off_t)win_off);
-    if (map == MAP_FAILED)
-        die("mmap %s (offset %" PRIu64 ", length %" PRIu64 "): %s", dev, win_off, win_len,
-            strerror(errno));
-
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_sigbus;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGBUS, &sa, NULL);
-    if (sigsetjmp(g_fault_jmp, 1)) {
-        uintptr_t fa = (uintptr_t)g_fault_addr, base = (uintptr_t)map;
-        if (fa >= base && fa - base < win_len)
-            die("%s: bus error accessing %s at offset %" PRIu64, op, dev,
-                (uint64_t)(win_off + (fa - base)));
-        die("%s: bus error accessing %s", op, dev);
-    }
+    uint64_t win_off, win_len;
+    void *map = map_window(fd, dev, a.offset, end, a.def->writes, &win_off, &win_len);
+    catch_sigbus_jump();
+    if (sigsetjmp(g_fault_jmp, 1))
+        die_bus_error(op, dev, map, win_off, win_len);
 
     crc_init();
     volatile uint64_t *p = (volatile uint64_t *)((char *)map + (a.offset - win_off));
@@ -433,7 +241,7 @@ int main(int argc, char **argv)
     switch (a.def->op) {
     case OP_FILL:
         for (uint64_t i = 0; i < n; i++) {
-            uint64_t w = word(seed, first_word + 8 * i);
+            uint64_t w = pattern_word(seed, first_word + 8 * i);
             p[i] = w;
             state = crc_word(state, w);
         }
@@ -442,7 +250,7 @@ int main(int argc, char **argv)
     case OP_VERIFY:
         for (uint64_t i = 0; i < n; i++) {
             uint64_t o = first_word + 8 * i;
-            uint64_t got = p[i], want = word(seed, o);
+            uint64_t got = p[i], want = pattern_word(seed, o);
             state = crc_word(state, got);
             if (got != want && mismatches++ == 0) {
                 bad_off = o;
@@ -500,7 +308,6 @@ int main(int argc, char **argv)
         break;
     }
     printf("}\n");
-    if (fflush(stdout) != 0 || ferror(stdout))
-        die("writing output: %s", strerror(errno));
+    finish_output();
     return mismatches ? EXIT_MISMATCH : 0;
 }

@@ -9,8 +9,8 @@
  * line of a flags area). A consumer reads another host's slice only after it has observed that
  * host's signal; there is no per-line flush protocol for the data across hosts.
  *
- * Conventions shared with daxio.c (kept in a separate file on purpose; the few helpers below
- * are small re-implementations, not a shared library):
+ * Conventions shared with daxio.c (kept in a separate file on purpose; the helpers both use,
+ * pattern and CRC-32 included, are in guest/include/pfcxl_tool.h):
  *   - DEV is mapped with mmap(MAP_SHARED) over a 2 MiB-aligned window and touched only through
  *     volatile 8-byte loads and stores (under QEMU TCG, string instructions on CXL memory are
  *     one I/O per byte);
@@ -19,36 +19,16 @@
  *   - CRC-32 as zlib; one JSON line on stdout; exit 0 ok, 1 data mismatch, 2 error.
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
-#include <limits.h>
-#include <setjmp.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
-#include <time.h>
-#include <unistd.h>
 
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "slices assumes a little-endian CPU"
-#endif
+#define TOOL_NAME "slices"
+#include "../include/pfcxl_tool.h"
 
-#define WINDOW_ALIGN (2ULL << 20)
 #define LINE 64ULL
-#define PATTERN_MAGIC 0x5046000000000000ULL
 #define FLAG_MAGIC 0x50464c4147000000ULL /* "PFLAG" in the top 5 bytes, epoch in the low 3 */
 #define EPOCH_LIMIT (1ULL << 24)
 #define HOSTS_LIMIT 256ULL
 #define TIMEOUT_LIMIT 100000000ULL
 #define EXIT_MISMATCH 1
-#define EXIT_ERROR 2
 
 static const char HELP[] =
     "usage: slices DEV --host H --hosts N --slice BYTES [--flags-offset O] [--timeout SECONDS]\n"
@@ -117,62 +97,7 @@ static const char HELP[] =
     "  or timeout waiting for flags (then stdout also gets one JSON line with \"error\":\"timeout\"\n"
     "  and \"missing\": the hosts whose flag was not seen, with \"flags_seen\" their word0).\n";
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    for (char *p = msg; *p; p++)
-        if (*p == '\n' || *p == '\r')
-            *p = ' ';
-    fflush(stdout);
-    fprintf(stderr, "slices: %s\n", msg);
-    exit(EXIT_ERROR);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
-/* ---------------------------------------------------------------- pattern, crc32, barriers */
-
-static inline uint64_t pattern_word(uint64_t seed, uint64_t o)
-{
-    return PATTERN_MAGIC ^ (seed << 40) ^ (o >> 3);
-}
-
-/* zlib's CRC-32, slicing by 8: crc_tab[0] is the byte-wise table, crc_tab[t] advances t bytes. */
-static uint32_t crc_tab[8][256];
-
-static void crc_setup(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1)));
-        crc_tab[0][i] = c;
-    }
-    for (int t = 1; t < 8; t++)
-        for (int i = 0; i < 256; i++)
-            crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xff];
-}
-
-/* Feed one word (8 bytes in address order) into the running state, which starts at 0xFFFFFFFF
- * and is inverted at the end. */
-static inline uint32_t crc_update(uint32_t state, uint64_t w)
-{
-    uint64_t x = w ^ state;
-    uint32_t c = 0;
-    for (int b = 0; b < 8; b++)
-        c ^= crc_tab[7 - b][(x >> (8 * b)) & 0xff];
-    return c;
-}
+/* ---------------------------------------------------------------- barriers */
 
 /* Write back and invalidate one cache line (x86), fenced; elsewhere just a full fence. Under
  * TCG this costs nothing; on hardware it makes the line leave this host's cache. */
@@ -186,42 +111,6 @@ static inline void flush_line(volatile void *line)
 }
 
 /* ---------------------------------------------------------------- arguments */
-
-static int parse_u64(const char *s, int allow_suffix, uint64_t *out)
-{
-    int hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
-    const char *p = s + (hex ? 2 : 0);
-    uint64_t v = 0, base = hex ? 16 : 10;
-    int digits = 0;
-    for (;; p++, digits++) {
-        unsigned d;
-        if (*p >= '0' && *p <= '9')
-            d = (unsigned)(*p - '0');
-        else if (hex && *p >= 'a' && *p <= 'f')
-            d = (unsigned)(*p - 'a' + 10);
-        else if (hex && *p >= 'A' && *p <= 'F')
-            d = (unsigned)(*p - 'A' + 10);
-        else
-            break;
-        if (v > (UINT64_MAX - d) / base)
-            return -1;
-        v = v * base + d;
-    }
-    if (digits == 0)
-        return -1;
-    if (*p && allow_suffix) {
-        const char *units = "KkMmGg", *u = strchr(units, *p);
-        unsigned shift = u ? 10u * (unsigned)(1 + (u - units) / 2) : 0;
-        if (!shift || v > (UINT64_MAX >> shift))
-            return -1;
-        v <<= shift;
-        p++;
-    }
-    if (*p)
-        return -1;
-    *out = v;
-    return 0;
-}
 
 enum { A_HOST, A_HOSTS, A_SLICE, A_FLAGS, A_TIMEOUT, A_EPOCH, A_VERIFY, A_RESET, A_COUNT };
 
@@ -284,7 +173,7 @@ static void parse_args(int argc, char **argv, struct args *a)
         const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!val)
             die("option %s needs a value", OPTS[k].name);
-        if (parse_u64(val, OPTS[k].suffix, &a->v[k]) != 0)
+        if (parse_u64(val, NULL, OPTS[k].suffix ? PARSE_SUFFIX : 0, &a->v[k]) != 0)
             die("bad value '%s' for %s (want decimal or 0x hex%s, fitting in 64 bits)", val,
                 OPTS[k].name, OPTS[k].suffix ? ", optional K/M/G suffix" : "");
     }
@@ -324,75 +213,6 @@ static void parse_args(int argc, char **argv, struct args *a)
             TIMEOUT_LIMIT);
 }
 
-/* ---------------------------------------------------------------- device */
-
-static uint64_t read_size_file(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    unsigned long long v = 0;
-    if (!f)
-        return 0;
-    if (fscanf(f, "%llu", &v) != 1)
-        v = 0;
-    fclose(f);
-    return v;
-}
-
-/* Size of a device-DAX character device from sysfs, or 0 if unknown. */
-static uint64_t dax_size(const char *dev, const struct stat *st)
-{
-    char path[PATH_MAX + 64], *real = realpath(dev, NULL);
-    const char *name = real ? strrchr(real, '/') : NULL;
-    uint64_t size = 0;
-    if (name) {
-        name++;
-        snprintf(path, sizeof path, "/sys/class/dax/%s/size", name);
-        size = read_size_file(path);
-        if (!size) {
-            snprintf(path, sizeof path, "/sys/bus/dax/devices/%s/size", name);
-            size = read_size_file(path);
-        }
-    }
-    free(real);
-    if (!size) {
-        snprintf(path, sizeof path, "/sys/dev/char/%u:%u/size", major(st->st_rdev),
-                 minor(st->st_rdev));
-        size = read_size_file(path);
-    }
-    return size;
-}
-
-static sigjmp_buf g_fault_jmp;
-static void *volatile g_fault_addr;
-
-static void on_sigbus(int sig, siginfo_t *si, void *uc)
-{
-    (void)sig;
-    (void)uc;
-    g_fault_addr = si->si_addr;
-    siglongjmp(g_fault_jmp, 1);
-}
-
-static void json_str(const char *s)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20 || *p == 0x7f)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
-
-static void finish_output(void)
-{
-    if (fflush(stdout) != 0 || ferror(stdout))
-        die("writing output: %s", strerror(errno));
-}
-
 /* ---------------------------------------------------------------- main */
 
 struct result {
@@ -413,12 +233,8 @@ int main(int argc, char **argv)
     const uint64_t end = reset ? flags_end : base + n * size;
     const int writes = !verify_only;
 
-    int fd = open(dev, writes ? O_RDWR : O_RDONLY);
-    if (fd < 0)
-        die("open %s: %s", dev, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0)
-        die("fstat %s: %s", dev, strerror(errno));
+    int fd = open_dev(dev, writes, &st);
     uint64_t devsize;
     if (S_ISREG(st.st_mode))
         devsize = (uint64_t)st.st_size;
@@ -435,26 +251,11 @@ int main(int argc, char **argv)
             dev, devsize, end, fo, reset ? 0 : n, size, base,
             S_ISREG(st.st_mode) ? "; the file is not extended" : "");
 
-    const uint64_t win_off = fo & ~(WINDOW_ALIGN - 1);
-    const uint64_t win_len = ((end + WINDOW_ALIGN - 1) & ~(WINDOW_ALIGN - 1)) - win_off;
-    void *map = mmap(NULL, (size_t)win_len, PROT_READ | (writes ? PROT_WRITE : 0), MAP_SHARED,
-                     fd, (off_t)win_off);
-    if (map == MAP_FAILED)
-        die("mmap %s (offset %" PRIu64 ", length %" PRIu64 "): %s", dev, win_off, win_len,
-            strerror(errno));
-
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_sigbus;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGBUS, &sa, NULL);
-    if (sigsetjmp(g_fault_jmp, 1)) {
-        uintptr_t fa = (uintptr_t)g_fault_addr, mb = (uintptr_t)map;
-        if (fa >= mb && fa - mb < win_len)
-            die("bus error accessing %s at offset %" PRIu64, dev, win_off + (fa - mb));
-        die("bus error accessing %s", dev);
-    }
+    uint64_t win_off, win_len;
+    void *map = map_window(fd, dev, fo, end, writes, &win_off, &win_len);
+    catch_sigbus_jump();
+    if (sigsetjmp(g_fault_jmp, 1))
+        die_bus_error(NULL, dev, map, win_off, win_len);
 
     /* The word at device offset o (8-aligned, inside the window). */
 #define AT(o) ((volatile uint64_t *)((char *)map + ((o) - win_off)))
@@ -477,7 +278,7 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    crc_setup();
+    crc_init();
     uint32_t own_crc = 0;
     uint64_t fill_ns = 0;
     if (!verify_only) {
@@ -492,7 +293,7 @@ int main(int argc, char **argv)
         for (uint64_t i = 0; i < size / 8; i++) {
             uint64_t w = pattern_word(seed, start + 8 * i);
             p[i] = w;
-            state = crc_update(state, w);
+            state = crc_word(state, w);
         }
         own_crc = ~state;
         fill_ns = now_ns() - t0;
@@ -575,7 +376,7 @@ int main(int argc, char **argv)
         r->published = (uint32_t)FLAG(k)[1];
         for (uint64_t i = 0; i < size / 8; i++) {
             uint64_t o = start + 8 * i, got = p[i];
-            state = crc_update(state, got);
+            state = crc_word(state, got);
             if (got != pattern_word(seed, o) && r->mismatches++ == 0)
                 r->first_bad = o;
         }
