@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 import subprocess
 import zlib
@@ -22,6 +21,8 @@ import pytest
 
 from pfcxl.guest import pattern
 
+from .conftest import compile_guest_tool
+
 MiB = 1 << 20
 FILE_SIZE = 4 * MiB
 # Starts 8 bytes past a 4 KiB page and ends in the next 2 MiB window: exercises the window
@@ -30,22 +31,11 @@ OFF = 2 * MiB - 4096 + 8
 SIZE = 64 * 1024 + 8 * 3
 SEED = 0x1234
 
-DAXIO_C = Path(pattern.__file__).resolve().parent / "src" / "daxio.c"
 
 
 @pytest.fixture(scope="module")
 def daxio(tmp_path_factory) -> Path:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.fail("gcc not found on PATH: run the project's setup, which installs gcc and "
-                    "libc6-dev (static libc) for building guest tools")
-    out = tmp_path_factory.mktemp("daxio") / "daxio"
-    cmd = [gcc, "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(DAXIO_C)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} failed (exit {res.returncode}); if it cannot find -lc, "
-                    f"libc6-dev (libc.a) is missing: run the project's setup\n{res.stderr}")
-    return out
+    return compile_guest_tool("daxio", tmp_path_factory.mktemp("daxio"))
 
 
 @pytest.fixture

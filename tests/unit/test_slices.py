@@ -12,7 +12,6 @@ timeout waiting for flags, which also prints a JSON line naming the missing host
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 import subprocess
 import zlib
@@ -22,27 +21,18 @@ import pytest
 
 from pfcxl.guest import pattern
 
+from .conftest import compile_guest_tool
+
 MiB = 1 << 20
 FILE_SIZE = 64 * MiB
 SLICE = MiB
 FLAG_MAGIC = 0x5046_4C41_4700_0000
 
-SLICES_C = Path(pattern.__file__).resolve().parent / "src" / "slices.c"
 
 
 @pytest.fixture(scope="module")
 def slices(tmp_path_factory) -> Path:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.fail("gcc not found on PATH: run the project's setup, which installs gcc and "
-                    "libc6-dev (static libc) for building guest tools")
-    out = tmp_path_factory.mktemp("slices") / "slices"
-    cmd = [gcc, "-static", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(SLICES_C)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} failed (exit {res.returncode}); if it cannot find -lc, "
-                    f"libc6-dev (libc.a) is missing: run the project's setup\n{res.stderr}")
-    return out
+    return compile_guest_tool("slices", tmp_path_factory.mktemp("slices"))
 
 
 @pytest.fixture
