@@ -212,3 +212,45 @@ def test_locate_covers_every_device_byte_once():
         seen.add(address_map.locate(topo, region, off))
     assert len(seen) == 64
     assert {dev for dev, _ in seen} == set(region.devices)
+
+
+@pytest.mark.parametrize("name,base,change,expected", MISTAKES[:8] + MISTAKES[12:16],
+                         ids=[m[0] for m in MISTAKES[:8] + MISTAKES[12:16]])
+def test_cli_gives_one_line_per_mistake_and_boots_nothing(tmp_path, name, base, change, expected):
+    doc = _mutate(base, change)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(_to_toml(doc))
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "run", "--topology", str(bad),
+                           "--run-dir", str(tmp_path / "run"), "--", "true"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("pfcxl: error: bad.toml: ") and expected in lines[0], lines
+    assert not list((tmp_path / "run").glob("*.mem")), "a backing file was created for a rejected topology"
+
+
+def _to_toml(doc: dict) -> str:
+    """A small TOML writer for the shapes topology files use (tables, arrays of tables, scalars)."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return str(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
+        raise TypeError(type(v))
+    out = [f"{k} = {value(v)}" for k, v in doc.items() if not isinstance(v, (dict, list)) or
+           (isinstance(v, list) and not all(isinstance(x, dict) for x in v))]
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            out.append(f"[{k}]")
+            out += [f"{kk} = {value(vv)}" for kk, vv in v.items()]
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for item in v:
+                out.append(f"[[{k}]]")
+                out += [f"{kk} = {value(vv)}" for kk, vv in item.items()]
+    return "\n".join(out) + "\n"
