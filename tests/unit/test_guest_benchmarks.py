@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from host_tools.image import CFLAGS, GUEST_SOURCES
+from pfcxl.host_tools.image import CFLAGS, GUEST_SOURCES
 from pfcxl.guest import pattern
+
+from .conftest import compile_guest_tool
 
 TOOLS = ("idle_latency", "loaded_latency", "bandwidth")
 SCHEMA_MD = GUEST_SOURCES.parent / "bench_schema.md"
@@ -109,21 +110,8 @@ def field_names(spec) -> set[str]:
 
 @pytest.fixture(scope="module")
 def tools(tmp_path_factory) -> dict[str, Path]:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.fail("gcc not found on PATH: run 'make setup', which installs gcc and libc6-dev "
-                    "(static libc) for building guest tools")
     out_dir = tmp_path_factory.mktemp("bench")
-    built = {}
-    for name in TOOLS:
-        out = out_dir / name
-        cmd = [gcc, *CFLAGS, "-o", str(out), str(GUEST_SOURCES / f"{name}.c")]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)} failed (exit {res.returncode}); the image builder uses "
-                        f"exactly these flags\n{res.stderr}")
-        built[name] = out
-    return built
+    return {name: compile_guest_tool(name, out_dir) for name in TOOLS}
 
 
 def run(tools, name: str, *args, rc: int = 0) -> dict:
