@@ -130,15 +130,18 @@ def _debian_rootfs(say) -> tuple[bytes, set[str]]:
     """The Debian rootfs as a gzipped archive (cached) and the set of paths it holds."""
     tar = debian_image.rootfs_tar(say)
     cached = cache.images_dir() / f"rootfs-{tar.stem}.cpio.gz"
-    entries = debian_image.rootfs_entries(tar)
-    if not cached.exists():
+    listing = cached.with_suffix(".paths")          # what it holds, so the tar is read only once
+    if not (cached.exists() and listing.exists()):
         say(f"packing the Debian rootfs ({tar.stat().st_size >> 20} MiB)")
+        entries = debian_image.rootfs_entries(tar)
         cached.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=".rootfs-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(cpio.gzipped(cpio.archive(entries)))
-        os.replace(tmp, cached)
-    return cached.read_bytes(), {e.path for e in entries}
+        for path, data in ((cached, cpio.gzipped(cpio.archive(entries))),
+                           (listing, "\n".join(e.path for e in entries).encode())):
+            fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=".rootfs-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+    return cached.read_bytes(), set(listing.read_text().splitlines())
 
 
 def acpi_override_archive(tables: dict[str, bytes]) -> bytes:
