@@ -7,7 +7,7 @@ export PFCXL_VENV := $(abspath $(VENV))
 PFCXL := $(VENV)/bin/pfcxl
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo bench boot test test-unit ci
+.PHONY: help setup demo bench boot tables test test-unit ci
 
 help:
 	@echo "make demo        boot the default appliance (pf-nic), compare what the guest found with the topology, run the quick benchmarks"
@@ -15,6 +15,7 @@ help:
 	@echo "make test        the whole suite: unit tests and integration tests that boot guests under TCG"
 	@echo "make test-unit   only the fast tests that boot nothing"
 	@echo "make boot T=...  boot a topology and attach to its console (Ctrl-] leaves)"
+	@echo "make tables T=.. write the topology's CEDT, CDATs and generic-port/HMAT options to tables-T/"
 	@echo "make setup       install QEMU 10, the guest kernel and tools, and the Python env (idempotent)"
 	@echo "Then: $(PFCXL) --help"
 
@@ -30,6 +31,9 @@ bench: setup
 
 boot: setup
 	$(PFCXL) boot --topology $(T)
+
+tables: setup
+	$(PFCXL) tables $(T) --out tables-$(T)
 
 test: setup
 	$(PYTEST) tests
