@@ -32,7 +32,6 @@ SIZE = 64 * 1024 + 8 * 3
 SEED = 0x1234
 
 
-
 @pytest.fixture(scope="module")
 def daxio(tmp_path_factory) -> Path:
     return compile_guest_tool("daxio", tmp_path_factory.mktemp("daxio"))

@@ -29,7 +29,6 @@ SLICE = MiB
 FLAG_MAGIC = 0x5046_4C41_4700_0000
 
 
-
 @pytest.fixture(scope="module")
 def slices(tmp_path_factory) -> Path:
     return compile_guest_tool("slices", tmp_path_factory.mktemp("slices"))
