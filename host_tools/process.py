@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -50,17 +52,39 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def spawn(argv: Sequence[str], *, log: Path, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+def _child_descriptors(fds: dict[int, int]):
+    """The child's setup: die with the parent, put each descriptor at its fixed number, and let
+    no other descriptor of ours through exec. The fixed numbers are what the argv names, so the
+    command line `pfcxl qemu-args` prints is exactly the one exec'd."""
+    def setup() -> None:
+        _die_with_parent()
+        low = max(fds, default=2) + 1
+        # Copy every source above the targets first: a source may sit on another's target number.
+        copies = {target: fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, low) for target, source in fds.items()}
+        for target, copy in copies.items():
+            os.dup2(copy, target, inheritable=True)
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd > 2 and fd not in fds:
+                try:
+                    os.set_inheritable(fd, False)
+                except OSError:
+                    pass   # the directory listing's own descriptor, already closed
+    return setup
+
+
+def spawn(argv: Sequence[str], *, log: Path, fds: dict[int, int] | None = None) -> subprocess.Popen:
     """Start a long-running helper (QEMU) with its stdout and stderr in `log`.
 
+    `fds` maps descriptor numbers in the child to ours (the console, QMP and memory descriptors).
     It gets its own session, so a Ctrl-C at the terminal reaches pfcxl, which then shuts the
     helper down in order, rather than killing it mid-write.
     """
     with open(log, "ab") as out:
         try:
             return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    pass_fds=tuple(pass_fds), start_new_session=True,
-                                    preexec_fn=_die_with_parent)
+                                    close_fds=False, start_new_session=True,
+                                    preexec_fn=_child_descriptors(dict(fds or {})))
         except FileNotFoundError:
             raise VMError(f"{argv[0]} not found: run 'make setup' (installs QEMU 10 from "
                           "bookworm-backports)") from None

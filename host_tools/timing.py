@@ -267,41 +267,47 @@ class TimingConfig:
             raise TimingError(f"read_ns lists {len(reads)} profiles but write_ns {len(writes)}")
 
 
+def ring_path(run_dir: Path, name: str) -> Path:
+    return Path(run_dir) / f"{name}.ring"
+
+
+def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfig, name: str = "guest") -> list[str]:
+    """QEMU's plugin options for a VM named `name` in `run_dir`: -plugin (absolute path, mode,
+    doorbell, ring, injected latencies) and -d plugin -D LOG (the plugin's JSON lines go to the
+    log). Pure: a dry run prints these, a TimingSession boots with them."""
+    opts = [qemu_opt(plugin), f"mode={config.mode}"]
+    if config.doorbell:
+        opts.append(f"doorbell={doorbell_hpa(topo):#x}")
+    if config.mode == "trace":
+        opts.append(f"ring={qemu_opt(ring_path(run_dir, name))}")
+    if config.mode == "inject":
+        opts += ["read_ns=" + ":".join(f"{v:g}" for v in _ns_list(config.read_ns)),
+                 "write_ns=" + ":".join(f"{v:g}" for v in _ns_list(config.write_ns)),
+                 f"baseline_ns={config.baseline_ns:g}"]
+    log = Path(run_dir) / f"{name}.plugin.log"
+    return ["-plugin", ",".join(opts), "-d", "plugin", "-D", str(log)]
+
+
 class TimingSession:
     """The plugin, ring, log and drainer of one VM. qemu_args() goes into VM(extra_args=...)."""
 
     def __init__(self, topo: Topology, run_dir: Path, config: TimingConfig, name: str = "guest") -> None:
-        self.config = config
+        self.config, self.topo, self.name = config, topo, name
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.plugin = build_plugin()
-        self.doorbell = doorbell_hpa(topo) if config.doorbell else None
         self.log = self.run_dir / f"{name}.plugin.log"
         self.log.unlink(missing_ok=True)
         self.ring: Ring | None = None
         self.trace_file: Path | None = None
         self.drainer: Drainer | None = None
         if config.mode == "trace":
-            self.ring = Ring.create(self.run_dir / f"{name}.ring", config.capacity)
+            self.ring = Ring.create(ring_path(self.run_dir, name), config.capacity)
             self.trace_file = self.run_dir / f"{name}.trace"
             self.trace_file.unlink(missing_ok=True)
 
-    def plugin_option(self) -> str:
-        c = self.config
-        opts = [qemu_opt(self.plugin), f"mode={c.mode}"]
-        if self.doorbell is not None:
-            opts.append(f"doorbell={self.doorbell:#x}")
-        if self.ring is not None:
-            opts.append(f"ring={qemu_opt(self.ring.path.resolve())}")
-        if c.mode == "inject":
-            opts += ["read_ns=" + ":".join(f"{v:g}" for v in _ns_list(c.read_ns)),
-                     "write_ns=" + ":".join(f"{v:g}" for v in _ns_list(c.write_ns)),
-                     f"baseline_ns={c.baseline_ns:g}"]
-        return ",".join(opts)
-
     def qemu_args(self) -> list[str]:
-        """-plugin (absolute path), and -d plugin -D LOG: the plugin's JSON lines go to the log."""
-        return ["-plugin", self.plugin_option(), "-d", "plugin", "-D", str(self.log.resolve())]
+        return plugin_args(self.plugin, self.topo, self.run_dir, self.config, self.name)
 
     def start(self) -> None:
         """Begin draining the ring (trace mode; nothing to do otherwise). Call after launch."""
@@ -394,14 +400,3 @@ def calibrate_baseline(vm, command: str = CALIBRATION_COMMAND, key: str = "ns_pe
             raise TimingError(f"calibration command failed ({result.status}): {command}\n{result.output}")
         values.append(float(guest_json(result.output, tool)[key]))
     return {"baseline_ns": sorted(values)[len(values) // 2], "runs": values, "command": command, "key": key}
-
-
-def measure_baseline(topo: Topology, image, run_dir: Path, *, command: str = CALIBRATION_COMMAND,
-                     runs: int = 5, timeout: float = 300) -> dict:
-    """Boot a guest with the plugin in count mode, calibrate_baseline() in it, shut it down."""
-    from .vm import boot_ready   # vm imports qemu; keep this module importable without a VM
-    run_dir = Path(run_dir)
-    with TimingSession(topo, run_dir, TimingConfig("count"), name="calibrate") as session:
-        vm = boot_ready(topo, image, run_dir, name="calibrate", timeout=timeout, extra_args=session.qemu_args())
-        with vm:
-            return calibrate_baseline(vm, command, runs=runs)

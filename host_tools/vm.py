@@ -32,6 +32,10 @@ from . import qemu
 from .image import BootImage
 from .process import describe_exit, spawn
 
+# Descriptor numbers QEMU gets: the console and QMP socket pairs, then each appliance-served
+# device's memory in device order. Fixed, so the printed command line is the exec'd one.
+CONSOLE_FD, QMP_FD, FIRST_MEMORY_FD = 3, 4, 5
+
 READY_RE = re.compile(rb"PFCXL-(READY|FAILED) (\{[^\r\n]*\})\r?\n")
 CONSOLE_TAIL_LINES = 25
 
@@ -66,10 +70,6 @@ class VM:
         self.qemu_log = self.run_dir / f"{name}.qemu.log"
         self.tables = tables if tables is not None else tables_for(topo)
         self.appliance_fds = appliance_fds or {}     # device id -> descriptor from the appliance
-        missing = [d.id for d in topo.devices if d.appliance and d.id not in self.appliance_fds]
-        if missing:
-            raise VMError(f"devices {', '.join(missing)} are served by the appliance: attach this host "
-                          "first (pfcxl run --host N, with 'pfcxl appliance start' running)")
         self.argv: list[str] = []
         self.ready_info: dict = {}
         self._proc: subprocess.Popen | None = None
@@ -86,28 +86,44 @@ class VM:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+    def memory_fds(self) -> dict[str, int]:
+        """Device id -> the descriptor number QEMU finds its appliance memory at."""
+        served = sorted(d.id for d in self.topo.devices if d.appliance)
+        return {dev_id: FIRST_MEMORY_FD + i for i, dev_id in enumerate(served)}
+
+    def tables_dir(self) -> Path:
+        return self.run_dir / f"{self.name}.tables"
+
+    def planned_argv(self) -> list[str]:
+        """QEMU's argv for this VM, with every file named where launch() writes it: a pure
+        function of the topology, image, run directory and options (pfcxl qemu-args prints it)."""
+        backing: dict[str, Path | str] = dict(qemu.backing_paths(self.topo, self.run_dir))
+        backing.update(qemu.inherited_backing(self.memory_fds()))
+        cdat_files = {k: self.tables_dir() / f"{k}.cdat" for k in {**self.tables.device_cdat, **self.tables.switch_cdat}}
+        boot = qemu.BootFiles(self.image.kernel, self.image.initrd, self.cmdline)
+        return qemu.argv(self.topo, boot, backing, console_fd=CONSOLE_FD, qmp_fd=QMP_FD, qemu=qemu.qemu_binary(),
+                         cdat=cdat_files, numa_args=self.tables.numa_args, extra_args=self.extra_args)
+
     def launch(self) -> None:
         if self.state is not VMState.CREATED:
             raise VMError(f"{self.name}: launch() called in state {self.state.value}")
+        missing = [d.id for d in self.topo.devices if d.appliance and d.id not in self.appliance_fds]
+        if missing:
+            raise VMError(f"devices {', '.join(missing)} are served by the appliance: attach this host "
+                          "first (pfcxl run --host N, with 'pfcxl appliance start' running)")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        backing: dict[str, Path | str] = dict(qemu.prepare_backing(self.topo, self.run_dir))
-        backing.update(qemu.inherited_backing(self.appliance_fds))
-        cdat_files = {}
+        self.argv = self.planned_argv()
+        qemu.prepare_backing(self.topo, self.run_dir)
         if self.tables.device_cdat or self.tables.switch_cdat:
-            tables_dir = self.run_dir / f"{self.name}.tables"
-            write_tables(self.topo, tables_dir, self.tables)
-            cdat_files = {k: tables_dir / f"{k}.cdat" for k in {**self.tables.device_cdat, **self.tables.switch_cdat}}
+            write_tables(self.topo, self.tables_dir(), self.tables)
         console_ours, console_qemu = socket.socketpair()
         qmp_ours, qmp_qemu = socket.socketpair()
-        boot = qemu.BootFiles(self.image.kernel, self.image.initrd, self.cmdline)
-        self.argv = qemu.argv(self.topo, boot, backing, console_fd=console_qemu.fileno(),
-                              qmp_fd=qmp_qemu.fileno(), qemu=qemu.qemu_binary(), cdat=cdat_files,
-                              numa_args=self.tables.numa_args, extra_args=self.extra_args)
+        fds = {CONSOLE_FD: console_qemu.fileno(), QMP_FD: qmp_qemu.fileno()}
+        fds.update({self.memory_fds()[dev]: fd for dev, fd in self.appliance_fds.items()})
         self.qemu_log.write_text(f"# {qemu.show(self.argv)}\n")
         self.state = VMState.BOOTING
         try:
-            self._proc = spawn(self.argv, log=self.qemu_log, pass_fds=(console_qemu.fileno(), qmp_qemu.fileno(),
-                                                                        *self.appliance_fds.values()))
+            self._proc = spawn(self.argv, log=self.qemu_log, fds=fds)
             console_qemu.close()
             qmp_qemu.close()
             self._console_sock = console_ours
