@@ -1,0 +1,392 @@
+"""pfcxl's public API: one booted appliance host (`Machine`) and the appliance service (`Appliance`).
+
+    import pfcxl
+    with pfcxl.Machine("two-hb-interleave") as m:
+        print(m.ready["regions"])                      # the guest's PFCXL-READY record
+        result = m.run("cxl list -R")                 # Result(status, output)
+        m.qmp("query-status")
+
+Every boot in pfcxl goes through `Machine`: the CLI (`run`, `boot`, `demo`, `bench`,
+`multihost`), the tests and users' own scripts. The steps of a boot, in order:
+
+    topology file -> Topology                       (device.topology: load and validate)
+    Topology -> firmware tables                     (firmware_tables.generate.tables_for)
+    CEDT policy -> guest image (+ our CEDT)         (firmware_tables.generate.cedt_for_boot, host_tools.image)
+    timing mode -> plugin options                   (host_tools.timing.plugin_args)
+    all of it -> QEMU argv                          (host_tools.vm.VM.planned_argv; `pfcxl qemu-args`)
+    argv -> QEMU, console, QMP, PFCXL-READY         (host_tools.vm.VM.launch / wait_ready)
+
+`plan()` stops before QEMU starts: what `pfcxl qemu-args` and `pfcxl run --dry-run` print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from pfcxl.device import fabric_constants, topology as topology_mod
+from pfcxl.device.topology import Topology
+from pfcxl.errors import PfcxlError, VMError
+from pfcxl.firmware_tables import generate
+from pfcxl.host_tools import appliance as appliance_mod
+from pfcxl.host_tools import image as image_mod
+from pfcxl.host_tools import qemu
+from pfcxl.host_tools import timing as timing_mod
+from pfcxl.host_tools.vm import VM
+
+# What a plan shows for a run directory that does not exist yet (a temporary one per boot).
+RUN_DIR_PLACEHOLDER = Path("RUN_DIR")
+
+
+@dataclass(frozen=True)
+class Result:
+    """A guest command's exit status and output (the console's CR LF turned into LF)."""
+
+    status: int
+    output: str
+    command: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a boot will use, decided before anything starts."""
+
+    topology: Topology
+    image: image_mod.BootImage
+    tables: generate.TableSet
+    cedt_override: bool            # our CEDT replaces QEMU's through the initrd table upgrade
+    run_dir: Path
+    argv: list[str]
+    files: dict[str, Path] = field(default_factory=dict)   # what launch writes, by role
+
+
+def load_topology(value: str | Path | Topology | None) -> tuple[Topology, Path | None]:
+    """A topology argument (shipped name, TOML path or Topology) -> (Topology, its file or None)."""
+    if isinstance(value, Topology):
+        return value, None
+    path = topology_mod.resolve(value)
+    return topology_mod.load(path), path
+
+
+def timing_config(mode: str | timing_mod.TimingConfig | None, *, profile: str = "pf",
+                  baseline_ns: float | None = None) -> timing_mod.TimingConfig | None:
+    """None, a TimingConfig, or a mode name. Inject adds `profile`'s idle latencies from the fabric
+    constants; its emulator baseline is measured at boot unless `baseline_ns` is given."""
+    if mode is None or isinstance(mode, timing_mod.TimingConfig):
+        return mode
+    if mode != "inject":
+        return timing_mod.TimingConfig(mode)
+    if profile not in fabric_constants.PROFILES:
+        raise PfcxlError(f"inject profile '{profile}' is unknown (known: {', '.join(fabric_constants.PROFILES)})")
+    return timing_mod.TimingConfig("inject", read_ns=fabric_constants.idle_read_ns(profile),
+                                   write_ns=fabric_constants.idle_write_ns(profile),
+                                   baseline_ns=-1.0 if baseline_ns is None else baseline_ns)
+
+
+class Machine:
+    """One emulated host booted from a topology; a context manager. See the module docstring.
+
+    topology: shipped name, TOML path or Topology (default pf-nic). timing: None, "count",
+    "trace", "inject" or a TimingConfig. image: "busybox" or "debian". host / appliance: for
+    topologies whose devices the appliance serves, the host id and the Appliance (or its run
+    directory; default: the topology's default appliance directory), or an `attachment` the caller
+    made on its own connection (appliance.Client.attach). run_dir: kept backing files
+    and logs (default: a temporary directory, removed afterwards unless keep=True or the boot
+    failed). cedt: "auto", "qemu" or "ours". append: extra kernel command line. prebuilt: the
+    boot_image() of another Machine with the same topology and options, to skip the cache check.
+    """
+
+    def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
+                 host: int = 0, appliance: "Appliance | str | Path | None" = None,
+                 attachment: appliance_mod.Attachment | None = None,
+                 run_dir: str | Path | None = None, keep: bool = False, cedt: str = "auto", append: str = "",
+                 ready_timeout: float = 300, name: str = "guest", inject_profile: str = "pf",
+                 baseline_ns: float | None = None, prebuilt: image_mod.BootImage | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.topology, self.topology_path = load_topology(topology)
+        if cedt not in generate.CEDT_MODES:
+            raise PfcxlError(f"cedt '{cedt}' is not one of {', '.join(generate.CEDT_MODES)}")
+        if image not in image_mod.IMAGE_KINDS:
+            raise PfcxlError(f"image '{image}' is not one of {', '.join(image_mod.IMAGE_KINDS)}")
+        if ready_timeout <= 0:
+            raise PfcxlError(f"ready timeout must be positive, not {ready_timeout}")
+        self.timing_config = timing_config(timing, profile=inject_profile, baseline_ns=baseline_ns)
+        self.image_kind, self.host, self.cedt, self.append = image, host, cedt, append
+        self.appliance = appliance
+        # absolute: QEMU and the plugin get these paths, and the printed argv must be the exec'd one
+        self.run_dir_arg = Path(run_dir).absolute() if run_dir is not None else None
+        self.keep, self.ready_timeout, self.name = keep, ready_timeout, name
+        self.say = progress or (lambda message: None)
+        self.run_dir: Path | None = None
+        self.vm: VM | None = None
+        self.timing: timing_mod.TimingSession | None = None
+        self.attachment = attachment
+        self._image = prebuilt      # an image another Machine of the same topology built (multihost)
+        self._stack: contextlib.ExitStack | None = None
+
+    # ------------------------------------------------------------------ plan
+
+    def boot_image(self, progress: Callable[[str], None] | None = None) -> image_mod.BootImage:
+        """The guest image (built once, then cached by the hash of its inputs)."""
+        if self._image is None:
+            ours = generate.cedt_for_boot(self.topology, self.cedt)
+            self._image = image_mod.build(self.topology, progress=progress or self.say, kind=self.image_kind,
+                                          acpi_tables={"CEDT": ours} if ours else None)
+        return self._image
+
+    def _vm(self, run_dir: Path, plugin_args: list[str], appliance_fds: dict[str, int] | None = None) -> VM:
+        return VM(self.topology, self.boot_image(), run_dir, name=self.name, extra_cmdline=self.append,
+                  appliance_fds=appliance_fds, extra_args=plugin_args)
+
+    def _plugin_args(self, run_dir: Path, config: timing_mod.TimingConfig | None) -> list[str]:
+        if config is None:
+            return []
+        return timing_mod.plugin_args(timing_mod.build_plugin(), self.topology, run_dir, config, self.name)
+
+    def plan(self) -> Plan:
+        """What a boot would use (image, tables, argv, files), without starting anything."""
+        run_dir = self.run_dir or self.run_dir_arg or RUN_DIR_PLACEHOLDER
+        config = self.timing_config
+        if config is not None and config.mode == "inject" and config.baseline_ns < 0:
+            config = _with_baseline(config, 0.0)   # measured at boot; shown as 0 here
+        vm = self._vm(run_dir, self._plugin_args(run_dir, config))
+        files = {f"backing {k}": v for k, v in qemu.backing_paths(self.topology, run_dir).items()}
+        files.update({f"CDAT {k}": vm.tables_dir() / f"{k}.cdat"
+                      for k in {**vm.tables.device_cdat, **vm.tables.switch_cdat}})
+        files.update({"console log": vm.console_log, "QEMU log": vm.qemu_log})
+        ours = generate.cedt_for_boot(self.topology, self.cedt)
+        return Plan(self.topology, self.boot_image(), vm.tables, ours is not None, run_dir,
+                    vm.planned_argv(), files)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> "Machine":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> "Machine":
+        """Boot and wait for PFCXL-READY; on failure nothing is left running."""
+        self.launch()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def launch(self) -> None:
+        """Start QEMU and return at once (several Machines can then boot side by side)."""
+        if self._stack is not None:
+            raise VMError(f"{self.name}: this Machine was already started")
+        stack = self._stack = contextlib.ExitStack()
+        try:
+            self.run_dir = stack.enter_context(_run_directory(self.run_dir_arg, self.keep, self.say))
+            fds = self._attach(stack)
+            self.boot_image()
+            config = self.timing_config
+            if config is not None and config.mode == "inject" and config.baseline_ns < 0:
+                config = _with_baseline(config, self._measure_baseline())
+                self.timing_config = config
+            if config is not None:
+                self.timing = stack.enter_context(timing_mod.TimingSession(self.topology, self.run_dir, config,
+                                                                           name=self.name))
+            self.vm = self._vm(self.run_dir, self.timing.qemu_args() if self.timing else [], fds)
+            stack.callback(self.vm.shutdown)
+            self.vm.launch()
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_ready(self) -> dict:
+        info = self.vm.wait_ready(self.ready_timeout)
+        if self.timing is not None:
+            self.timing.start()
+        return info
+
+    def close(self) -> None:
+        """Shut the guest down and release everything, in reverse order; harmless twice."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    def _attach(self, stack: contextlib.ExitStack) -> dict[str, int] | None:
+        served = [d for d in self.topology.devices if d.appliance]
+        if not served:
+            return None
+        if self.attachment is not None:
+            return {d.id: self.attachment.region(d.appliance).fd for d in served}
+        where = self.appliance.run_dir if isinstance(self.appliance, Appliance) else (
+            Path(self.appliance) if self.appliance else appliance_mod.default_dir(self.topology))
+        client = stack.enter_context(appliance_mod.Client(where))
+        self.attachment = client.attach(self.host)
+        self.say(f"attached as host {self.attachment.host} at appliance port {self.attachment.port} ({where})")
+        return {d.id: self.attachment.region(d.appliance).fd for d in served}
+
+    def _measure_baseline(self) -> float:
+        """Inject mode: the emulator's own cost per CXL request, from a count-mode guest."""
+        self.say("calibrating the emulator's cost per CXL request (a count-mode guest)")
+        probe = Machine(self.topology, timing="count", image=self.image_kind, host=self.host,
+                        appliance=self.appliance, run_dir=self.run_dir / "calibrate", cedt=self.cedt,
+                        ready_timeout=self.ready_timeout, name="calibrate", progress=self.say)
+        with probe:
+            return timing_mod.calibrate_baseline(probe)["baseline_ns"]
+
+    # ------------------------------------------------------------------ the booted guest
+
+    @property
+    def argv(self) -> list[str]:
+        """Exactly what was exec'd."""
+        return list(self._booted().argv)
+
+    @property
+    def tables(self) -> generate.TableSet:
+        return self._booted().tables
+
+    @property
+    def ready(self) -> dict:
+        """The guest's PFCXL-READY record (kernel, regions and their DAX devices)."""
+        return self._booted().ready_info
+
+    @property
+    def console(self) -> int:
+        """The console socket's descriptor, for an interactive session (host_tools.terminal)."""
+        return self._booted().console_fd
+
+    @property
+    def pid(self) -> int | None:
+        return self.vm.pid if self.vm else None
+
+    def run(self, command: str, timeout: float = 600) -> Result:
+        done = self._booted().run(command, timeout)
+        return Result(done.status, done.output, done.command)
+
+    def check(self, command: str, timeout: float = 600) -> str:
+        """Run a command that must succeed; its output."""
+        return self._booted().check(command, timeout)
+
+    def start_command(self, command: str):
+        """Type a command and return at once; finish_command() collects it."""
+        return self._booted().start_command(command)
+
+    def finish_command(self, started, timeout: float = 600) -> Result:
+        done = self._booted().finish_command(started, timeout)
+        return Result(done.status, done.output, done.command)
+
+    def qmp(self, command: str, **arguments: object) -> object:
+        return self._booted().qmp(command, **arguments)
+
+    def _booted(self) -> VM:
+        if self.vm is None:
+            raise VMError(f"{self.name}: not booted (use `with Machine(...) as m:` or m.start())")
+        return self.vm
+
+
+def _with_baseline(config: timing_mod.TimingConfig, baseline_ns: float) -> timing_mod.TimingConfig:
+    return timing_mod.TimingConfig(config.mode, read_ns=config.read_ns, write_ns=config.write_ns,
+                                   baseline_ns=baseline_ns, capacity=config.capacity, doorbell=config.doorbell)
+
+
+@contextlib.contextmanager
+def _run_directory(path: Path | None, keep: bool, say: Callable[[str], None]):
+    """The directory for backing files and logs: given (kept), or temporary (removed afterwards,
+    kept with its logs when something failed)."""
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    path = Path(tempfile.mkdtemp(prefix="pfcxl-run-"))
+    failed = True
+    try:
+        yield path
+        failed = False
+    finally:
+        if keep or failed:
+            if not keep:
+                for f in path.glob("*.mem"):
+                    f.unlink()
+            say(f"run directory kept: {path}")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class Appliance:
+    """The appliance service for a topology (default pf-appliance); a context manager.
+
+    If a service already runs in `run_dir` it is used and left running; otherwise one is started
+    there (a temporary directory when run_dir is None) and stopped at exit.
+    """
+
+    def __init__(self, topology: str | Path | Topology | None = "pf-appliance", *,
+                 run_dir: str | Path | None = None, scan_interval: float = 5.0) -> None:
+        self.topology, self.topology_path = load_topology(topology)
+        if self.topology.appliance is None:
+            raise PfcxlError(f"topology '{self.topology.name}' has no [appliance] section")
+        self.run_dir_arg = Path(run_dir) if run_dir is not None else None
+        self.scan_interval = scan_interval
+        self.run_dir: Path | None = None
+        self.pid: int | None = None
+        self.started_here = False
+        self._stack: contextlib.ExitStack | None = None
+        self._client: appliance_mod.Client | None = None
+
+    def __enter__(self) -> "Appliance":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> "Appliance":
+        if self._stack is not None:
+            raise PfcxlError("this Appliance was already started")
+        stack = self._stack = contextlib.ExitStack()
+        try:
+            if self.run_dir_arg is None:
+                self.run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pfcxl-appliance-")))
+            else:
+                self.run_dir = self.run_dir_arg
+            self.pid = appliance_mod.running_pid(self.run_dir)
+            if self.pid is None:
+                if self.topology_path is None:
+                    raise PfcxlError("the appliance service reads its topology from a file: give a "
+                                     "shipped name or a TOML path, not a Topology object")
+                self.pid = appliance_mod.start(self.topology, self.topology_path, self.run_dir,
+                                               scan_interval=self.scan_interval)
+                self.started_here = True
+                stack.callback(appliance_mod.stop, self.run_dir)
+            self._client = stack.enter_context(appliance_mod.Client(self.run_dir))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        stack, self._stack = self._stack, None
+        self._client = None
+        if stack is not None:
+            stack.close()
+
+    def call(self, op: str, **fields: object) -> dict:
+        """One control request (hello, status, layout, where, checksum, ...); its reply."""
+        if self._client is None:
+            raise PfcxlError("the Appliance is not started (use `with Appliance(...) as a:`)")
+        return self._client.call(op, **fields)
+
+    def status(self) -> dict:
+        return self.call("status")
+
+    def machine(self, host: int, **options) -> Machine:
+        """A Machine for `host` on this appliance (not yet booted)."""
+        options.setdefault("name", f"host{host}")
+        return Machine(self.topology_path or self.topology, host=host, appliance=self, **options)

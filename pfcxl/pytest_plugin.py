@@ -1,0 +1,71 @@
+"""pfcxl's pytest plugin (registered through the `pytest11` entry point): booted guests as fixtures.
+
+    import pytest
+
+    @pytest.mark.pfcxl(topology="two-hb-interleave")
+    def test_region(pfcxl_machine):
+        assert "region0" in pfcxl_machine.run("cxl list -R").output
+
+`pfcxl_machine` boots one guest per test (default pf-nic, busybox image, no timing) in the
+test's temporary directory and shuts it down afterwards; the `pfcxl` marker, or an indirect
+parameter, takes Machine's keyword arguments (topology, timing, image, cedt, append, ...). `pfcxl_appliance` starts an
+appliance service (default pf-appliance) for the test; a test that uses both gets a Machine
+attached to that appliance as host 0 (marker `host=N` to choose).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+MARKER = "pfcxl"
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", f"{MARKER}(**options): pfcxl.Machine options for the pfcxl_machine "
+                            "fixture (topology=, timing=, image=, cedt=, append=, host=, ...); "
+                            "appliance_topology= for pfcxl_appliance")
+
+
+def _options(request) -> dict:
+    """Machine options: the `pfcxl` markers (the closest wins), then an indirect parameter
+    (`@pytest.mark.parametrize("pfcxl_machine", [{"topology": ...}], indirect=True)`)."""
+    options: dict = {}
+    for mark in reversed(list(request.node.iter_markers(MARKER))):
+        options.update(mark.kwargs)
+    options.update(getattr(request, "param", None) or {})
+    return options
+
+
+@pytest.fixture
+def pfcxl_appliance(request, tmp_path):
+    """A pfcxl.Appliance started for this test and stopped afterwards."""
+    from pfcxl import Appliance
+    options = _options(request)
+    with Appliance(options.get("appliance_topology", "pf-appliance"), run_dir=tmp_path / "appliance") as app:
+        yield app
+
+
+@pytest.fixture
+def pfcxl_machine(request, tmp_path):
+    """A booted pfcxl.Machine, shut down after the test (QEMU is checked to be gone)."""
+    from pfcxl import Machine
+    options = {k: v for k, v in _options(request).items() if k != "appliance_topology"}
+    if "pfcxl_appliance" in request.fixturenames:
+        appliance = request.getfixturevalue("pfcxl_appliance")
+        options.setdefault("appliance", appliance)
+        options.setdefault("topology", appliance.topology_path)
+    options.setdefault("run_dir", tmp_path / "machine")
+    machine = Machine(**options)
+    with machine:
+        yield machine
+    if machine.pid is not None:
+        _assert_gone(machine.pid)
+
+
+def _assert_gone(pid: int) -> None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[-1].split()[0]
+    except FileNotFoundError:
+        return
+    assert state == "Z", f"QEMU (pid {pid}) is still running after the Machine was closed"
