@@ -130,7 +130,7 @@ class Results:
 def run_suite(specs: list[BenchSpec], results: Results, *, boot: Callable, dax: str = "/dev/dax0.0",
               before: Callable | None = None, after: Callable | None = None,
               say: Callable[[str], None] = lambda m: None) -> Results:
-    """Run every benchmark; `boot()` gives a ready VM (called again after one died).
+    """Run every benchmark; `boot()` gives a ready pfcxl.Machine (called again after one died).
 
     `before(vm, spec)` / `after(vm, spec, result)` bracket each run (the timing trace uses them).
     """
@@ -162,10 +162,10 @@ def run_suite(specs: list[BenchSpec], results: Results, *, boot: Callable, dax: 
                 # a hang (timeout) or a crash that took the guest down: name it, reboot for the rest
                 result.seconds = round(time.monotonic() - start, 3)
                 result.error = f"benchmark {spec.name}: {str(exc).splitlines()[0]}"
-                vm.shutdown()
+                vm.close()
                 vm = None
             results.add(result)
     finally:
         if vm is not None:
-            vm.shutdown()
+            vm.close()
     return results

@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shlex
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,9 +25,9 @@ from pfcxl.firmware_tables import generate as tables_generate
 
 from pfcxl.device import fabric_constants
 
-from . import appliance, cli_appliance, cli_bench, discovery, image, qemu, terminal, timing, timing_report
+from . import cli_appliance, cli_bench, discovery, image, qemu, terminal, timing, timing_report
 from .ui import err, out
-from .vm import VM, boot_ready
+from pfcxl.machine import RUN_DIR_PLACEHOLDER, Machine
 
 
 EPILOG = """\
@@ -47,84 +44,64 @@ def _load(arg: str | None) -> topology.Topology:
     return topology.load(topology.resolve(arg))
 
 
-@contextlib.contextmanager
-def _run_dir(arg: str | None, keep: bool):
-    """The directory for backing files and logs: given (kept), or temporary."""
-    if arg:
-        path = Path(arg)
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
-        return
-    path = Path(tempfile.mkdtemp(prefix="pfcxl-run-"))
-    failed = True
-    try:
-        yield path
-        failed = False
-    finally:
-        if keep or failed:
-            # Keep the logs for the error message; sparse backing files too, if asked to keep.
-            if not keep:
-                for f in path.glob("*.mem"):
-                    f.unlink()
-            err.print(f"[dim]run directory kept: {path}[/dim]")
-        else:
-            shutil.rmtree(path)
-
-
-def _build_image(topo: topology.Topology, cedt_mode: str = "auto", kind: str = "busybox") -> image.BootImage:
-    ours = tables_generate.cedt_for_boot(topo, cedt_mode)
+def _build_image(machine: Machine) -> image.BootImage:
+    """The machine's guest image, with a spinner while it is built; say which it is."""
     with err.status("building guest image") as status:
-        img = image.build(topo, progress=lambda m: status.update(m), acpi_tables={"CEDT": ours} if ours else None,
-                          kind=kind)
-    if ours:
+        img = machine.boot_image(progress=lambda m: status.update(m))
+    if tables_generate.cedt_for_boot(machine.topology, machine.cedt) is not None:
         err.print("[dim]our CEDT replaces QEMU's (initrd ACPI table upgrade)[/dim]")
     err.print(f"[dim]guest image {img.initrd.name} ({'built' if img.rebuilt else 'cached'}), "
               f"kernel {img.kernel_release}[/dim]")
     return img
 
 
+def _machine(args, **overrides) -> Machine:
+    """The Machine a boot command's options describe."""
+    options = dict(timing=args.timing, image=args.image, host=args.host, appliance=args.appliance_dir,
+                   run_dir=args.run_dir, keep=args.keep, cedt=args.cedt, append=args.append,
+                   ready_timeout=args.timeout, inject_profile=args.inject_profile, baseline_ns=args.baseline_ns,
+                   progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"))
+    options.update(overrides)
+    return Machine(args.topology, **options)
+
+
 @contextlib.contextmanager
-def _booted(topo: topology.Topology, args):
-    """A ready guest for a command: run directory, appliance attachment (when the topology's
-    devices are served by the appliance), VM; all torn down in reverse order."""
-    with contextlib.ExitStack() as stack:
-        run_dir = stack.enter_context(_run_dir(args.run_dir, keep=args.keep))
-        fds = {}
-        if any(d.appliance for d in topo.devices):
-            where = Path(args.appliance_dir) if args.appliance_dir else appliance.default_dir(topo)
-            client = stack.enter_context(appliance.Client(where))
-            att = client.attach(args.host)
-            err.print(f"[dim]attached as host {att.host} at appliance port {att.port} ({where})[/dim]")
-            fds = {d.id: att.region(d.appliance).fd for d in topo.devices if d.appliance}
-        img = _build_image(topo, args.cedt, args.image)
-        session = None
-        if args.timing:
-            config = _timing_config(topo, args, img, run_dir)
-            session = stack.enter_context(timing.TimingSession(topo, run_dir, config))
-        start = time.monotonic()
-        with err.status(f"booting {topo.name} under TCG (QEMU start to PFCXL-READY)"):
-            vm = stack.enter_context(boot_ready(topo, img, run_dir, extra_cmdline=args.append,
-                                               timeout=args.timeout, appliance_fds=fds,
-                                               extra_args=session.qemu_args() if session else None))
-        if session:
-            session.start()
+def _booted(args):
+    """A ready guest for a command, torn down afterwards (see pfcxl.Machine)."""
+    machine = _machine(args)
+    topo = machine.topology
+    _build_image(machine)
+    start = time.monotonic()
+    with err.status(f"booting {topo.name} under TCG (QEMU start to PFCXL-READY)"):
+        machine.start()
+    try:
         err.print(f"[dim]{topo.name}: guest ready in {time.monotonic() - start:.1f}s wall "
-                  f"({', '.join(r['dax'] + ' ' + r['mode'] for r in vm.ready_info.get('regions', []))})[/dim]")
-        yield vm, session
+                  f"({', '.join(r['dax'] + ' ' + r['mode'] for r in machine.ready.get('regions', []))})[/dim]")
+        yield machine
+    finally:
+        machine.close()
 
 
-def _timing_config(topo: topology.Topology, args, img, run_dir: Path) -> "timing.TimingConfig":
-    if args.timing != "inject":
-        return timing.TimingConfig(args.timing)
-    profile = args.inject_profile
-    baseline = args.baseline_ns
-    if baseline is None:
-        with err.status("calibrating the emulator's cost per CXL request (a count-mode guest)"):
-            baseline = timing.measure_baseline(topo, img, run_dir / "calibrate")["baseline_ns"]
-        err.print(f"[dim]emulator baseline: {baseline:.0f} ns per CXL request (TCG overhead, subtracted "
-                  "from the modelled latency; nothing is added where the model is below it)[/dim]")
-    return timing.TimingConfig("inject", read_ns=fabric_constants.idle_read_ns(profile),
-                               write_ns=fabric_constants.idle_write_ns(profile), baseline_ns=baseline)
+def _print_plan(machine: Machine, command: str | None = None) -> int:
+    """--dry-run: the whole plan of a boot, nothing started."""
+    plan = machine.plan()
+    img = plan.image
+    cdats = sorted({**plan.tables.device_cdat, **plan.tables.switch_cdat})
+    lines = [
+        f"topology   {plan.topology.name} ({machine.topology_path or 'given as an object'})",
+        f"image      {img.initrd} ({'built now' if img.rebuilt else 'cached'}), kernel {img.kernel}",
+        "CEDT       " + ("ours, through the initrd table upgrade" if plan.cedt_override else "QEMU's")
+        + f" ({len(plan.tables.cedt)} bytes)",
+        "CDAT       " + (", ".join(cdats) if cdats else "QEMU's defaults (the topology has no timing)"),
+        f"run dir    {plan.run_dir}" + ("  (a temporary directory at boot)"
+                                       if plan.run_dir == RUN_DIR_PLACEHOLDER else ""),
+        *(f"  {role:14} {path}" for role, path in plan.files.items()),
+    ]
+    if command is not None:
+        lines.append(f"command    {command}")
+    lines += ["argv", qemu.show(plan.argv)]
+    out.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+    return 0
 
 
 def _timed_command(command: str) -> str:
@@ -182,49 +159,47 @@ def cmd_topology_list(args) -> int:
 
 
 def cmd_qemu_args(args) -> int:
-    topo = _load(args.topology)
-    run_dir = Path(args.run_dir or "RUN_DIR")
-    kernel = initrd = None
-    try:
-        img = image.build(topo)
-        kernel, initrd = img.kernel, img.initrd
-    except PfcxlError as exc:
-        err.print(f"[yellow]note:[/yellow] guest image not available ({exc}); showing placeholders")
-    boot = qemu.BootFiles(kernel or Path("VMLINUZ"), initrd or Path("INITRD"),
-                          qemu.kernel_cmdline(topo, args.append))
-    argv = qemu.argv(topo, boot, qemu.backing_paths(topo, run_dir), console_fd=3, qmp_fd=4,
-                     qemu=qemu.qemu_binary())
-    if args.lines:
-        out.print("\n".join(argv), markup=False, highlight=False, soft_wrap=True)
-    else:
-        out.print(qemu.show(argv), markup=False, highlight=False, soft_wrap=True)
-    err.print("[dim]fds 3 and 4 are the console and QMP socket pairs pfcxl passes in[/dim]")
+    """Exactly the argv a boot with these options execs (Machine.plan: the same code path)."""
+    plan = _machine(args, progress=lambda m: None).plan()
+    out.print("\n".join(plan.argv) if args.lines else qemu.show(plan.argv), markup=False, highlight=False,
+              soft_wrap=True)
+    notes = ["fds 3 and 4 are the console and QMP socket pairs pfcxl passes in"]
+    if any(d.appliance for d in plan.topology.devices):
+        notes.append("fds from 5 on are the memory descriptors the appliance hands out at attach")
+    if plan.run_dir == RUN_DIR_PLACEHOLDER:
+        notes.append("RUN_DIR is the temporary run directory of a boot (--run-dir names one)")
+    if args.timing == "inject" and args.baseline_ns is None:
+        notes.append("baseline_ns is measured at boot (shown as 0; --baseline-ns fixes it)")
+    err.print("[dim]" + "; ".join(notes) + "[/dim]")
     return 0
 
 
 def cmd_image(args) -> int:
     topo = _load(args.topology)
-    img = _build_image(topo, args.cedt, args.image)
+    img = _build_image(Machine(topo, cedt=args.cedt, image=args.image))
     print(json.dumps({"kernel": str(img.kernel), "initrd": str(img.initrd),
                       "kernel_release": img.kernel_release, "rebuilt": img.rebuilt}))
     return 0
 
 
 def cmd_boot(args) -> int:
-    topo = _load(args.topology)
-    with _booted(topo, args) as (vm, session):
-        terminal.interact(vm.console_fd, banner=f"pfcxl: {topo.name} console; Ctrl-] leaves and "
-                                                "powers the guest off")
+    if args.dry_run:
+        return _print_plan(_machine(args, progress=lambda m: None))
+    with _booted(args) as machine:
+        terminal.interact(machine.console, banner=f"pfcxl: {machine.topology.name} console; Ctrl-] leaves "
+                                                  "and powers the guest off")
     return 0
 
 
 def cmd_run(args) -> int:
     if not args.command:
         raise PfcxlError("pfcxl run: give a command after --, e.g. pfcxl run -- cxl list -R")
-    topo = _load(args.topology)
     command = shlex.join(args.command) if len(args.command) > 1 else args.command[0]
+    if args.dry_run:
+        return _print_plan(_machine(args, progress=lambda m: None), command)
     report = None
-    with _booted(topo, args) as (vm, session):
+    with _booted(args) as vm:
+        topo, session = vm.topology, vm.timing
         if session is None:
             result = vm.run(command, timeout=args.command_timeout)
         else:
@@ -249,9 +224,11 @@ def cmd_run(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    topo = _load(args.topology)
-    with _booted(topo, args) as (vm, session):
-        found = discovery.discover(vm)
+    if args.dry_run:
+        return _print_plan(_machine(args, progress=lambda m: None))
+    with _booted(args) as machine:
+        topo = machine.topology
+        found = discovery.discover(machine)
     checks = discovery.compare(topo, found)
     t = Table(title=f"{topo.name}: what the guest's CXL subsystem found vs. what the topology predicts",
               title_justify="left")
@@ -350,6 +327,8 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
         p.add_argument("--issue", choices=("dependent", "independent"), default="dependent",
                        help="trace: model each vCPU's requests as dependent (pointer chase) or independent")
         p.add_argument("--report", help="trace: also write the modelled report as JSON to this file")
+        p.add_argument("--dry-run", action="store_true", help="print the whole plan (image, tables, files, "
+                       "QEMU argv) and start nothing")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -371,10 +350,12 @@ def parser() -> argparse.ArgumentParser:
     p = tsub.add_parser("list", help="the shipped topologies")
     p.set_defaults(func=cmd_topology_list)
 
-    p = sub.add_parser("qemu-args", help="print the QEMU command line for a topology")
-    p.add_argument("topology", nargs="?", help="name or TOML path (default: pf-nic)")
-    p.add_argument("--run-dir", help="where backing files would live (default: RUN_DIR placeholder)")
-    p.add_argument("--append", default="", help="extra kernel command line")
+    p = sub.add_parser("qemu-args", help="print the exact QEMU command line a boot of a topology execs",
+                       description="Print the argv that `pfcxl run`/`boot` with the same options would exec: "
+                       "CDAT files, generic ports, HMAT and plugin options included, every generated file "
+                       "named where the boot writes it (RUN_DIR without --run-dir).")
+    p.add_argument("topology_name", nargs="?", metavar="TOPOLOGY", help="name or TOML path (default: pf-nic)")
+    _common(p, boots=True)
     p.add_argument("--lines", action="store_true", help="one argv element per line")
     p.set_defaults(func=cmd_qemu_args)
 
@@ -421,6 +402,10 @@ def _terminate(signum, frame):  # SIGTERM unwinds like Ctrl-C, so every VM is sh
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "topology_name", None):
+        if args.topology:
+            raise SystemExit("pfcxl: error: give the topology once (positional or --topology)")
+        args.topology = args.topology_name
     if isinstance(getattr(args, "command", None), list) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     signal.signal(signal.SIGTERM, _terminate)

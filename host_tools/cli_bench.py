@@ -13,9 +13,9 @@ from rich.markup import escape
 from pfcxl.device import topology
 from pfcxl.errors import PfcxlError
 
-from . import bench, bench_report, image, timing, timing_report
+from . import bench, bench_report, image, timing_report
 from .ui import err, out
-from .vm import boot_ready
+from pfcxl.machine import Machine
 
 
 def cmd_bench(args) -> int:
@@ -34,32 +34,26 @@ def cmd_bench(args) -> int:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out or Path("results") / f"{stamp}-{topo.name}")
     results = bench.Results(out_dir, bench.environment(topo, suite=args.suite, image=args.image, timing=args.timing))
-    img = image.build(topo, kind=args.image)
     start = time.monotonic()
     with contextlib.ExitStack() as stack:
-        session = None
-        if args.timing:
-            session = stack.enter_context(timing.TimingSession(topo, out_dir / "run", timing.TimingConfig("trace")))
         boots = [0]
 
         def boot():
             boots[0] += 1
-            vm = boot_ready(topo, img, out_dir / "run", name=f"bench{boots[0]}", timeout=args.timeout,
-                            extra_args=session.qemu_args() if session else None)
-            if session:
-                session.stop()           # drop whatever an earlier guest left
-                session.start()
-            return vm
+            machine = Machine(topo, timing="trace" if args.timing else None, image=args.image,
+                              run_dir=out_dir / "run", name=f"bench{boots[0]}", ready_timeout=args.timeout)
+            stack.callback(machine.close)
+            return machine.start()
 
         def before(vm, spec):
-            if session and spec.system == "cxl":
+            if vm.timing and spec.system == "cxl":
                 vm.check("pfcxl_mark start")
 
         def after(vm, spec, result):
-            if session and spec.system == "cxl":
+            if vm.timing and spec.system == "cxl":
                 vm.check("pfcxl_mark stop")
-                records = session.stop()
-                session.start()
+                records = vm.timing.stop()
+                vm.timing.start()
                 dependent = spec.name.startswith("idle_latency")
                 result.modelled = timing_report.model_trace(topo, records, dependent=dependent)
 

@@ -17,8 +17,9 @@ from typing import Callable
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
 
-from . import appliance, image
-from .vm import VM
+from pfcxl.machine import Machine
+
+from . import appliance
 
 
 @dataclass
@@ -63,24 +64,23 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str, *, run_dir: P
                          "(appliance = \"shared\"/\"private\"); multihost needs one, e.g. pf-appliance")
     if topo.appliance is not None and hosts > topo.appliance.ports:
         raise PfcxlError(f"{hosts} hosts but the appliance has {topo.appliance.ports} ports")
-    img = image.build(topo)
     results: dict[int, HostResult] = {}
     with contextlib.ExitStack() as stack:
         where = stack.enter_context(appliance_for(topo, topo_path, appliance_dir, say))
-        client = stack.enter_context(appliance.Client(where))
-        vms: list[tuple[int, VM, float, int]] = []
+        vms: list[tuple[int, Machine, float, int]] = []
+        prebuilt = None
         for h in range(hosts):
-            att = client.attach(h)
-            fds = {d.id: att.region(d.appliance).fd for d in topo.devices if d.appliance}
-            vm = VM(topo, img, run_dir / f"host{h}", name=f"host{h}", appliance_fds=fds)
-            stack.callback(vm.shutdown)
+            vm = Machine(topo, host=h, appliance=where, run_dir=run_dir / f"host{h}", name=f"host{h}",
+                         ready_timeout=ready_timeout, prebuilt=prebuilt)
+            stack.callback(vm.close)
             vm.launch()
-            vms.append((h, vm, time.monotonic(), att.port))
+            prebuilt = vm.boot_image()
+            vms.append((h, vm, time.monotonic(), vm.attachment.port))
         say(f"{hosts} guests launched; waiting for them to be ready")
-        ready: list[tuple[int, VM, int]] = []
+        ready: list[tuple[int, Machine, int]] = []
         for h, vm, started, port in vms:
             try:
-                vm.wait_ready(ready_timeout)
+                vm.wait_ready()
             except PfcxlError as exc:
                 results[h] = HostResult(h, port, time.monotonic() - started, None, "", str(exc))
                 host_done(results[h])
