@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pfcxl import Machine
 from pfcxl.device import topology
-from pfcxl.firmware_tables import generate
-from pfcxl.host_tools import image
-from pfcxl.host_tools.vm import VM, boot_ready
 
 READY_TIMEOUT = 300   # generous: CI machines are shared; a healthy boot takes seconds
 
@@ -47,28 +45,25 @@ def qemu_pids_using(path: Path) -> list[int]:
 
 @pytest.fixture
 def boot(tmp_path):
-    """boot(topology name or Topology, run_dir=None, vm_name='guest', extra_cmdline='', cedt='auto')
-    -> ready VM."""
-    vms: list[VM] = []
+    """boot(topology name or Topology, run_dir=None, vm_name='guest', **Machine options) -> a ready
+    pfcxl.Machine; every one is closed at teardown and its QEMU checked to be gone."""
+    machines: list[Machine] = []
 
     def _boot(name: str | topology.Topology, run_dir: Path | None = None, vm_name: str = "guest",
-              extra_cmdline: str = "", cedt: str = "auto", appliance_fds: dict[str, int] | None = None) -> VM:
-        topo = load(name) if isinstance(name, str) else name
-        ours = generate.cedt_for_boot(topo, cedt)
-        img = image.build(topo, acpi_tables={"CEDT": ours} if ours else None)
-        vm = boot_ready(topo, img, run_dir or tmp_path / vm_name, name=vm_name,
-                        extra_cmdline=extra_cmdline, timeout=READY_TIMEOUT, appliance_fds=appliance_fds)
-        vms.append(vm)
-        return vm
+              **options) -> Machine:
+        options.setdefault("ready_timeout", READY_TIMEOUT)
+        machine = Machine(name, run_dir=run_dir or tmp_path / vm_name, name=vm_name, **options)
+        machines.append(machine)
+        return machine.start()
 
     yield _boot
-    pids = [vm.pid for vm in vms]
-    for vm in vms:
-        vm.shutdown()
+    pids = [m.pid for m in machines]
+    for machine in machines:
+        machine.close()
     assert not [p for p in pids if p and pid_alive(p)], "QEMU left running after shutdown"
 
 
-def daxio(vm: VM, args: str) -> dict:
+def daxio(vm: Machine, args: str) -> dict:
     """Run the guest's daxio tool and return its JSON line."""
     result = vm.run(f"daxio {args}", timeout=600)
     line = next((l for l in result.output.splitlines() if l.startswith('{"tool":"daxio"')), None)
@@ -83,7 +78,7 @@ def pfcxl_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
                           text=True, **kwargs)
 
 
-def guest_file(vm: VM, path: str) -> bytes:
+def guest_file(vm: Machine, path: str) -> bytes:
     """A binary file from the guest (base64 over the console)."""
     import base64
     out = vm.check(f"base64 {path} | tr -d '\\n'; echo")
@@ -113,5 +108,4 @@ def boot_on_appliance(boot, client, host: int, topo=None, vm_name: str | None = 
     """Attach `host` through `client` and boot a guest on the appliance's memory."""
     topo = topo or load("pf-appliance")
     att = client.attach(host)
-    fds = {d.id: att.region(d.appliance).fd for d in topo.devices if d.appliance}
-    return boot(topo, vm_name=vm_name or f"host{host}", appliance_fds=fds), att
+    return boot(topo, vm_name=vm_name or f"host{host}", attachment=att), att

@@ -88,7 +88,7 @@ def test_killed_host_does_not_disturb_the_others_and_finds_its_data(running_appl
             assert vm.finish_command(started, 600).status == 0
             assert daxio(vm, f"verify /dev/dax0.0 --offset {h * 64}M --size 32M --seed {h}")["mismatches"] == 0
         assert c1.call("status")["ok"]                                        # the service keeps serving
-        vm0.shutdown()
+        vm0.close()
         c0.call("detach", host=0)
         again, _ = boot_on_appliance(boot, c0, 0, vm_name="host0-again")
         after = daxio(again, "verify /dev/dax1.0 --size 16M --seed 9")
@@ -105,7 +105,7 @@ def test_persistent_pool_survives_a_restart(running_appliance, boot, tmp_path):
         vm, _ = boot_on_appliance(boot, c, 0, topo=topo)
         wrote = daxio(vm, "fill /dev/dax0.0 --offset 4M --size 16M --seed 3")
         daxio(vm, "fill /dev/dax1.0 --size 8M --seed 4")
-        vm.shutdown()
+        vm.close()
         first = c.call("checksum")["checksums"]
     appliance.stop(run_dir)
     appliance.start(topo, path, run_dir)

@@ -40,7 +40,7 @@ def test_region_access0_matches_prediction_and_pins_the_link_term_units(boot, na
     # access0/ is filled in only when the region's memory goes online (kmem), never for devdax.
     topo = _as_system_ram(name)
     vm = boot(topo)
-    assert vm.ready_info["regions"][0]["mode"] == "system-ram"
+    assert vm.ready["regions"][0]["mode"] == "system-ram"
     (documented,) = perf_predict.predict(topo)
     seen = {}
     for access in ("access0", "access1"):

@@ -42,7 +42,7 @@ def test_pattern_in_backing_files_and_across_boots(boot, tmp_path, name, seed):
     first = boot(name, run_dir=run_dir, vm_name="first")
     wrote = daxio(first, f"fill /dev/dax0.0 --size {SIZE} --seed {seed}")
     assert wrote["status"] == 0 and wrote["size"] == SIZE
-    first.shutdown()
+    first.close()
 
     expected = pattern.pattern_bytes(seed, 0, SIZE)
     assert int(wrote["crc32"], 16) == zlib.crc32(expected)

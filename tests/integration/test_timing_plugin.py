@@ -17,11 +17,7 @@ import numpy as np
 import pytest
 
 from pfcxl.device import address_map, fabric_constants, topology
-from pfcxl.firmware_tables import generate
-from pfcxl.host_tools import image, timing
-from pfcxl.host_tools.vm import boot_ready
-
-from .conftest import READY_TIMEOUT, pid_alive
+from pfcxl.host_tools import timing
 
 pytestmark = pytest.mark.integration
 
@@ -34,34 +30,14 @@ ROUNDS = 5
 
 
 @pytest.fixture
-def timed(tmp_path):
-    """timed(config or None, name) -> (vm, session or None): a ready pf-nic guest with the plugin."""
-    topo = topology.load(topology.resolve(TOPOLOGY))
-    cedt = generate.cedt_for_boot(topo, "auto")
-    img = image.build(topo, acpi_tables={"CEDT": cedt} if cedt else None)
-    started = []
-
+def timed(boot):
+    """timed(config or None, name) -> (machine, its timing session or None): a ready pf-nic guest
+    with the plugin."""
     def _boot(config: timing.TimingConfig | None, name: str):
-        run_dir = tmp_path / name
-        session = timing.TimingSession(topo, run_dir, config, name) if config else None
-        if session:
-            started.append(session)
-        vm = boot_ready(topo, img, run_dir, name=name, timeout=READY_TIMEOUT,
-                        extra_args=session.qemu_args() if session else [])
-        started.append(vm)
-        if session:
-            session.start()
-        return vm, session
+        machine = boot(TOPOLOGY, vm_name=name, timing=config)
+        return machine, machine.timing
 
-    yield _boot
-    pids = []
-    for thing in reversed(started):
-        if isinstance(thing, timing.TimingSession):
-            thing.close()
-        else:
-            pids.append(thing.pid)
-            thing.shutdown()
-    assert not [p for p in pids if p and pid_alive(p)], "QEMU left running after shutdown"
+    return _boot
 
 
 def guest(vm, command: str, tool: str) -> dict:
@@ -107,7 +83,7 @@ def test_count_mode_counts_the_same(timed):
     assert (first["reads"], first["writes"], first["bytes"]) == (READS, WRITES, 8 * (READS + WRITES))
     assert (second["reads"], second["writes"]) == (20, 10)
     assert first["vcpus"] == [{"vcpu": 0, "reads": READS, "writes": WRITES, "bytes": 8 * (READS + WRITES)}]
-    vm.shutdown()
+    vm.close()
     exit_line = next(e for e in session.events() if e["event"] == "exit")
     # nothing outside the phases was counted: boot and the tools' setup stores are excluded
     assert (exit_line["reads"], exit_line["writes"], exit_line["phases"]) == (READS + 20, WRITES + 10, 2)
@@ -137,14 +113,14 @@ def test_plugin_overhead_on_local_memory(timed):
         report.append(f"{label} {c / p:.2f}x ({p / 1e6:.1f} -> {c / 1e6:.1f} ms)")
     print("\nplugin overhead, count mode vs no plugin (guest wall clock, medians of "
           f"{ROUNDS}): " + ", ".join(report))
-    counted.shutdown()
+    counted.close()
     assert next(e for e in session.events() if e["event"] == "exit")["reads"] == 0   # no CXL, no phase
 
 
 def test_injected_latency_difference_matches_the_model(timed):
     vm, _ = timed(timing.TimingConfig("count"), "calibrate")
     cal = timing.calibrate_baseline(vm, CHASE, runs=ROUNDS)
-    vm.shutdown()
+    vm.close()
     baseline = cal["baseline_ns"]
 
     config = timing.TimingConfig("inject", read_ns=(PF_READ_NS, ELECTRICAL_READ_NS), baseline_ns=baseline)

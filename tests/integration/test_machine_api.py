@@ -1,0 +1,117 @@
+"""The public API is the one boot path: what `pfcxl qemu-args` prints is exactly what a boot
+execs (every shipped topology, every timing mode), a dry run starts nothing, the API's Machine
+and Appliance work together, and a user's own test file outside this repository runs with the
+pytest plugin the package ships."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pfcxl import Appliance, Machine
+from pfcxl.device import topology
+
+from .conftest import pfcxl_cli, pid_alive, qemu_pids_using
+
+pytestmark = pytest.mark.integration
+
+SHIPPED = [p.stem for p in topology.shipped_topologies()]
+TIMING_MODES = [None, "count", "trace", "inject"]
+BASELINE_NS = "370"   # inject: given, so that the plan need not measure it
+
+
+def launched_argv(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_printed_argv_is_the_launched_argv(name, tmp_path):
+    served = any(d.appliance for d in topology.load(topology.resolve(name)).devices)
+    with Appliance(name, run_dir=tmp_path / "appliance") if served else _nothing() as app:
+        for mode in TIMING_MODES:
+            run_dir = tmp_path / f"run-{mode}"
+            options = ["--run-dir", str(run_dir)] + (["--timing", mode] if mode else [])
+            options += ["--baseline-ns", BASELINE_NS] if mode == "inject" else []
+            printed = pfcxl_cli("qemu-args", name, "--lines", *options)
+            assert printed.returncode == 0, printed.stderr
+            assert not run_dir.exists()                   # printing writes nothing
+            machine = Machine(name, run_dir=run_dir, timing=mode, baseline_ns=float(BASELINE_NS),
+                              appliance=app)
+            try:
+                machine.launch()                          # QEMU started; no need to wait for the guest
+                argv = launched_argv(machine.pid)
+                assert machine.argv == argv
+            finally:
+                machine.close()
+            assert printed.stdout.splitlines() == argv, f"{name}, timing {mode}"
+            # every file the command line names exists where it said
+            for word in argv:
+                for part in word.split(","):
+                    path = part.split("=", 1)[-1]
+                    if path.startswith(str(run_dir)) and not path.endswith(".plugin.log"):
+                        assert Path(path).exists(), f"{name}: argv names {path}, which the boot did not write"
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
+    run_dir = tmp_path / "never"
+    done = pfcxl_cli("run", "-t", "electrical-switch", "--timing", "trace", "--dry-run", "--run-dir", str(run_dir),
+                     "--", "cxl", "list")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    for expected in ("topology   electrical-switch", "image ", "CEDT ", "CDAT ", "command    cxl list",
+                     "qemu-system-x86_64", "-plugin", f"{run_dir}/guest.tables/"):
+        assert expected in text, f"{expected!r} missing from the plan:\n{text}"
+    assert not run_dir.exists() and not qemu_pids_using(run_dir)
+
+
+def test_machine_api_on_an_appliance(tmp_path):
+    with Appliance("pf-appliance", run_dir=tmp_path / "appliance") as app:
+        with app.machine(3, run_dir=tmp_path / "host3") as m:
+            assert m.attachment.host == 3
+            assert [r["dax"] for r in m.ready["regions"]] == ["dax0.0", "dax1.0"]
+            result = m.run("sh -c 'echo out; exit 4'")
+            assert (result.status, result.output) == (4, "out\n")
+            assert m.qmp("query-status")["status"] == "running"
+            pid = m.pid
+            hosts = [h["host"] for h in app.status()["hosts"]]
+            assert hosts == [3]
+        assert not pid_alive(pid)
+        with pytest.raises(Exception, match="not booted"):
+            m.run("true")
+
+
+USER_TESTS = '''
+import pytest
+
+
+def test_region(pfcxl_machine):
+    assert "region0" in pfcxl_machine.run("cxl list -R").output
+
+
+@pytest.mark.pfcxl(host=2)
+def test_on_the_appliance(pfcxl_appliance, pfcxl_machine):
+    assert pfcxl_machine.attachment.host == 2
+    assert pfcxl_machine.run("ls /dev/dax1.0").status == 0
+'''
+
+
+def test_a_users_own_test_file_runs_with_the_plugin(tmp_path):
+    outside = tmp_path / "someone-elses-tests"
+    outside.mkdir()
+    (outside / "test_mine.py").write_text(textwrap.dedent(USER_TESTS))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_mine.py"],
+                          cwd=outside, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
