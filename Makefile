@@ -20,7 +20,7 @@ help:
 	@echo "Then: $(PFCXL) --help"
 
 setup:
-	@$(PYTHON) -m host_tools.provision
+	@$(PYTHON) -m pfcxl.host_tools.provision
 
 demo: setup
 	$(PFCXL) demo --topology $(T)

@@ -1,4 +1,4 @@
-"""``python3 -m host_tools.provision``: see cli.py."""
+"""``python3 -m pfcxl.host_tools.provision``: see cli.py."""
 
 import sys
 

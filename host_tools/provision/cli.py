@@ -1,4 +1,4 @@
-"""`python3 -m host_tools.provision [--check] [--skip-python]`: run (or only check) the steps in
+"""`python3 -m pfcxl.host_tools.provision [--check] [--skip-python]`: run (or only check) the steps in
 order, one progress line each, then a table of per-step timings. Exit 0 when everything is there
 (or was done), 1 when a step failed or, with --check, when any step is missing."""
 
@@ -24,7 +24,7 @@ Environment:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python3 -m host_tools.provision",
+        prog="python3 -m pfcxl.host_tools.provision",
         description="Install and download everything pfcxl needs on this Debian 12 host. "
                     "Idempotent: steps whose result is present are skipped.",
         epilog="Steps:\n" + EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
