@@ -21,9 +21,16 @@ Record, 24 bytes, little endian:
 
 from __future__ import annotations
 
+import struct
+
 RING_MAGIC = 0x474E524C5843_4650      # b"PFCXLRNG" little endian
 RING_VERSION = 1
 HEADER_SIZE = 64
+# magic, version, record_size, capacity, head, tail, dropped; then reserved to HEADER_SIZE
+HEADER_STRUCT = struct.Struct("<QIIQQQQ")
+HEAD_OFFSET = struct.calcsize("<QIIQ")        # the u64s the plugin and the drainer store to
+TAIL_OFFSET = HEAD_OFFSET + 8
+DROPPED_OFFSET = TAIL_OFFSET + 8
 RECORD_SIZE = 24
 LINE = 64
 

@@ -35,6 +35,7 @@ from pfcxl.firmware_tables import generate
 from pfcxl.host_tools import appliance as appliance_mod
 from pfcxl.host_tools import image as image_mod
 from pfcxl.host_tools import qemu
+from pfcxl.host_tools import calibration, timing_plugin
 from pfcxl.host_tools import timing as timing_mod
 from pfcxl.host_tools.vm import VM
 
@@ -149,7 +150,7 @@ class Machine:
     def _plugin_args(self, run_dir: Path, config: timing_mod.TimingConfig | None) -> list[str]:
         if config is None:
             return []
-        return timing_mod.plugin_args(timing_mod.build_plugin(), self.topology, run_dir, config, self.name)
+        return timing_mod.plugin_args(timing_plugin.build_plugin(), self.topology, run_dir, config, self.name)
 
     def plan(self) -> Plan:
         """What a boot would use (image, tables, argv, files), without starting anything."""
@@ -240,7 +241,7 @@ class Machine:
                         appliance=self.appliance, run_dir=self.run_dir / "calibrate", cedt=self.cedt,
                         ready_timeout=self.ready_timeout, name="calibrate", progress=self.say)
         with probe:
-            return timing_mod.calibrate_baseline(probe)["baseline_ns"]
+            return calibration.calibrate_baseline(probe)["baseline_ns"]
 
     # ------------------------------------------------------------------ the booted guest
 

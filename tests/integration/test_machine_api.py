@@ -14,6 +14,7 @@ import pytest
 
 from pfcxl import Appliance, Machine
 from pfcxl.device import topology
+from pfcxl.errors import VMError
 
 from .conftest import pfcxl_cli, pid_alive, qemu_pids_using
 
@@ -88,7 +89,7 @@ def test_machine_api_on_an_appliance(tmp_path):
             hosts = [h["host"] for h in app.status()["hosts"]]
             assert hosts == [3]
         assert not pid_alive(pid)
-        with pytest.raises(Exception, match="not booted"):
+        with pytest.raises(VMError, match="state stopped"):
             m.run("true")
 
 

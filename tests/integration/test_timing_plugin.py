@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pfcxl.device import address_map, fabric_constants, topology
-from pfcxl.host_tools import timing
+from pfcxl.host_tools import calibration, timing, timing_plugin
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ TOPOLOGY = "pf-nic"
 READS, WRITES = 1000, 500
 # idle reads, 283 and 833 ns: photonic fabric vs electrical switch
 PF_READ_NS, ELECTRICAL_READ_NS = fabric_constants.idle_read_ns("pf"), fabric_constants.idle_read_ns("electrical")
-CHASE = timing.CALIBRATION_COMMAND   # in-TLB dependent chase over the DAX device
+CHASE = calibration.CALIBRATION_COMMAND   # in-TLB dependent chase over the DAX device
 ROUNDS = 5
 
 
@@ -43,14 +43,14 @@ def timed(boot):
 def guest(vm, command: str, tool: str) -> dict:
     result = vm.run(command, timeout=900)
     assert result.status == 0, f"{command}: status {result.status}\n{result.output}"
-    return timing.guest_json(result.output, tool)
+    return calibration.guest_json(result.output, tool)
 
 
 def test_trace_has_exactly_the_guests_accesses(timed):
     topo = topology.load(topology.resolve(TOPOLOGY))
     dax = address_map.dax_placements(topo)[0]
     window = address_map.window_placements(topo)[0]
-    doorbell = timing.doorbell_hpa(topo)
+    doorbell = timing_plugin.doorbell_hpa(topo)
     # a small ring: the guest fills it several times and the plugin must wait for the drainer
     vm, session = timed(timing.TimingConfig("trace", capacity=256), "trace")
     touch = guest(vm, f"cxl_touch --reads {READS} --writes {WRITES} --seed 3", "cxl_touch")
@@ -119,7 +119,7 @@ def test_plugin_overhead_on_local_memory(timed):
 
 def test_injected_latency_difference_matches_the_model(timed):
     vm, _ = timed(timing.TimingConfig("count"), "calibrate")
-    cal = timing.calibrate_baseline(vm, CHASE, runs=ROUNDS)
+    cal = calibration.calibrate_baseline(vm, CHASE, runs=ROUNDS)
     vm.close()
     baseline = cal["baseline_ns"]
 

@@ -19,7 +19,7 @@ from elftools.elf.elffile import ELFFile
 
 from pfcxl.device import address_map, topology
 from pfcxl.device import trace_format as tf
-from pfcxl.host_tools import timing
+from pfcxl.host_tools import timing, timing_plugin, trace_ring
 
 REPO = Path(timing.__file__).resolve().parent.parent
 GUEST_SRC = REPO / "guest" / "src"
@@ -44,18 +44,18 @@ def cache(tmp_path, monkeypatch) -> Path:
 # ---------------------------------------------------------------------------- plugin build
 
 def test_plugin_builds_into_cache_and_is_reused(cache):
-    so = timing.build_plugin()
+    so = timing_plugin.build_plugin()
     assert so.is_absolute() and so.parent == (cache / "plugin").resolve()
     assert so.name.startswith("pfcxl_plugin-") and so.suffix == ".so"
     syms = dyn_symbols(so)
     assert syms["qemu_plugin_install"] == ("STT_FUNC", True)
     assert syms["qemu_plugin_version"] == ("STT_OBJECT", True)
     mtime = so.stat().st_mtime_ns
-    assert timing.build_plugin() == so and so.stat().st_mtime_ns == mtime
+    assert timing_plugin.build_plugin() == so and so.stat().st_mtime_ns == mtime
 
 
 def test_plugin_api_version_and_imports_match_qemu(cache):
-    so = timing.build_plugin()
+    so = timing_plugin.build_plugin()
     with open(so, "rb") as f:
         elf = ELFFile(f)
         sym = elf.get_section_by_name(".dynsym").get_symbol_by_name("qemu_plugin_version")[0]
@@ -73,28 +73,28 @@ def test_plugin_api_version_and_imports_match_qemu(cache):
 
 def test_plugin_rebuilds_when_its_source_changes(cache, tmp_path, monkeypatch):
     src = tmp_path / "plugin"
-    shutil.copytree(timing.PLUGIN_DIR, src)
-    monkeypatch.setattr(timing, "PLUGIN_DIR", src)
-    first = timing.build_plugin()
+    shutil.copytree(timing_plugin.PLUGIN_DIR, src)
+    monkeypatch.setattr(timing_plugin, "PLUGIN_DIR", src)
+    first = timing_plugin.build_plugin()
     with open(src / "pfcxl_plugin.c", "a") as f:
         f.write("\n/* changed */\n")
-    second = timing.build_plugin()
+    second = timing_plugin.build_plugin()
     assert second != first and first.exists() and second.exists()
 
 
 def test_plugin_build_failure_is_a_clear_error(cache, tmp_path, monkeypatch):
     src = tmp_path / "plugin"
-    shutil.copytree(timing.PLUGIN_DIR, src)
+    shutil.copytree(timing_plugin.PLUGIN_DIR, src)
     (src / "pfcxl_plugin.c").write_text("int broken(void) { return }\n")
-    monkeypatch.setattr(timing, "PLUGIN_DIR", src)
+    monkeypatch.setattr(timing_plugin, "PLUGIN_DIR", src)
     with pytest.raises(timing.TimingError, match="gcc could not build .*pfcxl_plugin.c"):
-        timing.build_plugin()
+        timing_plugin.build_plugin()
     assert not list((cache / "plugin").glob("*.so"))
 
 
 def run_qemu_with_plugin(options: str, log: Path, seconds: float) -> subprocess.CompletedProcess:
     """QEMU with no machine: it loads the plugin (qemu_plugin_install runs) and then idles."""
-    so = timing.build_plugin()
+    so = timing_plugin.build_plugin()
     cmd = [str(QEMU), "-M", "none", "-accel", "tcg", "-display", "none", "-plugin", f"{so},{options}",
            "-d", "plugin", "-D", str(log)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -167,10 +167,10 @@ def rec(i: int) -> tuple:
 
 
 def test_ring_header_is_the_documented_layout(tmp_path):
-    ring = timing.Ring.create(tmp_path / "r", capacity=100)
+    ring = trace_ring.Ring.create(tmp_path / "r", capacity=100)
     raw = (tmp_path / "r").read_bytes()
     assert len(raw) == 64 + 100 * 24
-    magic, version, size, cap, head, tail, dropped = struct.unpack_from("<QIIQQQQ", raw)
+    magic, version, size, cap, head, tail, dropped = tf.HEADER_STRUCT.unpack_from(raw)
     assert raw[:8] == b"PFCXLRNG" and magic == tf.RING_MAGIC
     assert (version, size, cap, head, tail, dropped) == (1, 24, 100, 0, 0, 0)
     assert raw[48:64] == bytes(16)
@@ -183,17 +183,17 @@ def test_ring_open_rejects_other_files(tmp_path):
     bad = tmp_path / "bad"
     bad.write_bytes(b"NOTARING" + bytes(200))
     with pytest.raises(timing.TimingError, match="not a version-1 trace ring"):
-        timing.Ring.open(bad)
+        trace_ring.Ring.open(bad)
     short = tmp_path / "short"
-    timing.Ring.create(short, capacity=10).close()
+    trace_ring.Ring.create(short, capacity=10).close()
     with open(short, "r+b") as f:
         f.truncate(64 + 5 * 24)
     with pytest.raises(timing.TimingError, match="claims 10 records"):
-        timing.Ring.open(short)
+        trace_ring.Ring.open(short)
 
 
 def test_drain_returns_records_in_order_across_the_wrap(tmp_path):
-    ring = timing.Ring.create(tmp_path / "r", capacity=8)
+    ring = trace_ring.Ring.create(tmp_path / "r", capacity=8)
     producer = FakePlugin(tmp_path / "r")
     got = []
     for batch in (5, 3, 7, 8, 0, 1):          # head wraps several times
@@ -208,7 +208,7 @@ def test_drain_returns_records_in_order_across_the_wrap(tmp_path):
 
 
 def test_drain_refuses_a_corrupt_ring(tmp_path):
-    ring = timing.Ring.create(tmp_path / "r", capacity=4)
+    ring = trace_ring.Ring.create(tmp_path / "r", capacity=4)
     with open(tmp_path / "r", "r+b") as f:
         f.seek(24)
         f.write(struct.pack("<QQ", 9, 2))     # head - tail > capacity
@@ -218,9 +218,9 @@ def test_drain_refuses_a_corrupt_ring(tmp_path):
 
 
 def test_drainer_thread_keeps_up_with_a_waiting_producer(tmp_path):
-    ring = timing.Ring.create(tmp_path / "r", capacity=16)
+    ring = trace_ring.Ring.create(tmp_path / "r", capacity=16)
     out = tmp_path / "trace"
-    drainer = timing.Drainer(ring, out, interval=0.001).start()
+    drainer = trace_ring.Drainer(ring, out, interval=0.001).start()
     producer = FakePlugin(tmp_path / "r")
     n = 2000                                  # 125 ring lengths: the producer must wait
     thread = threading.Thread(target=lambda: [producer.push(rec(i)) for i in range(n)])
@@ -240,7 +240,7 @@ def test_doorbell_is_the_last_line_of_the_first_dax_device(name):
     topo = topology.load(topology.resolve(name))
     dax = address_map.dax_placements(topo)[0]
     window = address_map.window_placements(topo)[0]
-    hpa = timing.doorbell_hpa(topo)
+    hpa = timing_plugin.doorbell_hpa(topo)
     assert hpa == dax.base + dax.size - 64
     assert hpa % 64 == 0
     assert window.base <= dax.base <= hpa < dax.base + dax.size <= window.base + window.size
@@ -249,7 +249,7 @@ def test_doorbell_is_the_last_line_of_the_first_dax_device(name):
 def test_pf_nic_doorbell_value():
     # pf-nic: 1 GiB RAM, maxmem 2 GiB, 4 slots -> CXL base 4 + 1 + 4 GiB = 0x2_4000_0000, window
     # at 0x2_5000_0000, one 1 GiB region from its start: the last line is 0x2_8fff_ffc0.
-    assert timing.doorbell_hpa(topology.load(topology.resolve("pf-nic"))) == 0x2_8FFF_FFC0
+    assert timing_plugin.doorbell_hpa(topology.load(topology.resolve("pf-nic"))) == 0x2_8FFF_FFC0
 
 
 def test_qemu_args(cache, tmp_path):
@@ -259,11 +259,11 @@ def test_qemu_args(cache, tmp_path):
         args = s.qemu_args()
         assert args[0] == "-plugin" and args[2:4] == ["-d", "plugin"] and args[4] == "-D"
         opts = args[1].replace(",,", "\0").split(",")
-        assert opts[0].replace("\0", ",") == str(timing.build_plugin())
+        assert opts[0].replace("\0", ",") == str(timing_plugin.build_plugin())
         assert "mode=trace" in opts and "doorbell=0x28fffffc0" in opts
         ring_opt = next(o for o in opts if o.startswith("ring="))
         assert ring_opt.replace("\0", ",") == f"ring={(run / 'guest.ring').resolve()}"
-        assert timing.Ring.open(run / "guest.ring").capacity == 64
+        assert trace_ring.Ring.open(run / "guest.ring").capacity == 64
     cfg = timing.TimingConfig("inject", read_ns=(283, 833), write_ns=224, baseline_ns=300.5, doorbell=False)
     with timing.TimingSession(topo, tmp_path / "i", cfg) as s:
         opts = s.qemu_args()[1].split(",")[1:]
