@@ -21,7 +21,7 @@ from pfcxl.errors import PfcxlError, TopologyError
 
 from pfcxl.firmware_tables import cdat as tables_cdat
 from pfcxl.firmware_tables import cedt as tables_cedt
-from pfcxl.firmware_tables import generate as tables_generate
+from pfcxl.firmware_tables import boot_policy, table_files
 
 from pfcxl.device import fabric_constants
 
@@ -48,7 +48,7 @@ def _build_image(machine: Machine) -> image.BootImage:
     """The machine's guest image, with a spinner while it is built; say which it is."""
     with err.status("building guest image") as status:
         img = machine.boot_image(progress=lambda m: status.update(m))
-    if tables_generate.cedt_for_boot(machine.topology, machine.cedt) is not None:
+    if boot_policy.cedt_for_boot(machine.topology, machine.cedt) is not None:
         err.print("[dim]our CEDT replaces QEMU's (initrd ACPI table upgrade)[/dim]")
     err.print(f"[dim]guest image {img.initrd.name} ({'built' if img.rebuilt else 'cached'}), "
               f"kernel {img.kernel_release}[/dim]")
@@ -257,7 +257,7 @@ def cmd_tables(args) -> int:
                          "(to decode files: pfcxl tables decode FILE...)")
     topo = _load(args.items[0] if args.items else None)
     out_dir = Path(args.out or f"tables-{topo.name}")
-    written = tables_generate.write(topo, out_dir)
+    written = table_files.write(topo, out_dir)
     t = Table(title=f"{topo.name}: firmware tables in {out_dir}", title_justify="left")
     for col in ("file", "bytes", "what"):
         t.add_column(col)
@@ -303,7 +303,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
     p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox",
                    help="guest image: busybox (default, small) or debian (trixie with python3 and the "
                    "pfcxl_guest module; built once with mmdebstrap)")
-    p.add_argument("--cedt", choices=tables_generate.CEDT_MODES, default="auto",
+    p.add_argument("--cedt", choices=boot_policy.CEDT_MODES, default="auto",
                    help="whose CEDT the guest sees: QEMU's, or ours through the initrd table upgrade; "
                    "auto (default) uses ours only when the topology sets fields QEMU cannot write")
     if boots:

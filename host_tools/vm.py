@@ -26,7 +26,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 from pfcxl.device.topology import Topology
 from pfcxl.errors import VMError
 from pfcxl.firmware_tables.generate import TableSet, tables_for
-from pfcxl.firmware_tables.generate import write as write_tables
+from pfcxl.firmware_tables.table_files import write as write_tables
 
 from . import qemu
 from .image import BootImage

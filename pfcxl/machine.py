@@ -11,7 +11,7 @@ Every boot in pfcxl goes through `Machine`: the CLI (`run`, `boot`, `demo`, `ben
 
     topology file -> Topology                       (device.topology: load and validate)
     Topology -> firmware tables                     (firmware_tables.generate.tables_for)
-    CEDT policy -> guest image (+ our CEDT)         (firmware_tables.generate.cedt_for_boot, host_tools.image)
+    CEDT policy -> guest image (+ our CEDT)         (firmware_tables.boot_policy.cedt_for_boot, host_tools.image)
     timing mode -> plugin options                   (host_tools.timing.plugin_args)
     all of it -> QEMU argv                          (host_tools.vm.VM.planned_argv; `pfcxl qemu-args`)
     argv -> QEMU, console, QMP, PFCXL-READY         (host_tools.vm.VM.launch / wait_ready)
@@ -31,7 +31,7 @@ from typing import Callable
 from pfcxl.device import fabric_constants, topology as topology_mod
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError, VMError
-from pfcxl.firmware_tables import generate
+from pfcxl.firmware_tables import boot_policy, generate
 from pfcxl.host_tools import appliance as appliance_mod
 from pfcxl.host_tools import image as image_mod
 from pfcxl.host_tools import qemu
@@ -113,8 +113,8 @@ class Machine:
                  baseline_ns: float | None = None, prebuilt: image_mod.BootImage | None = None,
                  progress: Callable[[str], None] | None = None) -> None:
         self.topology, self.topology_path = load_topology(topology)
-        if cedt not in generate.CEDT_MODES:
-            raise PfcxlError(f"cedt '{cedt}' is not one of {', '.join(generate.CEDT_MODES)}")
+        if cedt not in boot_policy.CEDT_MODES:
+            raise PfcxlError(f"cedt '{cedt}' is not one of {', '.join(boot_policy.CEDT_MODES)}")
         if image not in image_mod.IMAGE_KINDS:
             raise PfcxlError(f"image '{image}' is not one of {', '.join(image_mod.IMAGE_KINDS)}")
         if ready_timeout <= 0:
@@ -138,7 +138,7 @@ class Machine:
     def boot_image(self, progress: Callable[[str], None] | None = None) -> image_mod.BootImage:
         """The guest image (built once, then cached by the hash of its inputs)."""
         if self._image is None:
-            ours = generate.cedt_for_boot(self.topology, self.cedt)
+            ours = boot_policy.cedt_for_boot(self.topology, self.cedt)
             self._image = image_mod.build(self.topology, progress=progress or self.say, kind=self.image_kind,
                                           acpi_tables={"CEDT": ours} if ours else None)
         return self._image
@@ -163,7 +163,7 @@ class Machine:
         files.update({f"CDAT {k}": vm.tables_dir() / f"{k}.cdat"
                       for k in {**vm.tables.device_cdat, **vm.tables.switch_cdat}})
         files.update({"console log": vm.console_log, "QEMU log": vm.qemu_log})
-        ours = generate.cedt_for_boot(self.topology, self.cedt)
+        ours = boot_policy.cedt_for_boot(self.topology, self.cedt)
         return Plan(self.topology, self.boot_image(), vm.tables, ours is not None, run_dir,
                     vm.planned_argv(), files)
 

@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from pfcxl.firmware_tables import cdat, cedt, generate
+from pfcxl.firmware_tables import cdat, cedt, generate, table_files
 from pfcxl.host_tools import discovery
 
 from .conftest import guest_file, load, pid_alive
@@ -36,7 +36,7 @@ def test_guest_sees_the_predicted_topology_and_our_tables(boot, name):
     theirs = guest_file(vm, "/sys/firmware/acpi/tables/CEDT")
     ours = cedt.from_topology(topo)
     assert cedt.decode_table(theirs).violations == []
-    assert generate.compare_cedt(ours, theirs) == []
+    assert table_files.compare_cedt(ours, theirs) == []
 
     # every device and switch serves exactly our CDAT (cdat= files), as read by Linux over DOE
     tables = generate.tables_for(topo)

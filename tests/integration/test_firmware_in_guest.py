@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from pfcxl.firmware_tables import generate
+from pfcxl.firmware_tables import boot_policy
 from pfcxl.host_tools import perf_predict
 
 from .conftest import guest_file, load
@@ -18,7 +18,7 @@ def test_guest_boots_with_our_cedt_and_sees_its_fields(boot):
     # QEMU always writes restrictions 0x000F and QTG 0; these values exist only in our CEDT.
     window = dataclasses.replace(plain.windows[0], restrictions=0x000E, qtg_id=1)
     topo = dataclasses.replace(plain, windows=(window,))
-    ours = generate.cedt_for_boot(topo, "auto")
+    ours = boot_policy.cedt_for_boot(topo, "auto")
     assert ours is not None
 
     vm = boot(topo)

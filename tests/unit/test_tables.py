@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pfcxl.device import fabric_constants, topology
 from pfcxl.errors import TableError
-from pfcxl.firmware_tables import acpi, cdat, cedt, generate, iasl
+from pfcxl.firmware_tables import acpi, boot_policy, cdat, cedt, generate, iasl, table_files
 from pfcxl.firmware_tables.layout import decode, encode
 
 MiB256 = 256 << 20
@@ -190,21 +190,21 @@ def test_compare_cedt_ignores_chbs_order_only():
     topo = load("two-hb-interleave")
     subs = cedt.subtables_for(topo)
     swapped = [subs[1], subs[0]] + subs[2:]
-    assert generate.compare_cedt(cedt.build(subs), cedt.build(swapped)) == []
+    assert table_files.compare_cedt(cedt.build(subs), cedt.build(swapped)) == []
     changed = subs[:2] + [(cedt.CFMWS, {**subs[2][1], "qtg_id": 1})]
-    diffs = generate.compare_cedt(cedt.build(subs), cedt.build(changed))
+    diffs = table_files.compare_cedt(cedt.build(subs), cedt.build(changed))
     assert any("non-CHBS subtable 0 differs" in d for d in diffs)
 
 
 def test_cedt_for_boot_modes():
     plain = load("pf-nic")
-    assert generate.cedt_for_boot(plain, "auto") is None
-    ours = generate.cedt_for_boot(plain, "ours")
+    assert boot_policy.cedt_for_boot(plain, "auto") is None
+    ours = boot_policy.cedt_for_boot(plain, "ours")
     assert decode(acpi.HEADER, ours).values["oem_revision"] == 2
     qtg = dataclasses.replace(plain, windows=(dataclasses.replace(plain.windows[0], qtg_id=1),))
-    assert generate.cedt_for_boot(qtg, "auto") is not None
+    assert boot_policy.cedt_for_boot(qtg, "auto") is not None
     with pytest.raises(TableError, match="needs our CEDT"):
-        generate.cedt_for_boot(qtg, "qemu")
+        boot_policy.cedt_for_boot(qtg, "qemu")
 
 
 # ------------------------------------------------------------------------------ ACPICA's judgement
