@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .timing_plugin import TimingError
+from pfcxl.errors import TimingError
 
 
 def guest_json(output: str, tool: str) -> dict:

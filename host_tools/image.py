@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -21,6 +20,7 @@ from pfcxl.errors import ImageError
 from pfcxl.guest import plan
 
 from . import cache, cpio, debian_image, elf_deps
+from .compile import compile_cached
 from .process import run
 
 GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
@@ -59,22 +59,20 @@ def _manifest() -> dict:
     return m
 
 
+def tool_inputs(src: Path) -> list[Path]:
+    """What a guest tool's binary depends on: its source and the shared guest/include headers."""
+    return [src, *sorted((GUEST_DIR / "include").glob("*.h"))]
+
+
+def build_tool(name: str, out_dir: Path) -> Path:
+    """guest/src/<name>.c as a static binary, cached by the hash of its inputs and flags."""
+    src = GUEST_SOURCES / f"{name}.c"
+    return compile_cached(src, tool_inputs(src), CFLAGS, out_dir, name)
+
+
 def build_tools(out_dir: Path) -> dict[str, Path]:
-    """Compile each guest/src/*.c into a static binary, cached by the source's hash."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tools = {}
-    # the tools share guest/include headers: a header change must rebuild them too
-    headers = b"".join(h.read_bytes() for h in sorted((GUEST_DIR / "include").glob("*.h")))
-    for src in sorted(GUEST_SOURCES.glob("*.c")):
-        digest = hashlib.sha256(src.read_bytes() + headers + " ".join(CFLAGS).encode()).hexdigest()[:16]
-        binary = out_dir / f"{src.stem}-{digest}"
-        if not binary.exists():
-            tmp = binary.with_suffix(".tmp")
-            run(["gcc", *CFLAGS, "-o", str(tmp), str(src)], what=f"compiling guest tool {src.name}",
-                error=ImageError)
-            tmp.rename(binary)
-        tools[src.stem] = binary
-    return tools
+    """Every guest/src/*.c as a static binary (build_tool)."""
+    return {src.stem: build_tool(src.stem, out_dir) for src in sorted(GUEST_SOURCES.glob("*.c"))}
 
 
 def _busybox_entries() -> list[cpio.Entry]:
@@ -83,7 +81,7 @@ def _busybox_entries() -> list[cpio.Entry]:
     if elf_deps.interpreter(BUSYBOX) is not None:
         # The image has no host libc: a dynamic busybox would not start as init.
         raise ImageError(f"{BUSYBOX} is dynamically linked: install busybox-static ('make setup')")
-    applets = subprocess.run([str(BUSYBOX), "--list-full"], capture_output=True, text=True, check=True).stdout
+    applets = run([str(BUSYBOX), "--list-full"], what="listing busybox's applets", error=ImageError)
     entries = [cpio.Entry.file("usr/bin/busybox", BUSYBOX.read_bytes(), 0o755)]
     for applet in sorted(set(applets.split())):
         if PurePosixPath(applet).name in ("busybox", "linuxrc"):

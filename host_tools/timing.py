@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pfcxl.device.topology import Topology
+from pfcxl.errors import TimingError
 
 from .qemu import qemu_opt
-from .timing_plugin import TimingError, build_plugin, doorbell_hpa
+from .timing_plugin import build_plugin, doorbell_hpa
 from .trace_ring import DEFAULT_CAPACITY, Drainer, Ring
 
 MODES = ("count", "trace", "inject")

@@ -3,25 +3,19 @@ doorbell address its phase markers use."""
 
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
 from pathlib import Path
 
 from pfcxl.device import address_map
 from pfcxl.device import trace_format as tf
 from pfcxl.device.topology import Topology
-from pfcxl.errors import VMError
+from pfcxl.errors import TimingError
 
 from . import cache
+from .compile import compile_cached
 
 PLUGIN_DIR = Path(__file__).resolve().parent.parent / "device" / "plugin"
 PLUGIN_SOURCES = ("pfcxl_plugin.c", "qemu_plugin_api.h")
 PLUGIN_CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden")
-
-
-class TimingError(VMError):
-    """The plugin cannot be built or loaded, or a ring file is not what it should be."""
 
 
 def plugin_dir() -> Path:
@@ -30,26 +24,9 @@ def plugin_dir() -> Path:
 
 def build_plugin(out_dir: Path | None = None) -> Path:
     """The plugin .so, compiled into the cache and reused until its source or flags change."""
-    digest = hashlib.sha256(" ".join(PLUGIN_CFLAGS).encode())
-    for name in PLUGIN_SOURCES:
-        digest.update((PLUGIN_DIR / name).read_bytes())
-    out_dir = out_dir or plugin_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    so = out_dir / f"pfcxl_plugin-{digest.hexdigest()[:16]}.so"
-    if so.exists():
-        return so.resolve()
-    tmp = out_dir / f".{so.name}.{os.getpid()}.tmp"
-    try:
-        done = subprocess.run(["gcc", *PLUGIN_CFLAGS, "-o", str(tmp), str(PLUGIN_DIR / "pfcxl_plugin.c")],
-                              capture_output=True, text=True)
-    except FileNotFoundError as exc:
-        raise TimingError("building the TCG plugin needs gcc, which is not installed") from exc
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise TimingError(f"gcc could not build {PLUGIN_DIR / 'pfcxl_plugin.c'} "
-                          f"(status {done.returncode}):\n{done.stderr.strip()[-3000:]}")
-    os.replace(tmp, so)   # atomic: a concurrent build of the same source lands on the same name
-    return so.resolve()
+    sources = [PLUGIN_DIR / name for name in PLUGIN_SOURCES]
+    return compile_cached(PLUGIN_DIR / "pfcxl_plugin.c", sources, PLUGIN_CFLAGS, out_dir or plugin_dir(),
+                          "pfcxl_plugin", ".so")
 
 
 def doorbell_hpa(topo: Topology) -> int:

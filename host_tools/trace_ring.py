@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pfcxl.device import trace_format as tf
 
-from .timing_plugin import TimingError
+from pfcxl.errors import TimingError
 
 DEFAULT_CAPACITY = 1 << 20          # records (24 MiB of ring)
 _HEADER = tf.HEADER_STRUCT

@@ -45,3 +45,25 @@ class ApplianceError(PfcxlError):
     """The appliance service cannot start, is not running, or refused a request."""
 
     exit_code = 7
+
+
+class BuildError(PfcxlError):
+    """gcc could not compile a guest tool or the TCG plugin (the message has its errors)."""
+
+    exit_code = 8
+
+
+class TimingError(PfcxlError):
+    """The timing plugin cannot be loaded or run, or a trace ring is not what it should be."""
+
+    exit_code = 9
+
+
+def exit_codes() -> list[tuple[int, str, str]]:
+    """(exit code, class name, what it means) for every error class: `pfcxl --help` lists them."""
+    found, todo = [], [PfcxlError]
+    while todo:
+        cls = todo.pop(0)
+        found.append((cls.exit_code, cls.__name__, (cls.__doc__ or "").strip().splitlines()[0]))
+        todo += cls.__subclasses__()
+    return sorted(found)

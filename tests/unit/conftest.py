@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from pfcxl.host_tools.image import CFLAGS, GUEST_SOURCES
+from pfcxl.errors import BuildError
+from pfcxl.host_tools import image
 
 
 def compile_guest_tool(name: str, out_dir: Path) -> Path:
-    """Build guest/src/<name>.c exactly as the image builder does; fail (never skip) if it cannot."""
-    gcc = shutil.which("gcc")
-    if gcc is None:
+    """guest/src/<name>.c built by the image builder's own function; fail (never skip) if it cannot."""
+    if shutil.which("gcc") is None:
         pytest.fail("gcc not found on PATH: run 'make setup', which installs gcc and libc6-dev "
                     "(static libc) for building guest tools")
-    out = out_dir / name
-    cmd = [gcc, *CFLAGS, "-o", str(out), str(GUEST_SOURCES / f"{name}.c")]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} failed (exit {res.returncode}); if it cannot find -lc, "
-                    f"libc6-dev (libc.a) is missing: run 'make setup'\n{res.stderr}")
-    return out
+    try:
+        return image.build_tool(name, out_dir)
+    except BuildError as exc:
+        pytest.fail(f"{exc}\n(if it cannot find -lc, libc6-dev (libc.a) is missing: run 'make setup')")

@@ -19,6 +19,7 @@ from elftools.elf.elffile import ELFFile
 
 from pfcxl.device import address_map, topology
 from pfcxl.device import trace_format as tf
+from pfcxl.errors import BuildError, VMError
 from pfcxl.host_tools import timing, timing_plugin, trace_ring
 
 REPO = Path(timing.__file__).resolve().parent.parent
@@ -87,9 +88,11 @@ def test_plugin_build_failure_is_a_clear_error(cache, tmp_path, monkeypatch):
     shutil.copytree(timing_plugin.PLUGIN_DIR, src)
     (src / "pfcxl_plugin.c").write_text("int broken(void) { return }\n")
     monkeypatch.setattr(timing_plugin, "PLUGIN_DIR", src)
-    with pytest.raises(timing.TimingError, match="gcc could not build .*pfcxl_plugin.c"):
+    with pytest.raises(BuildError, match="compiling pfcxl_plugin.c: gcc exited with status 1") as raised:
         timing_plugin.build_plugin()
-    assert not list((cache / "plugin").glob("*.so"))
+    assert "pfcxl_plugin.c:1" in str(raised.value)          # gcc's own message comes with it
+    assert BuildError.exit_code != VMError.exit_code         # a compiler failure is not "QEMU failed"
+    assert not list((cache / "plugin").iterdir())             # nothing half-built left behind
 
 
 def run_qemu_with_plugin(options: str, log: Path, seconds: float) -> subprocess.CompletedProcess:
