@@ -14,7 +14,7 @@ from rich.table import Table
 
 from pfcxl.errors import PfcxlError
 
-from .timing_report import LABELS, QUANTILES, models
+from .timing_report import LABELS, QUANTILES, modelled_system, models
 
 MEASURED = "measured in emulator (CXL)"
 LOCAL = "local DRAM (measured in emulator)"
@@ -43,15 +43,27 @@ def _modelled(run: dict | None, key: str, op: str) -> str:
     return "-"
 
 
-def _idle(topo_name: str, key: str, op: str) -> str:
-    """The model's idle latency when no trace was taken (the figures the paper quotes)."""
+def _idle_topology(topo_name: str):
+    """The topology the idle model is taken from, and a note when it is not the one that ran."""
     from pfcxl.device import topology
     try:
-        topo = topology.load(topology.resolve(topo_name))
-    except PfcxlError:          # a topology file not at hand: the shipped appliance's figures
-        topo = topology.load(topology.resolve("pf-appliance"))
-    model = models(topo)[key]
+        return topology.load(topology.resolve(topo_name)), ""
+    except PfcxlError:
+        return (topology.load(topology.resolve("pf-appliance")),
+                f"; topology '{topo_name}' of these results is not at hand, so the idle model is pf-appliance's")
+
+
+def _idle(topo_name: str, key: str, op: str) -> str:
+    """The model's idle latency when no trace was taken (the figures the paper quotes)."""
+    model = models(_idle_topology(topo_name)[0])[key]
     return f"{model.idle_ns(op == 'write'):.0f} ns (idle model)"
+
+
+def _modelled_caption(run: dict | None, topo_name: str) -> str:
+    if run and run.get("modelled", {}).get("modelled_system"):
+        return f"modelled system: {run['modelled']['modelled_system']}"
+    topo, note = _idle_topology(topo_name)
+    return f"modelled system: {modelled_system(topo)}{note}"
 
 
 def tables(results: dict) -> list[Table]:
@@ -69,6 +81,7 @@ def tables(results: dict) -> list[Table]:
                   _modelled(cxl, "pf", op) if cxl and cxl.get("modelled") else _idle(env["topology"], "pf", op),
                   _modelled(cxl, "electrical", op) if cxl and cxl.get("modelled") else _idle(env["topology"], "electrical", op),
                   measured(local))
+    t.caption = _modelled_caption(cxl, env["topology"])
     out.append(t)
     t = Table(title="loaded latency (one chasing thread + traffic threads)", title_justify="left")
     for col in ("delay", f"{MEASURED}: MB/s", "ns", f"{LOCAL}: MB/s", "ns"):

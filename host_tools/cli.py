@@ -17,6 +17,7 @@ from rich.table import Table
 from pfcxl import __version__
 from pfcxl.device import address_map, topology
 from pfcxl.device.units import hexaddr, human
+from pfcxl import errors
 from pfcxl.errors import PfcxlError, TopologyError
 
 from pfcxl.firmware_tables import cdat as tables_cdat
@@ -30,11 +31,13 @@ from .ui import err, out
 from pfcxl.machine import RUN_DIR_PLACEHOLDER, Machine
 
 
-EPILOG = """\
-Topologies: give a shipped name (pf-nic, two-hb-interleave, electrical-switch) or a path to a
-TOML file; the default is pf-nic. Files are kept in --run-dir (default: a temporary directory,
-removed afterwards; kept with its logs when something fails). Setup: 'make setup'.
-"""
+def _epilog() -> str:
+    codes = "\n".join(f"  {code:3}  {name:15} {meaning}" for code, name, meaning in errors.exit_codes())
+    return ("Topologies: give a shipped name (pfcxl topology list) or a path to a TOML file; the default\n"
+            "is pf-nic. Files are kept in --run-dir (default: a temporary directory, removed afterwards;\n"
+            "kept with its logs when something fails). Setup: 'make setup'.\n\n"
+            "Exit status: `pfcxl run` exits with the guest command's status once the guest is up;\n"
+            "otherwise 0 on success, 130 on Ctrl-C, and for each kind of failure:\n" + codes + "\n")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -321,7 +324,9 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
                        "trace (every request, modelled on the PF and electrical fabrics afterwards) or "
                        "inject (slow the vCPU by the modelled latency)")
         p.add_argument("--inject-profile", choices=tuple(fabric_constants.PROFILES), default="pf",
-                       help="inject: whose idle latency to add (default pf: 283 ns read, 224 ns write)")
+                       help="inject: whose idle latency to add (default pf: "
+                       f"{fabric_constants.idle_read_ns('pf')} ns read, {fabric_constants.idle_write_ns('pf')} ns write, "
+                       "from device/fabric_constants.py)")
         p.add_argument("--baseline-ns", type=float, help="inject: the emulator's own cost per CXL request "
                        "(default: measured first in a count-mode guest)")
         p.add_argument("--issue", choices=("dependent", "independent"), default="dependent",
@@ -333,7 +338,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pfcxl", description="Emulate a photonic-fabric CXL memory appliance: "
-                                 "QEMU CXL Type 3 devices, a Linux 6.12 guest, /dev/daxN.M.", epilog=EPILOG,
+                                 "QEMU CXL Type 3 devices, a Linux 6.12 guest, /dev/daxN.M.", epilog=_epilog(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"pfcxl {__version__}")
     ap.add_argument("--debug", action="store_true", help="show tracebacks for errors")

@@ -32,6 +32,18 @@ def appliance_for(topo: Topology) -> Appliance:
     return shipped
 
 
+def modelled_system(topo: Topology) -> str:
+    """Which system the models stand for, and why, when it is not the topology that ran."""
+    app = appliance_for(topo)
+    shape = (f"{app.ports} host ports x {app.modules} memory modules, interleaved every "
+             f"{app.granularity} B")
+    if topo.appliance is not None:
+        return f"the appliance of topology '{topo.name}' ({shape})"
+    return (f"the shipped pf-appliance ({shape}): topology '{topo.name}' describes no appliance, so "
+            "its CXL requests are replayed as one host of that appliance and of an electrical pool "
+            "of the same size")
+
+
 def models(topo: Topology) -> dict[str, fabric_model.FabricModel]:
     app = appliance_for(topo)
     # The paper's 224/283 ns are the DDR5 path; the write-through HBM3E cache is shown on its own.
@@ -46,7 +58,8 @@ def model_trace(topo: Topology, records: np.ndarray, *, dependent: bool, seed: i
     base = address_map.dax_placements(topo)[0].base if topo.regions else 0
     out: dict = {"requests": int(len(records)), "reads": int(np.count_nonzero(records["write"] == 0)),
                  "writes": int(np.count_nonzero(records["write"])), "bytes": int(records["size"].sum()),
-                 "issue": "dependent" if dependent else "independent"}
+                 "issue": "dependent" if dependent else "independent",
+                 "modelled_system": modelled_system(topo)}
     if not len(records):
         return out
     # A CPU moves whole 64-byte lines over CXL, whatever part of the line the program touched.
@@ -94,9 +107,11 @@ def table(report: dict, title: str) -> Table:
         t.add_row(f"{op} ({count} requests)", *cells)
     bw = ["-"] + [f"{report[k]['gbps']:.2f} GB/s" if k in report else "-" for k in SYSTEMS]
     t.add_row("achieved bandwidth", *bw)
+    captions = [f"modelled system: {report['modelled_system']}"] if report.get("modelled_system") else []
     terms = report.get("pf", {}).get("idle_terms_ns")
     if terms:
-        t.caption = ("PF idle decomposition T_req + T_mem + T_resp: read "
-                     f"{' + '.join(map(str, terms['read']))} = {sum(terms['read'])} ns, write "
-                     f"{' + '.join(map(str, terms['write']))} = {sum(terms['write'])} ns (paper)")
+        captions.append("PF idle decomposition T_req + T_mem + T_resp: read "
+                        f"{' + '.join(map(str, terms['read']))} = {sum(terms['read'])} ns, write "
+                        f"{' + '.join(map(str, terms['write']))} = {sum(terms['write'])} ns (paper)")
+    t.caption = "\n".join(captions) or None
     return t

@@ -6,7 +6,7 @@ exit code. Each message names the bad value and the rule it broke.
 
 
 class PfcxlError(Exception):
-    """Base of every expected failure (shown without a traceback unless --debug)."""
+    """Any other expected failure (the base of them all; no traceback unless --debug)."""
 
     exit_code = 1
 
