@@ -45,3 +45,9 @@ class ApplianceError(PfcxlError):
     """The appliance service cannot start, is not running, or refused a request."""
 
     exit_code = 7
+
+
+class ServingError(PfcxlError):
+    """A serving-model input (model, GPU, tier or workload file, or a CLI value) is invalid."""
+
+    exit_code = 2
