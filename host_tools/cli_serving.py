@@ -74,7 +74,7 @@ def _setup(args):
     if args.gpus is not None and args.gpus < 1:
         raise ServingError(f"--gpus: {args.gpus} must be a positive integer")
     base = inputs.load_workload(args.workload)
-    w = replace(base, qps=args.qps or base.qps, gpus=args.gpus or base.gpus,
+    w = replace(base, qps=args.qps or base.qps, gaps=args.gaps or base.gaps, gpus=args.gpus or base.gpus,
                 model=args.model or base.model, gpu=args.gpu or base.gpu,
                 appliance=args.appliance or base.appliance, host=args.host or base.host)
     appliance = inputs.load_tier(w.appliance)
@@ -159,6 +159,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--host", help="host-DRAM tier name or TOML path (default host-dram-2tb)")
     p.add_argument("--host-tb", type=float, help="host DRAM capacity in TB (decimal)")
     p.add_argument("--qps", type=float, help="requests per second over all sessions (default: the workload's)")
+    p.add_argument("--gaps", choices=("fixed", "exponential"),
+                   help="a session's gaps between requests: fixed (sessions / qps) or exponential, same mean")
     p.add_argument("--prefill-tflops", type=float,
                    help="effective prefill TFLOP/s per GPU instead of the calibrated value")
     p.add_argument("--seed", type=int, default=1, help="seed of the session start times (default 1)")

@@ -79,6 +79,7 @@ class Workload:
     system_prefix_tokens: int
     qps: float
     rounds: int
+    gaps: str                    # "fixed" (LMCache's benchmark) or "exponential"
     model: str
     gpu: str
     gpus: int
@@ -105,7 +106,8 @@ _TIER_OPTIONAL = {"modules": (int, *_POS_INT),
 _WORKLOAD = {"turns": (int, *_POS_INT), "input_tokens": (int, *_POS_INT),
              "output_tokens": (int, "must be a whole number, 0 or more", lambda v: v >= 0),
              "system_prefix_tokens": (int, "must be a whole number, 0 or more", lambda v: v >= 0),
-             "qps": (float, *_POSITIVE), "rounds": (int, "must be at least 2 (the first is warm-up)", lambda v: v >= 2)}
+             "qps": (float, *_POSITIVE), "rounds": (int, "must be at least 2 (the first is warm-up)", lambda v: v >= 2),
+             "gaps": (str, "must be fixed or exponential", lambda v: v in ("fixed", "exponential"))}
 _DEPLOYMENT = {"model": (str, "must be a name or path", None), "gpu": (str, "must be a name or path", None),
                "gpus": (int, *_POS_INT), "gpu_memory_utilization": (float, *_FRACTION),
                "appliance": (str, "must be a name or path", None), "host": (str, "must be a name or path", None)}

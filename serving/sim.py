@@ -2,9 +2,10 @@
 
 Sessions. `sessions` slots each run `workload.rounds` conversations back to back; slot s starts
 at a random offset within one conversation's lifetime, so after that warm-up all slots are
-active at once. Requests follow LMCache's multi-round QA benchmark: each session waits on average
-sessions / qps seconds between its requests (exponential gaps, seeded), and never sends a turn
-before its previous answer has finished. Only turns arriving after the warm-up and before the
+active at once. Requests follow LMCache's multi-round QA benchmark: each session waits
+sessions / qps seconds between its requests (`gaps = "fixed"`, as the benchmark does; or
+exponential gaps of that mean, seeded) and never sends a turn before its previous answer has
+finished. Only turns arriving after the warm-up and before the
 first slot runs out of conversations are measured (the steady state with `sessions` active).
 
 A turn. Turn k of a conversation sends the shared system prefix, the k earlier turns (input and
@@ -199,7 +200,7 @@ def simulate(setup: Setup) -> Result:
                              p["gpu_hits"] * KV_CHUNK_TOKENS, p["reusable"] * KV_CHUNK_TOKENS, p["link_wait"],
                              p["load"], p["gpu_wait"], p["prefill"], now - p["arrival"]))
             finish = now + decode_s
-            think = gap
+            think = gap if w.gaps == "fixed" else float(rng.exponential(gap))
             if k + 1 < w.turns:
                 push(max(p["arrival"] + think, finish), "arrive", (s, c, k + 1))
             elif c + 1 < w.rounds:
