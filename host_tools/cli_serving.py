@@ -96,6 +96,9 @@ def cmd_serving(args) -> int:
     w, model, gpu, tiers, paper = _setup(args)
     if args.save and not args.calibrate:
         raise ServingError("--save stores a calibration: use it with --calibrate")
+    if args.calibrate and not paper:
+        raise ServingError("--calibrate fits the paper's figure, on the paper's setup only: drop the options "
+                           "that change it")
     if args.calibrate:
         with err.status("fitting the prefill throughput to the paper's 50-session TTFT") as status:
             cal = calibrate.fit(w, seed=args.seed, progress=lambda m: status.update(m))

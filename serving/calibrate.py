@@ -8,7 +8,6 @@ the command that wrote it; tests/unit/test_serving.py re-fits and checks the sto
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,12 +65,9 @@ def fit(workload: inputs.Workload, *, seed: int = 1, progress=None) -> Calibrati
 
 
 def load(path: Path = CALIBRATION) -> Calibration:
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ServingError(f"{path}: no stored calibration; run '{COMMAND}'") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ServingError(f"{path.name}: not valid TOML: {exc}") from None
+    if not path.exists():
+        raise ServingError(f"{path}: no stored calibration; run '{COMMAND}'")
+    doc = inputs.read_toml(path)
     try:
         return Calibration(**{k: doc[k] for k in Calibration.__dataclass_fields__})
     except KeyError as exc:

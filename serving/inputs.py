@@ -129,7 +129,8 @@ def shipped_names(kind: str) -> list[str]:
     return sorted(p.stem for p in (DATA / kind).glob("*.toml"))
 
 
-def _read(path: Path) -> dict:
+def read_toml(path: Path) -> dict:
+    """A TOML file's tables; ServingError naming the file if it is missing or malformed."""
     try:
         return tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -173,26 +174,26 @@ def _name(doc: dict, source: str, default: str) -> str:
 
 def load_model(name_or_path: str | Path) -> Model:
     path = resolve("models", name_or_path)
-    doc = _read(path)
+    doc = read_toml(path)
     return Model(_name(doc, path.name, path.stem), **_fields(doc, path.name, "", _MODEL, extra=("name",)))
 
 
 def load_gpu(name_or_path: str | Path) -> Gpu:
     path = resolve("gpus", name_or_path)
-    doc = _read(path)
+    doc = read_toml(path)
     return Gpu(_name(doc, path.name, path.stem), **_fields(doc, path.name, "", _GPU, extra=("name",)))
 
 
 def load_tier(name_or_path: str | Path) -> Tier:
     path = resolve("tiers", name_or_path)
-    doc = _read(path)
+    doc = read_toml(path)
     values = _fields(doc, path.name, "", _TIER, _TIER_OPTIONAL, extra=("name",))
     return Tier(_name(doc, path.name, path.stem), **values)
 
 
 def load_workload(name_or_path: str | Path) -> Workload:
     path = resolve("workloads", name_or_path)
-    doc = _read(path)
+    doc = read_toml(path)
     source = path.name
     top = _fields(doc, source, "", _WORKLOAD, extra=("name", "deployment", "paper"))
     deployment = doc.get("deployment")

@@ -175,6 +175,8 @@ def test_cli_sweep_writes_the_table_json_and_plots(tmp_path):
     (["--tiers", "ssd"], ["--tiers", "'ssd'"]),
     (["--appliance-tb", "-1"], ["--appliance-tb", "-1.0"]),
     (["--model", "llama-9b"], ["no model named 'llama-9b'"]),
+    (["--calibrate", "--model", "llama-8b"], ["--calibrate", "paper's setup"]),
+    (["--save"], ["--save", "--calibrate"]),
 ])
 def test_cli_bad_input_is_one_line_without_traceback(tmp_path, args, words):
     done = pfcxl(*args, "--out", str(tmp_path / "out"))
