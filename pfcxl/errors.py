@@ -47,6 +47,12 @@ class ApplianceError(PfcxlError):
     exit_code = 7
 
 
+class ServingError(PfcxlError):
+    """A serving-model input (model, GPU, tier or workload file, or a CLI value) is invalid."""
+
+    exit_code = 2
+
+
 class BuildError(PfcxlError):
     """gcc could not compile a guest tool or the TCG plugin (the message has its errors)."""
 

@@ -50,7 +50,7 @@ def test_a_clone_runs_its_own_code(tmp_path):
     assert fabric_constants.PF_T_REQ_NS == changed - 1
 
 
-@pytest.mark.parametrize("folder", ["device", "firmware_tables", "guest", "host_tools"])
+@pytest.mark.parametrize("folder", ["device", "firmware_tables", "guest", "host_tools", "serving"])
 def test_top_level_folders_import_only_under_pfcxl(folder):
     done = subprocess.run([sys.executable, "-c", f"import {folder}"], cwd=REPO, capture_output=True, text=True)
     assert done.returncode != 0
