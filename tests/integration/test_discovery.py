@@ -9,17 +9,18 @@ import pytest
 from pfcxl.firmware_tables import cdat, cedt, generate, table_files
 from pfcxl.host_tools import discovery
 
-from .conftest import guest_file, load, pid_alive
+from .conftest import guest_file, pid_alive
 
 pytestmark = pytest.mark.integration
 
 TOPOLOGIES = ["pf-nic", "two-hb-interleave", "electrical-switch"]
 
 
-@pytest.mark.parametrize("name", TOPOLOGIES)
-def test_guest_sees_the_predicted_topology_and_our_tables(boot, name):
-    topo = load(name)
-    vm = boot(name)
+@pytest.mark.parametrize("pfcxl_machine", [{"topology": name} for name in TOPOLOGIES], indirect=True,
+                         ids=TOPOLOGIES)
+def test_guest_sees_the_predicted_topology_and_our_tables(pfcxl_machine):
+    vm = pfcxl_machine                     # the package's own pytest fixture, as users get it
+    topo = vm.topology
 
     found = discovery.discover(vm)
     checks = discovery.compare(topo, found)
@@ -51,8 +52,8 @@ def test_guest_sees_the_predicted_topology_and_our_tables(boot, name):
         assert [guest_file(vm, f"{p}/CDAT") for p in ports] == list(tables.switch_cdat.values())
 
 
-def test_console_commands_and_lifecycle(boot):
-    vm = boot("pf-nic")
+def test_console_commands_and_lifecycle(pfcxl_machine):
+    vm = pfcxl_machine
     assert vm.run("echo hello; echo world").output == "hello\nworld\n"
     failed = vm.run("ls /nonexistent-path")
     assert failed.status != 0 and "nonexistent-path" in failed.output
