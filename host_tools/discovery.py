@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from pfcxl.device import address_map
-from pfcxl.device.topology import Topology
+from pfcxl.device.topology import MIN_GRANULARITY, Topology
 from pfcxl.device.units import hexaddr, human
 from pfcxl.errors import VMError
 from pfcxl.guest import plan
@@ -84,8 +84,10 @@ def compare(topo: Topology, found: dict) -> list[Check]:
             Check(p.name, "size", p.size, got.get("size")),
             Check(p.name, "interleave ways", p.ways, got.get("interleave_ways")),
             Check(p.name, "interleave ways (sysfs)", p.ways, _int(sysfs.get("interleave_ways"))),
-            # cxl list leaves granularity out of 1-way decoders; sysfs always has it.
-            Check(p.name, "granularity (sysfs)", p.granularity, _int(sysfs.get("interleave_granularity"))),
+            # cxl list leaves granularity out of 1-way decoders; sysfs always has it, and for a
+            # 1-way window Linux lowers it to the minimum so that any region granularity fits.
+            Check(p.name, "granularity (sysfs)", p.granularity if p.ways > 1 else MIN_GRANULARITY,
+                  _int(sysfs.get("interleave_granularity"))),
         ]
     memdevs = {_int(m.get("serial")): m for m in found.get("memdevs", []) if isinstance(m, dict)}
     name_of_serial = {serial: m.get("memdev") for serial, m in memdevs.items()}

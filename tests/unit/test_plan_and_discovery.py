@@ -231,3 +231,19 @@ def test_flatten_ports():
     flat = discovery.flatten_ports(ports)
     assert [p["port"] for p in flat] == ["root0", "port1", "port2", "port4", "port3", "port5", "root1"]
     assert discovery.flatten_ports([]) == []
+
+
+def test_one_way_root_decoder_reports_the_minimum_granularity():
+    # Linux sets a 1-way root decoder's granularity to 256 B whatever the CFMWS HBIG says (so any
+    # region granularity fits under it); seen booting QEMU's qtest machine, whose 1-way fmw0 is 8 KiB.
+    doc = copy.deepcopy(shipped_doc("two-hb-interleave"))
+    doc["window"].append({"id": "solo", "size": "1G", "targets": ["cxl.1"], "granularity": "8K"})
+    topo = topology.from_dict(doc)
+    found = predicted_found(topo)
+    solo = found["sysfs_root_decoders"][1]
+    assert solo["interleave_granularity"] == 8192
+    solo["interleave_granularity"] = 256
+    assert failures(topo, found) == set()
+    # a 2-way window keeps its own granularity: 256 there is a real mismatch
+    found["sysfs_root_decoders"][0]["interleave_granularity"] = 256
+    assert failures(topo, found) == {("decoder0.0", "granularity (sysfs)")}
