@@ -2,30 +2,11 @@
 topology, tests/data/topologies/qemu-qtest-cxl.toml: its command line, and its CEDT against
 QEMU's golden table, with the differences explained."""
 
-import tomllib
-from pathlib import Path
-
 from pfcxl.device import address_map, topology
 from pfcxl.device.units import GiB, KiB, MiB
 from pfcxl.firmware_tables import cedt, generate
-from pfcxl.host_tools import qemu
 
-DATA = Path(__file__).resolve().parent.parent / "data"
-QTEST = DATA / "topologies" / "qemu-qtest-cxl.toml"
-GOLDEN_CEDT = DATA / "golden" / "CEDT.cxl"     # QEMU 10.0.2 tests/data/acpi/x86/q35/CEDT.cxl
-
-
-def doc_of(path: Path) -> dict:
-    return tomllib.loads(path.read_text())
-
-
-def argv_of(topo, run_dir="RUN") -> list[str]:
-    boot = qemu.BootFiles(Path("VMLINUZ"), Path("INITRD"), "console=ttyS0")
-    return qemu.argv(topo, boot, qemu.backing_paths(topo, Path(run_dir)), console_fd=3, qmp_fd=4)
-
-
-def values_of(argv: list[str], option: str, prefix: str) -> list[str]:
-    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == option and argv[i + 1].startswith(prefix)]
+from .topology_data import GOLDEN_CEDT, QTEST, argv_of, doc_of, values_of
 
 
 # tests/qtest/bios-tables-test.c, test_acpi_q35_cxl (QEMU 10.0.2): its bridges and ports, verbatim.

@@ -2,8 +2,6 @@
 reading, rules (one line per mistake), QEMU options, backing files, guest plan, discovery, CDAT."""
 
 import copy
-import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -14,21 +12,7 @@ from pfcxl.firmware_tables import cdat, generate
 from pfcxl.guest import plan
 from pfcxl.host_tools import discovery, qemu
 
-DATA = Path(__file__).resolve().parent.parent / "data"
-PMEM = DATA / "topologies" / "pmem.toml"
-
-
-def doc_of(path: Path) -> dict:
-    return tomllib.loads(path.read_text())
-
-
-def argv_of(topo, run_dir="RUN") -> list[str]:
-    boot = qemu.BootFiles(Path("VMLINUZ"), Path("INITRD"), "console=ttyS0")
-    return qemu.argv(topo, boot, qemu.backing_paths(topo, Path(run_dir)), console_fd=3, qmp_fd=4)
-
-
-def values_of(argv: list[str], option: str, prefix: str) -> list[str]:
-    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == option and argv[i + 1].startswith(prefix)]
+from .topology_data import PMEM, argv_of, doc_of, values_of
 
 
 # ------------------------------------------------------------------------ topology fields
@@ -81,7 +65,7 @@ def test_wrong_size_label_area_is_refused_before_anything_is_created(tmp_path):
     assert not (tmp_path / "pmem0.mem").exists()
 
 
-def _mutate(path: Path, change) -> dict:
+def _mutate(path, change) -> dict:
     doc = copy.deepcopy(doc_of(path))
     change(doc)
     return doc
@@ -98,7 +82,7 @@ MISTAKES = [
      "device 'pmem0': give exactly one of 'volatile' and 'persistent'"),
     ("persistent without lsa", PMEM, lambda d: _dev(d).pop("lsa"),
      "device 'pmem0'.lsa: missing: a persistent device needs a label storage area"),
-    ("lsa on a volatile device", DATA.parent.parent / "device/topologies/pf-nic.toml",
+    ("lsa on a volatile device", topology.resolve("pf-nic"),
      lambda d: _dev(d).update(lsa="1M"), "device 'pfnic0'.lsa: only a persistent device has a label storage area"),
     ("lsa too small", PMEM, lambda d: _dev(d).update(lsa="64K"),
      "device 'pmem0'.lsa: 65536 bytes must be from 128 KiB"),
