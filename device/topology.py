@@ -12,7 +12,7 @@ File shape (see device/topologies/*.toml for complete examples):
     [[host_bridge]]  id, bus_nr
     [[root_port]]    id, host_bridge, port, chassis, slot
     [[switch]]       id, root_port, downstream = [{id, port, chassis, slot}, ...]
-    [[device]]       id, port (a root or downstream port), volatile, serial
+    [[device]]       id, port (a root or downstream port), volatile or persistent + lsa, serial
     [[window]]       id, size, targets = [host bridge ids], granularity, arithmetic, restrictions, qtg_id
     [[region]]       window, devices = [device ids in interleave order], size, granularity, mode
 
@@ -32,7 +32,7 @@ from .topology_model import (Appliance, Device, DownstreamPort, Guest, HostBridg
                              Topology, Window)
 from .topology_appliance import check_appliance_devices, read_appliance
 from .topology_reader import REQUIRED, Problems, Table, entries, read_list, string_list
-from .topology_rules import (BACKEND_PREFIX, MAX_GRANULARITY, MAX_RESTRICTIONS, MAX_WINDOW_TARGETS,
+from .topology_rules import (BACKEND_PREFIX, LSA_PREFIX, MAX_GRANULARITY, MAX_RESTRICTIONS, MAX_WINDOW_TARGETS,
                              MIN_GRANULARITY, REGION_ALIGN, REGION_MODES, VALID_WAYS, WINDOW_ARITHMETIC,
                              check)
 from .units import GiB, MiB, human
@@ -40,7 +40,7 @@ from .units import GiB, MiB, human
 TOPOLOGY_DIR = Path(__file__).parent / "topologies"
 DEFAULT_TOPOLOGY = "pf-nic"
 __all__ = [
-    "BACKEND_PREFIX", "DEFAULT_TOPOLOGY", "MAX_GRANULARITY", "MAX_RESTRICTIONS", "MAX_WINDOW_TARGETS",
+    "BACKEND_PREFIX", "DEFAULT_TOPOLOGY", "LSA_PREFIX", "MAX_GRANULARITY", "MAX_RESTRICTIONS", "MAX_WINDOW_TARGETS",
     "MIN_GRANULARITY", "REGION_ALIGN", "REGION_MODES", "TOPOLOGY_DIR", "VALID_WAYS", "WINDOW_ARITHMETIC",
     "Appliance", "Device", "DownstreamPort", "Guest", "HostBridge", "Region", "RootPort", "Switch", "Topology",
     "TopologyError", "Window", "from_dict", "load", "resolve", "shipped_topologies",
@@ -60,10 +60,9 @@ def _read_guest(problems: Problems, doc: dict) -> Guest | None:
         problems.add("guest.memory", f"{t['memory']} must be a whole number of MiB, at least 256 MiB")
     if t["maxmem"] % MiB:
         problems.add("guest.maxmem", f"{t['maxmem']} must be a whole number of MiB")
-    if t["maxmem"] <= t["memory"]:
-        # PLATFORM.md: without maxmem above memory (and slots) Linux cannot add the CXL region.
-        problems.add("guest.maxmem", f"{human(t['maxmem'])} must be larger than guest.memory "
-                     f"({human(t['memory'])}): region setup needs memory hotplug room")
+    if t["maxmem"] < t["memory"]:
+        problems.add("guest.maxmem", f"{human(t['maxmem'])} must not be below guest.memory "
+                     f"({human(t['memory'])}); equal to it means no memory hotplug room")
     if not 1 <= t["slots"] <= 256:
         problems.add("guest.slots", f"{t['slots']} must be between 1 and 256")
     if not 1 <= t["cpus"] <= 64:
@@ -137,10 +136,30 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
 
     switches = read_list(problems, doc, "switch", {"id": (str, REQUIRED), "root_port": (str, REQUIRED),
                                                    "downstream": (list, REQUIRED)}, build_switch)
+    def build_device(t: Table, where: str) -> Device | None:
+        volatile, persistent, lsa = t["volatile"], t["persistent"], t["lsa"]
+        if (volatile is None) == (persistent is None):
+            problems.add(where, "give exactly one of 'volatile' and 'persistent' (the device's memory "
+                         "size; pfcxl gives a device one kind of memory)")
+            return None
+        if persistent is not None and lsa is None:
+            problems.add(f"{where}.lsa", "missing: a persistent device needs a label storage area "
+                         "(QEMU refuses persistent-memdev without lsa)")
+            return None
+        if volatile is not None and lsa is not None:
+            problems.add(f"{where}.lsa", "only a persistent device has a label storage area")
+            return None
+        if persistent is not None and t["appliance"] is not None:
+            problems.add(f"{where}.appliance", "the appliance serves volatile memory; a persistent "
+                         "device keeps its memory in the run directory")
+            return None
+        return Device(t["id"], t["port"], volatile or 0, t["serial"], t["appliance"], persistent or 0, lsa or 0)
+
     devices = read_list(problems, doc, "device", {"id": (str, REQUIRED), "port": (str, REQUIRED),
-                                                  "volatile": ("size", REQUIRED), "serial": (int, REQUIRED),
+                                                  "volatile": ("size", None), "persistent": ("size", None),
+                                                  "lsa": ("size", None), "serial": (int, REQUIRED),
                                                   "appliance": (str, None)},
-                        lambda t, w: Device(t["id"], t["port"], t["volatile"], t["serial"], t["appliance"]))
+                        build_device)
     appliance = read_appliance(problems, doc)
     check_appliance_devices(problems, appliance, devices)
 

@@ -13,6 +13,11 @@ class Guest:
     cpus: int
     cmdline: str
 
+    @property
+    def hotplug_room(self) -> bool:
+        """maxmem above memory: QEMU then reserves DIMM space and gets `-m ...,maxmem=,slots=`."""
+        return self.maxmem > self.memory
+
 
 @dataclass(frozen=True)
 class HostBridge:
@@ -47,13 +52,26 @@ class Switch:
 
 @dataclass(frozen=True)
 class Device:
-    """A CXL Type 3 memory device (the PF-NIC, or a module behind an electrical switch)."""
+    """A CXL Type 3 memory device (the PF-NIC, or a module behind an electrical switch).
+
+    Its memory is either volatile (QEMU volatile-memdev) or persistent (persistent-memdev, with
+    the label storage area QEMU requires for it); the other size is 0."""
 
     id: str
     port: str
     volatile: int
     serial: int
     appliance: str | None = None    # "shared" or "private": memory served by the appliance service
+    persistent: int = 0
+    lsa: int = 0                    # label storage area, bytes (persistent devices only)
+
+    @property
+    def kind(self) -> str:
+        return "persistent" if self.persistent else "volatile"
+
+    @property
+    def capacity(self) -> int:
+        return self.persistent or self.volatile
 
 
 @dataclass(frozen=True)
@@ -105,6 +123,7 @@ class Region:
     size: int
     granularity: int
     mode: str
+    kind: str = "volatile"          # "persistent": a pmem region (cxl create-region -t pmem)
 
     @property
     def ways(self) -> int:
@@ -143,6 +162,10 @@ class Topology:
             if any(p.id == port for p in sw.downstream):
                 port = sw.root_port
         return next(rp.host_bridge for rp in self.root_ports if rp.id == port)
+
+    @property
+    def needs_pmem(self) -> bool:
+        return any(r.kind == "persistent" for r in self.regions)
 
     @property
     def needs_kmem(self) -> bool:

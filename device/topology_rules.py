@@ -18,9 +18,16 @@ MAX_GRANULARITY = 16 * KiB
 MAX_WINDOW_TARGETS = 16
 REGION_ALIGN = 256 * MiB                    # HDM decoder and CFMWS size/base unit
 REGION_MODES = ("devdax", "system-ram")
+PMEM_REGION_MODES = ("devdax",)             # a pmem region is used through a devdax namespace
+# Label storage area: at least 128 KiB, the label area QEMU gives an NVDIMM at the least; Linux
+# reads all of it through the mailbox when the nvdimm probes, so larger areas boot slowly.
+MIN_LSA = 128 * KiB
+MAX_LSA = 256 * MiB                         # what QEMU's own CXL test machine gives each device
+LSA_ALIGN = 4 * KiB                         # a memory backend is whole host pages
 WINDOW_ARITHMETIC = ("modulo", "xor")
 MAX_RESTRICTIONS = 0x3F                     # CFMWS restriction bits 0-5 (CXL 3.1)
 BACKEND_PREFIX = "backend-"                 # memory-backend ids: backend-<device id>
+LSA_PREFIX = "lsa-backend-"                 # label storage area backends: lsa-backend-<device id>
 _QEMU_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
 
 
@@ -108,9 +115,14 @@ def check(problems: Problems, bridges: list[HostBridge], root_ports: list[RootPo
         elif d.port in occupied:
             problems.add(f"{where}.port", f"port '{d.port}' already has {occupied[d.port]} below it")
         occupied.setdefault(d.port, f"device '{d.id}'")
-        if d.volatile <= 0 or d.volatile % REGION_ALIGN:
-            problems.add(f"{where}.volatile", f"{d.volatile} bytes is not a positive multiple of 256 MiB "
+        if d.capacity <= 0 or d.capacity % REGION_ALIGN:
+            problems.add(f"{where}.{d.kind}", f"{d.capacity} bytes is not a positive multiple of 256 MiB "
                          "(the CXL HDM decoder unit)")
+        if d.kind == "persistent" and not MIN_LSA <= d.lsa <= MAX_LSA:
+            problems.add(f"{where}.lsa", f"{d.lsa} bytes must be from {human(MIN_LSA)} (room for the "
+                         f"label index and namespace labels) to {human(MAX_LSA)}")
+        elif d.lsa % LSA_ALIGN:
+            problems.add(f"{where}.lsa", f"{d.lsa} bytes is not a multiple of {human(LSA_ALIGN)}")
         if not 0 <= d.serial < 1 << 64:
             problems.add(f"{where}.serial", f"{d.serial} does not fit in 64 bits")
         if d.serial in serials:
@@ -208,7 +220,13 @@ def _check_regions(problems: Problems, topo: Topology, raw_regions: list[RawRegi
             problems.add(f"{where}.granularity", f"{granularity} must equal window '{window.id}' "
                          f"granularity {window.granularity} when the window interleaves host bridges")
             ok = False
-        smallest = min(topo.device(d).volatile for d in devs)
+        kinds = {topo.device(d).kind for d in devs}
+        if len(kinds) > 1:
+            problems.add(f"{where}.devices", "mixes volatile and persistent devices: a region is "
+                         "either RAM or pmem")
+            continue
+        kind = kinds.pop()
+        smallest = min(topo.device(d).capacity for d in devs)
         size = t["size"] if t["size"] is not None else smallest * len(devs)
         unit = REGION_ALIGN * len(devs)
         if size <= 0 or size % unit:
@@ -227,6 +245,10 @@ def _check_regions(problems: Problems, topo: Topology, raw_regions: list[RawRegi
         if t["mode"] not in REGION_MODES:
             problems.add(f"{where}.mode", f"'{t['mode']}' must be one of {', '.join(REGION_MODES)}")
             ok = False
+        elif kind == "persistent" and t["mode"] not in PMEM_REGION_MODES:
+            problems.add(f"{where}.mode", f"'{t['mode']}' is not offered for a persistent region: it "
+                         f"becomes a {', '.join(PMEM_REGION_MODES)} namespace")
+            ok = False
         if ok:
-            regions.append(Region(rid, window.id, devs, size, granularity, t["mode"]))
+            regions.append(Region(rid, window.id, devs, size, granularity, t["mode"], kind))
     return regions

@@ -27,7 +27,8 @@ HEADER = Layout("CDAT header", "CDAT Header", (
 DATA_TYPES = {0: "access latency", 1: "read latency", 2: "write latency",
               3: "access bandwidth", 4: "read bandwidth", 5: "write bandwidth"}
 LATENCY_TYPES = (0, 1, 2)
-DSMAS_FLAGS = {2: "non-volatile", 3: "shareable", 4: "hardware-managed coherency",
+DSMAS_NON_VOLATILE = 2
+DSMAS_FLAGS = {DSMAS_NON_VOLATILE: "non-volatile", 3: "shareable", 4: "hardware-managed coherency",
                5: "dynamic capacity", 6: "read-only"}
 UPSTREAM_PORT = 0x100            # SSLBIS port id of a switch's upstream port
 ANY_PORT = 0xFFFF
@@ -126,11 +127,13 @@ def _dslbis(handle: int, data_type: int, value: int) -> dict:
 
 
 def device_entries(dpa_length: int, timing: PathTiming, *, handle: int = 0,
-                   memory_side_cache: int = 0) -> list[tuple[Layout, dict]]:
-    """A volatile Type 3 device: one DSMAS over its capacity, DSLBIS for read/write latency and
-    bandwidth, and a DSMSCIS when it has a memory-side cache (the appliance's HBM)."""
+                   memory_side_cache: int = 0, non_volatile: bool = False) -> list[tuple[Layout, dict]]:
+    """A Type 3 device: one DSMAS over its capacity (flagged non-volatile for persistent memory),
+    DSLBIS for read/write latency and bandwidth, and a DSMSCIS when it has a memory-side cache
+    (the appliance's HBM)."""
+    flags = 1 << DSMAS_NON_VOLATILE if non_volatile else 0
     entries: list[tuple[Layout, dict]] = [
-        (DSMAS, {"handle": handle, "flags": 0, "dpa_base": 0, "dpa_length": dpa_length}),
+        (DSMAS, {"handle": handle, "flags": flags, "dpa_base": 0, "dpa_length": dpa_length}),
         (DSLBIS, _dslbis(handle, 1, latency_ps(timing.read_latency_ns))),
         (DSLBIS, _dslbis(handle, 2, latency_ps(timing.write_latency_ns))),
         (DSLBIS, _dslbis(handle, 4, timing.read_bandwidth_mbs)),

@@ -41,7 +41,8 @@ def tables_for(topo: Topology, *, cedt_oem_revision: int = 1) -> TableSet:
     if profile is not None:
         device_timing, switch_timing, host = profile
         for d in topo.devices:
-            devices[d.id] = cdat.build(cdat.device_entries(d.volatile, device_timing))
+            devices[d.id] = cdat.build(cdat.device_entries(d.capacity, device_timing,
+                                                           non_volatile=d.kind == "persistent"))
         # A profile without switch figures (the photonic fabric has no switch) leaves QEMU's own.
         for sw in topo.switches if switch_timing else ():
             switches[sw.id] = cdat.build(cdat.switch_entries([p.port for p in sw.downstream], switch_timing))

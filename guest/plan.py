@@ -4,8 +4,10 @@ The plan is the only topology-specific part of the guest image (/etc/pfcxl/plan)
 
     module <name>                               insmod /lib/modules/<name>.ko, in this order
     device <serial>                             wait until this memdev is bound to cxl_mem
-    region <decoder> <ways> <gran> <size> <mode> <serial>...
-                                                cxl create-region, memdevs in interleave order
+    region <decoder> <type> <ways> <gran> <size> <mode> <serial>...
+                                                cxl create-region -t <type> (ram or pmem), memdevs
+                                                in interleave order; a pmem region then gets a
+                                                devdax namespace (ndctl), reused if its labels exist
 """
 
 from __future__ import annotations
@@ -17,10 +19,17 @@ from pfcxl.device.topology import Topology
 CXL_MODULES = ("cxl_acpi", "cxl_port", "cxl_pci", "cxl_mem", "dax_cxl", "device_dax")
 # kmem turns a DAX device into system RAM; without it the device stays free for devdax.
 KMEM_MODULE = "kmem"
+# A pmem region: cxl_pmem makes it an nvdimm region, nd_pmem serves its namespaces and dax_pmem
+# their devdax mode. Only loaded when a pmem region is planned: each nvdimm reads its whole label
+# area when it probes.
+PMEM_MODULES = ("cxl_pmem", "nd_pmem", "dax_pmem")
+# cxl create-region -t, by the region's kind
+REGION_TYPES = {"volatile": "ram", "persistent": "pmem"}
 
 
 def modules_needed(topo: Topology) -> list[str]:
-    return list(CXL_MODULES) + ([KMEM_MODULE] if topo.needs_kmem else [])
+    return (list(CXL_MODULES) + (list(PMEM_MODULES) if topo.needs_pmem else [])
+            + ([KMEM_MODULE] if topo.needs_kmem else []))
 
 
 def render(topo: Topology, module_order: list[str]) -> str:
@@ -30,5 +39,6 @@ def render(topo: Topology, module_order: list[str]) -> str:
     lines += [f"device {d.serial:#x}" for d in topo.devices]
     for r in topo.regions:
         serials = " ".join(f"{topo.device(d).serial:#x}" for d in r.devices)
-        lines.append(f"region {decoders[r.window]} {r.ways} {r.granularity} {r.size} {r.mode} {serials}")
+        lines.append(f"region {decoders[r.window]} {REGION_TYPES[r.kind]} {r.ways} {r.granularity} {r.size} "
+                     f"{r.mode} {serials}")
     return "\n".join(lines) + "\n"

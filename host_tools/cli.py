@@ -121,8 +121,8 @@ def cmd_topology_show(args) -> int:
     for col in ("kind", "id", "attached to", "details"):
         t.add_column(col)
     g = topo.guest
-    t.add_row("guest", "-", "-", f"{human(g.memory)} RAM (maxmem {human(g.maxmem)}, {g.slots} slots), "
-              f"{g.cpus} vCPU")
+    room = f"maxmem {human(g.maxmem)}, {g.slots} slots" if g.hotplug_room else "no hotplug room"
+    t.add_row("guest", "-", "-", f"{human(g.memory)} RAM ({room}), {g.cpus} vCPU")
     chbs = address_map.chbs_bases(topo)
     for hb in topo.host_bridges:
         t.add_row("host bridge", hb.id, "pcie.0", f"bus_nr {hb.bus_nr}, CHBS {hexaddr(chbs[hb.id])}")
@@ -133,13 +133,15 @@ def cmd_topology_show(args) -> int:
         for dp in sw.downstream:
             t.add_row("  downstream", dp.id, sw.id, f"port {dp.port}, chassis {dp.chassis} slot {dp.slot}")
     for d in topo.devices:
-        t.add_row("type 3 device", d.id, d.port, f"{human(d.volatile)} volatile, serial {d.serial:#x}")
+        t.add_row("type 3 device", d.id, d.port, f"{human(d.capacity)} {d.kind}"
+                  + (f", label area {human(d.lsa)}" if d.lsa else "") + f", serial {d.serial:#x}")
     out.print(t)
     m = Table(title="predicted host physical address map (QEMU 10 q35, Linux 6.12)", title_justify="left")
     for col in ("linux name", "topology", "base", "end", "size", "ways", "granularity"):
         m.add_column(col)
-    for p in (address_map.window_placements(topo) + address_map.region_placements(topo)
-              + address_map.dax_placements(topo)):
+    # a pmem region's DAX device belongs to its namespace, which libnvdimm names and sizes
+    daxes = [p for p, r in zip(address_map.dax_placements(topo), topo.regions) if r.kind != "persistent"]
+    for p in address_map.window_placements(topo) + address_map.region_placements(topo) + daxes:
         m.add_row(p.name, p.what, hexaddr(p.base), hexaddr(p.base + p.size - 1), human(p.size),
                   str(p.ways), human(p.granularity))
     out.print(m)

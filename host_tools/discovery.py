@@ -11,9 +11,10 @@ import json
 from dataclasses import dataclass
 
 from pfcxl.device import address_map
-from pfcxl.device.topology import Topology
+from pfcxl.device.topology import MIN_GRANULARITY, Topology
 from pfcxl.device.units import hexaddr, human
 from pfcxl.errors import VMError
+from pfcxl.guest import plan
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,18 @@ def compare(topo: Topology, found: dict) -> list[Check]:
             Check(p.name, "size", p.size, got.get("size")),
             Check(p.name, "interleave ways", p.ways, got.get("interleave_ways")),
             Check(p.name, "interleave ways (sysfs)", p.ways, _int(sysfs.get("interleave_ways"))),
-            # cxl list leaves granularity out of 1-way decoders; sysfs always has it.
-            Check(p.name, "granularity (sysfs)", p.granularity, _int(sysfs.get("interleave_granularity"))),
+            # cxl list leaves granularity out of 1-way decoders; sysfs always has it, and for a
+            # 1-way window Linux lowers it to the minimum so that any region granularity fits.
+            Check(p.name, "granularity (sysfs)", p.granularity if p.ways > 1 else MIN_GRANULARITY,
+                  _int(sysfs.get("interleave_granularity"))),
         ]
     memdevs = {_int(m.get("serial")): m for m in found.get("memdevs", []) if isinstance(m, dict)}
     name_of_serial = {serial: m.get("memdev") for serial, m in memdevs.items()}
     for d in topo.devices:
         got = memdevs.get(d.serial, {})
-        checks.append(Check(f"memdev sn {d.serial:#x}", "ram size", d.volatile, got.get("ram_size")))
+        # cxl list names the partitions ram_size and pmem_size
+        size_key = "pmem_size" if d.kind == "persistent" else "ram_size"
+        checks.append(Check(f"memdev sn {d.serial:#x}", size_key.replace("_", " "), d.capacity, got.get(size_key)))
     regions = _by(found.get("regions", []), "region")
     for p, region in zip(address_map.region_placements(topo), topo.regions):
         got = regions.get(p.name, {})
@@ -99,7 +104,7 @@ def compare(topo: Topology, found: dict) -> list[Check]:
             Check(p.name, "size", p.size, got.get("size")),
             Check(p.name, "interleave ways", p.ways, got.get("interleave_ways")),
             Check(p.name, "granularity", p.granularity, got.get("interleave_granularity")),
-            Check(p.name, "type", "ram", got.get("type")),
+            Check(p.name, "type", plan.REGION_TYPES[region.kind], got.get("type")),
             Check(p.name, "decode state", "commit", got.get("decode_state")),
         ]
         mapped = {m.get("position"): m.get("memdev") for m in got.get("mappings", []) if isinstance(m, dict)}
@@ -108,6 +113,8 @@ def compare(topo: Topology, found: dict) -> list[Check]:
             checks.append(Check(p.name, f"position {pos}", expected, mapped.get(pos)))
     daxes = _by(found.get("dax", []), "chardev")
     for p, region in zip(address_map.dax_placements(topo), topo.regions):
+        if region.kind == "persistent":
+            continue    # a pmem region's DAX device is its namespace's: named and sized by libnvdimm
         got = daxes.get(p.name, {})
         checks += [
             Check(p.name, "size", p.size, got.get("size")),

@@ -27,7 +27,8 @@ GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
 GUEST_SOURCES = GUEST_DIR / "src"
 GUEST_INIT = GUEST_DIR / "init"
 BUSYBOX = Path("/bin/busybox")
-USERSPACE_PROGRAMS = ("usr/bin/cxl", "usr/bin/daxctl")
+# ndctl: namespaces on pmem regions (ndctl create-namespace)
+USERSPACE_PROGRAMS = ("usr/bin/cxl", "usr/bin/daxctl", "usr/bin/ndctl")
 # Merged /usr, as in Debian: the top-level names are links into usr/.
 MERGED_USR = {"bin": "usr/bin", "sbin": "usr/sbin", "lib": "usr/lib", "lib64": "usr/lib64"}
 EMPTY_DIRS = ("proc", "sys", "dev", "tmp", "run", "root", "mnt", "etc/pfcxl")

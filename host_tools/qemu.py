@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jinja2
 
-from pfcxl.device.topology import BACKEND_PREFIX, Topology
+from pfcxl.device.topology import BACKEND_PREFIX, LSA_PREFIX, Topology
 from pfcxl.device.units import MiB
 from pfcxl.errors import VMError
 
@@ -72,21 +72,26 @@ def inherited_backing(fds: dict[str, int]) -> dict[str, str]:
     return {dev_id: f"/proc/self/fd/{fd}" for dev_id, fd in fds.items()}
 
 
+def lsa_path(memory_path: Path | str) -> Path:
+    """A persistent device's label storage area lives beside its memory: <device>.lsa."""
+    return Path(memory_path).with_suffix(".lsa")
+
+
 def prepare_backing(topo: Topology, run_dir: Path) -> dict[str, Path]:
     """Create missing backing files (sparse) and refuse ones of the wrong size: never truncate data."""
     paths = backing_paths(topo, run_dir)
-    for dev in topo.devices:
-        if dev.id not in paths:
-            continue
-        path = paths[dev.id]
+    wanted = [(paths[d.id], d.capacity, d.id) for d in topo.devices if d.id in paths]
+    wanted += [(lsa_path(paths[d.id]), d.lsa, d.id) for d in topo.devices if d.id in paths and d.lsa]
+    for path, size, dev_id in wanted:
         if path.exists():
-            size = path.stat().st_size
-            if size != dev.volatile:
-                raise VMError(f"backing file {path} holds {size} bytes but device '{dev.id}' has "
-                              f"{dev.volatile}: use another --run-dir or remove the file")
-            continue
-        with open(path, "xb") as f:
-            f.truncate(dev.volatile)
+            have = path.stat().st_size
+            if have != size:
+                raise VMError(f"backing file {path} holds {have} bytes but device '{dev_id}' needs "
+                              f"{size}: use another --run-dir or remove the file")
+    for path, size, _ in wanted:
+        if not path.exists():
+            with open(path, "xb") as f:
+                f.truncate(size)
     return paths
 
 
@@ -102,7 +107,9 @@ def argv(topo: Topology, boot: BootFiles, backing: dict[str, Path | str], *, con
                           "by modulo only; such a topology can be turned into tables (pfcxl tables), not booted")
     return [qemu] + render_lines("qemu.args.j2", topo=topo, guest=topo.guest, kernel=boot.kernel,
                                  initrd=boot.initrd, cmdline=boot.cmdline, backing=backing,
+                                 lsa_backing={d.id: lsa_path(backing[d.id]) for d in topo.devices if d.lsa},
                                  console_fd=console_fd, qmp_fd=qmp_fd, backend_prefix=BACKEND_PREFIX,
+                                 lsa_prefix=LSA_PREFIX,
                                  cdat=cdat or {}, numa_args=numa_args or []) + list(extra_args or [])
 
 

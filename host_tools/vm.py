@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 import re
 import secrets
 import socket
@@ -277,19 +276,3 @@ class VM:
         self.state = VMState.FAILED
         self.shutdown()
         raise VMError(message)
-
-
-def boot_ready(topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
-               extra_cmdline: str = "", timeout: float = 180, appliance_fds: dict[str, int] | None = None,
-               extra_args: list[str] | None = None) -> VM:
-    """Launch and wait for ready; on failure nothing is left running."""
-    vm = VM(topo, image, run_dir, name=name, extra_cmdline=extra_cmdline, appliance_fds=appliance_fds,
-            extra_args=extra_args)
-    try:
-        vm.launch()
-        vm.wait_ready(timeout)
-    except BaseException:
-        vm.shutdown()
-        raise
-    return vm
-

@@ -1,4 +1,4 @@
-"""Steps 4-6, what the guest boots with, all in the cache: trixie's cxl/daxctl userspace, Debian's
+"""Steps 4-6, what the guest boots with, all in the cache: trixie's cxl/daxctl/ndctl userspace, Debian's
 6.12 kernel from bookworm-backports, and the setup.json manifest that records both."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .unpack import MERGED_USR_DIRS, STAMP_NAME, deb_fields, ensure_merged_usr, 
 
 # trixie's ndctl 81 with everything its binaries need (DT_NEEDED closure)
 TRIXIE_GUEST_PACKAGES = (
-    "cxl", "daxctl", "libcxl1", "libdaxctl1", "libndctl6", "libjson-c5", "libkmod2", "libudev1",
+    "cxl", "daxctl", "ndctl", "libcxl1", "libdaxctl1", "libndctl6", "libjson-c5", "libkmod2", "libudev1",
     "libuuid1", "libc6", "libtraceevent1", "libtracefs1", "libzstd1", "liblzma5", "libssl3t64",
     "libkeyutils1", "libiniparser4", "libcap2", "zlib1g", "libselinux1", "libpcre2-8-0",
     "libblkid1", "libmount1",
@@ -33,7 +33,7 @@ def require_unpacked(problem: str | None) -> None:
 
 def verify_guest_root(root: Path) -> str | None:
     """What is wrong with an unpacked guest root, or None."""
-    for rel in ("usr/bin/cxl", "usr/bin/daxctl", "lib64/ld-linux-x86-64.so.2"):
+    for rel in ("usr/bin/cxl", "usr/bin/daxctl", "usr/bin/ndctl", "lib64/ld-linux-x86-64.so.2"):
         if not (root / rel).exists():
             return f"{root / rel} missing"
     for name in MERGED_USR_DIRS:

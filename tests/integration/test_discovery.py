@@ -30,7 +30,7 @@ def test_guest_sees_the_predicted_topology_and_our_tables(pfcxl_machine):
     items = {c.item for c in checks}
     assert {"decoder0.0", "region0", "dax0.0"} <= items           # every kind really compared
     assert sum(c.item.startswith("memdev") for c in checks) == len(topo.devices)
-    assert vm.ready["regions"] == [{"region": "region0", "dax": "dax0.0", "mode": "devdax"}]
+    assert vm.ready["regions"] == [{"region": "region0", "type": "ram", "dax": "dax0.0", "mode": "devdax"}]
     assert vm.run("test -c /dev/dax0.0").status == 0
 
     # QEMU's CEDT, as the guest kernel read it, equals ours (CHBS compared as a set by UID)

@@ -60,15 +60,16 @@ def test_plan_region_line():
     [words] = [w for w in plan_lines(topo) if w[0] == "region"]
     decoder = address_map.window_placements(topo)[0].name
     assert decoder == "decoder0.0"
-    assert words[1:6] == [decoder, str(region.ways), str(region.granularity), str(region.size), region.mode]
-    assert [int(s, 16) for s in words[6:]] == [topo.device(d).serial for d in region.devices]
-    assert len(words[6:]) == region.ways == 4
+    assert words[1:7] == [decoder, "ram", str(region.ways), str(region.granularity), str(region.size),
+                          region.mode]
+    assert [int(s, 16) for s in words[7:]] == [topo.device(d).serial for d in region.devices]
+    assert len(words[7:]) == region.ways == 4
 
 
 def test_plan_region_serials_follow_region_order_not_device_order():
     topo = with_region("electrical-switch", devices=["mem2", "mem0", "mem3", "mem1"])
     [words] = [w for w in plan_lines(topo) if w[0] == "region"]
-    assert [int(s, 16) for s in words[6:]] == [topo.device(d).serial for d in ("mem2", "mem0", "mem3", "mem1")]
+    assert [int(s, 16) for s in words[7:]] == [topo.device(d).serial for d in ("mem2", "mem0", "mem3", "mem1")]
     devices = [int(w[1], 16) for w in plan_lines(topo) if w[0] == "device"]
     assert devices == [d.serial for d in topo.devices]
 
@@ -91,7 +92,7 @@ def test_kmem_only_for_system_ram():
     lines = plan_lines(ram, needed)
     assert ["module", "kmem"] in lines
     [words] = [w for w in lines if w[0] == "region"]
-    assert words[5] == "system-ram"
+    assert words[6] == "system-ram"
     assert ["module", "kmem"] not in plan_lines(devdax, plan.modules_needed(devdax))
 
 
@@ -230,3 +231,19 @@ def test_flatten_ports():
     flat = discovery.flatten_ports(ports)
     assert [p["port"] for p in flat] == ["root0", "port1", "port2", "port4", "port3", "port5", "root1"]
     assert discovery.flatten_ports([]) == []
+
+
+def test_one_way_root_decoder_reports_the_minimum_granularity():
+    # Linux sets a 1-way root decoder's granularity to 256 B whatever the CFMWS HBIG says (so any
+    # region granularity fits under it); seen booting QEMU's qtest machine, whose 1-way fmw0 is 8 KiB.
+    doc = copy.deepcopy(shipped_doc("two-hb-interleave"))
+    doc["window"].append({"id": "solo", "size": "1G", "targets": ["cxl.1"], "granularity": "8K"})
+    topo = topology.from_dict(doc)
+    found = predicted_found(topo)
+    solo = found["sysfs_root_decoders"][1]
+    assert solo["interleave_granularity"] == 8192
+    solo["interleave_granularity"] = 256
+    assert failures(topo, found) == set()
+    # a 2-way window keeps its own granularity: 256 there is a real mismatch
+    found["sysfs_root_decoders"][0]["interleave_granularity"] = 256
+    assert failures(topo, found) == {("decoder0.0", "granularity (sysfs)")}

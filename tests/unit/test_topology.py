@@ -102,8 +102,8 @@ MISTAKES = [
     ("missing key", "pf-nic", lambda d: d["root_port"][0].pop("slot"), "root_port 'rp0': missing required key 'slot'"),
     ("dangling reference", "pf-nic", lambda d: d["device"][0].update(port="rp9"),
      "device 'pfnic0'.port: 'rp9' is not a root_port or switch downstream port id"),
-    ("maxmem not above memory", "pf-nic", lambda d: d["guest"].update(maxmem="1G"),
-     "guest.maxmem: 1 GiB must be larger than guest.memory"),
+    ("maxmem below memory", "pf-nic", lambda d: d["guest"].update(maxmem="512M"),
+     "guest.maxmem: 512 MiB must not be below guest.memory (1 GiB)"),
     ("serial collision", "two-hb-interleave", lambda d: d["device"][1].update(serial=d["device"][0]["serial"]),
      "collides with device 'mem-a'"),
     ("reserved id prefix", "pf-nic", lambda d: d["device"][0].update(id="backend-x") or
