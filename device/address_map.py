@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from pfcxl.errors import TopologyError
+
 from .topology import Region, Topology, Window
 from .units import GiB, MiB
 
@@ -141,9 +143,12 @@ def locate(topo: Topology, region: Region, offset: int) -> tuple[str, int]:
     """
     if not 0 <= offset < region.size:
         raise ValueError(f"offset {offset:#x} is outside {region.id} (size {region.size:#x})")
+    window = topo.window(region.window)
+    if window.arithmetic != "modulo":
+        raise TopologyError(f"window '{window.id}' uses {window.arithmetic} arithmetic: its bytes follow the "
+                            "CXIMS maps, and locate() decodes modulo windows only (all QEMU 10 can boot)")
     base, decoders = _route(topo, region)
     hpa = base + offset
-    window = topo.window(region.window)
     node = window.targets[interleave(hpa, window.granularity, window.ways)[0]]
     while node in decoders:
         d = decoders[node]

@@ -1,6 +1,7 @@
 """The one interleave decoder (device.address_map.interleave) against QEMU's rule, and the
 topology-level locate() that rebuilds a region from the devices' backing files."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from pfcxl.device import address_map, fabric_engine, pool, topology
 from pfcxl.device.units import GiB, KiB, MiB
+from pfcxl.errors import TopologyError
 
 LAYOUTS = Path(__file__).parents[1] / "data" / "topologies"
 WAYS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -116,3 +118,12 @@ def test_pool_and_fabric_model_use_the_decoder():
         want = address_map.interleave(o, a.granularity, a.modules)
         assert (m, mo) == want
         assert (pool.where(a, o)["module"], pool.where(a, o)["module_offset"]) == want
+
+
+def test_xor_windows_are_refused_not_decoded_as_modulo():
+    """QEMU 10 routes every window modulo; an XOR window's bytes would be placed by the CXIMS
+    maps, which locate() does not model, so it refuses instead of answering wrongly."""
+    topo = topology.load(topology.resolve("two-hb-interleave"))
+    xor = dataclasses.replace(topo, windows=(dataclasses.replace(topo.windows[0], arithmetic="xor"),))
+    with pytest.raises(TopologyError, match="window 'fmw0' uses xor arithmetic"):
+        address_map.locate(xor, xor.regions[0], 0)
