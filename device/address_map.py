@@ -7,7 +7,10 @@ prediction here against what the guest reports.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+from pfcxl.errors import TopologyError
 
 from .topology import Region, Topology, Window
 from .units import GiB, MiB
@@ -78,19 +81,85 @@ def dax_placements(topo: Topology) -> list[Placement]:
             for n, p in enumerate(region_placements(topo))]
 
 
-def locate(topo: Topology, region: Region, offset: int) -> tuple[str, int]:
-    """Region offset -> (device id, device physical address).
+def interleave(address, granularity: int, ways: int, base: int = 0):
+    """The interleave decoder: (target index, offset inside that target) of `address`.
 
-    Granule g of the region goes to interleave position g mod ways; inside that device the
-    interleave bits are squeezed out (CXL 3.1 HDM decode), so DPA = (g div ways) x gran + rest.
-    Regions use devices from DPA 0 (one region per device, the volatile partition first).
+    QEMU's rule for a window and for every HDM decoder below it (hw/cxl/cxl-host.c): the target
+    is (address / granularity) mod ways, counted on the absolute address, not from `base`. A
+    target keeps the decoder's range [base, ...) with the way-select bits squeezed out
+    (hw/mem/cxl_type3.c, CXL 3.1 HDM decode, 3/6/12 ways included):
+    o = address - base  ->  (o / (granularity x ways)) x granularity + o mod granularity.
+    Takes ints or numpy integer arrays.
+    """
+    offset = address - base
+    return (address // granularity) % ways, offset // (granularity * ways) * granularity + offset % granularity
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """The HDM decoder Linux programs in a host bridge or switch for one region."""
+
+    granularity: int
+    targets: tuple[str, ...]       # what each target index leads to: a switch id or a device id
+
+
+def region_decoders(topo: Topology, region: Region) -> dict[str, Decoder]:
+    """Host bridge / switch id -> its decoder for `region`, as Linux 6.12 sets them up
+    (cxl_port_setup_targets): targets in the order region positions first reach them; the
+    granularity is the parent's granularity x the parent's ways, starting from the region's
+    granularity x the window's ways with a factor 3 counted as 1 (3/6/12 ways route modulo)."""
+    reach: dict[str, list[str]] = {}
+    parent: dict[str, str] = {}
+    for device in region.devices:
+        port = topo.device(device).port
+        hb = topo.host_bridge_of(device)
+        switch = next((s for s in topo.switches if any(p.id == port for p in s.downstream)), None)
+        hops = [(hb, device)]
+        if switch is not None:
+            hops = [(hb, switch.id), (switch.id, device)]
+            parent[switch.id] = hb
+        for node, child in hops:
+            if child not in reach.setdefault(node, []):
+                reach[node].append(child)
+    window = topo.window(region.window)
+    root_ways = window.ways // 3 if window.ways % 3 == 0 else window.ways
+    out: dict[str, Decoder] = {}
+    for node in sorted(reach, key=lambda n: n in parent):      # host bridges before switches
+        if node in parent:
+            up = out[parent[node]]
+            granularity = up.granularity * len(up.targets)
+        else:
+            granularity = region.granularity * root_ways
+        out[node] = Decoder(granularity, tuple(reach[node]))
+    return out
+
+
+def locate(topo: Topology, region: Region, offset: int) -> tuple[str, int]:
+    """Region offset -> (device id, device physical address), the way QEMU routes the byte.
+
+    The window picks a host bridge from the absolute address, each host bridge and switch
+    decoder picks the next hop from it too, and the device squeezes the region's interleave out
+    of the offset from the region's base. Regions use devices from DPA 0 (one region per device).
     """
     if not 0 <= offset < region.size:
         raise ValueError(f"offset {offset:#x} is outside {region.id} (size {region.size:#x})")
-    granule, rest = divmod(offset, region.granularity)
-    position = granule % region.ways
-    dpa = (granule // region.ways) * region.granularity + rest
-    return region.devices[position], dpa
+    window = topo.window(region.window)
+    if window.arithmetic != "modulo":
+        raise TopologyError(f"window '{window.id}' uses {window.arithmetic} arithmetic: its bytes follow the "
+                            "CXIMS maps, and locate() decodes modulo windows only (all QEMU 10 can boot)")
+    base, decoders = _route(topo, region)
+    hpa = base + offset
+    node = window.targets[interleave(hpa, window.granularity, window.ways)[0]]
+    while node in decoders:
+        d = decoders[node]
+        node = d.targets[interleave(hpa, d.granularity, len(d.targets))[0]]
+    return node, interleave(hpa, region.granularity, region.ways, base)[1]
+
+
+@functools.lru_cache(maxsize=64)
+def _route(topo: Topology, region: Region) -> tuple[int, dict[str, Decoder]]:
+    base = next(p.base for p in region_placements(topo) if p.what == region.id)
+    return base, region_decoders(topo, region)
 
 
 def window_of(topo: Topology, region: Region) -> Window:

@@ -15,8 +15,8 @@ run stops with an error after `max_iterations`).
 Queues. Each FIFO queue serves its arrivals in arrival order; ties go to the access issued first,
 then to the earlier trace record (fabric_queues solves them).
 
-Addresses. offset = hpa - base_hpa; module = (offset // granularity) % modules and the module's
-own offset as pool.where() computes them.
+Addresses. An access's pool offset is hpa - base_hpa; its module and the module's own offset
+come from the one interleave decoder (address_map.interleave), as pool.where() computes them.
 
 HBM cache (write-through, direct-mapped per module, one entry per line): an access's first line
 picks the set; every access (read or write) installs its first line and line count there, in the
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .address_map import interleave
 from .fabric_model import PS_PER_NS, FabricModel, service_ps
 from .fabric_queues import HbmCache, serve_split
 from .trace_format import LINE, RECORD_FIELDS
@@ -108,10 +109,7 @@ def locate(hpa: np.ndarray, base_hpa: int, granularity: int, modules: int) -> tu
     """(module, offset inside the module) of each address, as pool.where() interleaves them."""
     if len(hpa) and int(hpa.min()) < base_hpa:
         raise ValueError(f"an access at {int(hpa.min()):#x} lies below the appliance's base {base_hpa:#x}")
-    offset = (hpa - np.uint64(base_hpa)).astype(np.int64)
-    granule, rest = _divmod(offset, granularity)
-    rotation, module = _divmod(granule, modules)
-    return module, rotation * granularity + rest
+    return interleave((hpa - np.uint64(base_hpa)).astype(np.int64), granularity, modules)
 
 
 def _divmod(x: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,8 @@
 """The appliance's pooled memory: partitions, their backing, and which module serves each byte.
 
 Pool offsets: the shared region is [0, shared); private slot s is [shared + s*private, ...).
-Offsets rotate over the memory modules at the appliance's granularity, as the appliance
-interleaves its modules: module = (offset / g) mod modules.
+Pool offsets rotate over the memory modules at the appliance's granularity, through the one
+interleave decoder (address_map.interleave, pool offset 0 as its base).
 
 Each partition is its own memfd (volatile) or file (persistent), so handing a host the shared
 region and its private region gives it no way to reach another host's private memory.
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pfcxl.errors import ApplianceError
 
+from .address_map import interleave
 from .topology_model import Appliance
 
 LAYOUT_FILE = "layout.json"
@@ -38,14 +39,13 @@ def where(appliance: Appliance, offset: int) -> dict:
     if not 0 <= offset < appliance.shared + appliance.ports * appliance.private:
         raise ApplianceError(f"pool offset {offset:#x} is outside the pool's "
                              f"{appliance.shared + appliance.ports * appliance.private:#x} mapped bytes")
-    g, m = appliance.granularity, appliance.modules
-    granule, rest = divmod(offset, g)
+    module, module_offset = interleave(offset, appliance.granularity, appliance.modules)
     if offset < appliance.shared:
         region, region_offset = "shared", offset
     else:
         slot, region_offset = divmod(offset - appliance.shared, appliance.private)
         region = f"private/{slot}"
-    return {"offset": offset, "module": granule % m, "module_offset": (granule // m) * g + rest,
+    return {"offset": offset, "module": module, "module_offset": module_offset,
             "region": region, "region_offset": region_offset}
 
 

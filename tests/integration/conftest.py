@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pfcxl import Machine
-from pfcxl.device import topology
+from pfcxl.device import address_map, topology
 
 READY_TIMEOUT = 300   # generous: CI machines are shared; a healthy boot takes seconds
 
@@ -71,6 +71,22 @@ def daxio(vm: Machine, args: str) -> dict:
     data = json.loads(line)
     data["status"] = result.status
     return data
+
+
+def read_region_from_backing(topo: topology.Topology, region, backing: dict[str, Path], size: int) -> bytes:
+    """The first `size` bytes of `region`, reassembled granule by granule from the device files
+    through address_map.locate() (QEMU's routing)."""
+    files = {dev: open(backing[dev], "rb") for dev in region.devices}
+    try:
+        parts = []
+        for offset in range(0, size, region.granularity):
+            device, dpa = address_map.locate(topo, region, offset)
+            files[device].seek(dpa)
+            parts.append(files[device].read(region.granularity))
+        return b"".join(parts)
+    finally:
+        for f in files.values():
+            f.close()
 
 
 def pfcxl_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:

@@ -5,32 +5,15 @@ import zlib
 
 import pytest
 
-from pfcxl.device import address_map
 from pfcxl.device.units import MiB
 from pfcxl.guest import pattern
 from pfcxl.host_tools import qemu
 
-from .conftest import daxio, load
+from .conftest import daxio, load, read_region_from_backing
 
 pytestmark = pytest.mark.integration
 
 SIZE = 64 * MiB
-
-
-def read_region_from_backing(topo, region, backing, size):
-    """Reassemble the first `size` bytes of the region from the device files, granule by granule,
-    using the predicted interleave mapping."""
-    files = {dev: open(path, "rb") for dev, path in backing.items()}
-    try:
-        parts = []
-        for offset in range(0, size, region.granularity):
-            device, dpa = address_map.locate(topo, region, offset)
-            files[device].seek(dpa)
-            parts.append(files[device].read(region.granularity))
-        return b"".join(parts)
-    finally:
-        for f in files.values():
-            f.close()
 
 
 @pytest.mark.parametrize("name,seed", [("pf-nic", 11), ("two-hb-interleave", 22), ("electrical-switch", 33)])
