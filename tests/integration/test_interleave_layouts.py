@@ -25,13 +25,24 @@ DECODERS = ("for d in /sys/bus/cxl/devices/decoder*; do if [ -e $d/target_list ]
             "$(cat $d/interleave_ways)\"; fi; done")
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in LAYOUTS.glob("*.toml")))
+def ram_layouts() -> list[str]:
+    """The kept layouts with RAM regions (pmem and QEMU's qtest machine have tests of their own:
+    a devdax namespace's data does not start at the region's byte 0)."""
+    names = []
+    for path in sorted(LAYOUTS.glob("*.toml")):
+        topo = topology.load(path)
+        if topo.regions and all(d.kind == "volatile" for d in topo.devices):
+            names.append(path.stem)
+    return names
+
+
+@pytest.mark.parametrize("name", ram_layouts())
 def test_layout_boots_and_the_host_rebuilds_every_region(boot, tmp_path, name):
     topo = topology.load(LAYOUTS / f"{name}.toml")
     run_dir = tmp_path / "run"
     vm = boot(topo, run_dir=run_dir)
     dax = [p.name for p in address_map.dax_placements(topo)]
-    assert [r["dax"] for r in vm.ready_info["regions"]] == dax
+    assert [r["dax"] for r in vm.ready["regions"]] == dax
 
     seeds = {}
     for n, (region, device) in enumerate(zip(topo.regions, dax)):
