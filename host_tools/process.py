@@ -43,11 +43,12 @@ def run(argv: Sequence[str], *, what: str, error: type[PfcxlError] = PfcxlError,
     return done.stdout
 
 
-def _die_with_parent() -> None:
-    # If pfcxl itself is killed (even with SIGKILL), the kernel kills the child too: no QEMU
-    # is ever left behind. It fires when the spawning *thread* exits, so spawn from the main one.
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """For preexec_fn: if pfcxl itself is killed (even with SIGKILL), the kernel sends the child
+    `signum`: no QEMU is ever left behind. It fires when the spawning *thread* exits, so spawn
+    from the main one."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
 def spawn(argv: Sequence[str], *, log: Path, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
@@ -60,7 +61,7 @@ def spawn(argv: Sequence[str], *, log: Path, pass_fds: Sequence[int] = ()) -> su
         try:
             return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     pass_fds=tuple(pass_fds), start_new_session=True,
-                                    preexec_fn=_die_with_parent)
+                                    preexec_fn=die_with_parent)
         except FileNotFoundError:
             raise VMError(f"{argv[0]} not found: run 'make setup' (installs QEMU 10 from "
                           "bookworm-backports)") from None
