@@ -29,6 +29,7 @@ from pfcxl.firmware_tables import generate as tables_generate
 from pfcxl.device import fabric_constants
 
 from . import appliance, cli_appliance, cli_bench, discovery, image, qemu, terminal, timing, timing_report
+from .guest_names import guest_name
 from .ui import err, out
 from .vm import VM, boot_ready
 
@@ -52,7 +53,7 @@ def _run_dir(arg: str | None, keep: bool):
     """The directory for backing files and logs: given (kept), or temporary."""
     if arg:
         path = Path(arg)
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)     # guest memory: this user's only
         yield path
         return
     path = Path(tempfile.mkdtemp(prefix="pfcxl-run-"))
@@ -103,7 +104,8 @@ def _booted(topo: topology.Topology, args):
             session = stack.enter_context(timing.TimingSession(topo, run_dir, config))
         start = time.monotonic()
         with err.status(f"booting {topo.name} under TCG (QEMU start to PFCXL-READY)"):
-            vm = stack.enter_context(boot_ready(topo, img, run_dir, extra_cmdline=args.append,
+            vm = stack.enter_context(boot_ready(topo, img, run_dir, name=stack.enter_context(guest_name(run_dir)),
+                                               extra_cmdline=args.append,
                                                timeout=args.timeout, appliance_fds=fds,
                                                extra_args=session.qemu_args() if session else None))
         if session:
@@ -415,7 +417,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _terminate(signum, frame):  # SIGTERM unwinds like Ctrl-C, so every VM is shut down
+def _terminate(signum, frame):  # SIGTERM and SIGHUP unwind like Ctrl-C, so every VM is shut down
     raise KeyboardInterrupt
 
 
@@ -424,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(getattr(args, "command", None), list) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
     try:
         return args.func(args)
     except PfcxlError as exc:

@@ -85,7 +85,7 @@ def prepare_backing(topo: Topology, run_dir: Path) -> dict[str, Path]:
                 raise VMError(f"backing file {path} holds {size} bytes but device '{dev.id}' has "
                               f"{dev.volatile}: use another --run-dir or remove the file")
             continue
-        with open(path, "xb") as f:
+        with open(path, "xb", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:   # guest memory
             f.truncate(dev.volatile)
     return paths
 

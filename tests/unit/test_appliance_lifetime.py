@@ -1,6 +1,6 @@
 """The appliance service's life, run for real (no VMs): one service per run directory, crashes
 that keep the pool, connections that cannot lock anyone out, temporary appliances that die with
-their parent. Hostile cases of issue 11 (items 2, 3, 6, 7).
+their parent, private files. Hostile cases of issue 11 (items 2, 3, 6, 7, 12).
 
 Every service is started and stopped through `appliance` (the `services` fixture checks that
 its process is gone); anything else a test starts, it kills."""
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,8 @@ import pytest
 from pfcxl.device import appliance_rundir as rundir
 from pfcxl.device.appliance_service import MAX_CLIENTS, MAX_PER_PROCESS
 from pfcxl.errors import ApplianceError
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance, qemu
+from pfcxl.device import topology
 
 from .appliance_helpers import Raw, peek, poke, services, wait_until, write_topology  # noqa: F401
 
@@ -327,7 +329,8 @@ def test_a_client_that_cannot_connect_gets_one_line(tmp_path):
 PARENT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-        from pfcxl.host_tools import multihost
+    from pfcxl.device import topology
+    from pfcxl.host_tools import multihost
     path = Path(sys.argv[1])
     with multihost.appliance_for(topology.load(path), path, None, print) as (where, temporary):
         print(f"up {where} {temporary}", flush=True)
@@ -363,3 +366,39 @@ def test_the_service_stops_cleanly_on_sighup(services):
     assert not (s.run_dir / appliance.PID).exists() and not (s.run_dir / appliance.SOCKET).exists()
     assert "stopped" in (s.run_dir / appliance.LOG).read_text().splitlines()[-1]
     assert not rundir.shm_dir(s.run_dir).exists()
+
+
+# --------------------------------------------------------------------------- item 12: private files, own logs
+
+
+def test_run_and_appliance_directories_and_backing_files_are_private(services, tmp_path):
+    from pfcxl.host_tools.cli import _run_dir
+    with _run_dir(str(tmp_path / "run"), keep=True) as run_dir:
+        paths = qemu.prepare_backing(topology.load(topology.resolve("two-hb-interleave")), run_dir)
+        assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+        assert paths and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in paths.values())
+    s = services(tmp_path / "appliance")
+    assert stat.S_IMODE(s.run_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((s.run_dir / appliance.LOG).stat().st_mode) == 0o600
+    pool = rundir.shm_dir(s.run_dir)
+    assert stat.S_IMODE(pool.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in pool.glob("*.pool"))
+
+
+def test_guests_on_one_run_directory_get_their_own_names(tmp_path):
+    from pfcxl.host_tools.guest_names import guest_name
+    with guest_name(tmp_path) as a, guest_name(tmp_path) as b, guest_name(tmp_path) as c:
+        assert (a, b, c) == ("guest", "guest-1", "guest-2")
+    with guest_name(tmp_path) as again:                      # released with its guest
+        assert again == "guest"
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                              "from pfcxl.host_tools.guest_names import guest_name\n"
+                              "with guest_name(Path(sys.argv[1])) as n: print(n, flush=True); time.sleep(3600)",
+                              str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "guest\n"
+        with guest_name(tmp_path) as mine:                   # held by another process: not ours
+            assert mine == "guest-1"
+    finally:
+        other.kill()
+        other.wait()
