@@ -68,8 +68,11 @@ class Operations:
             hosts[str(att.host)] = {"port": att.port, "slot": att.slot, "pid": att.client.pid,
                                     "start": rundir.process_start(att.client.pid), "since": att.since,
                                     "incarnation": self.incarnation, "pool_id": self.pool.pool_id}
-        rundir.write_json(self.run_dir / rundir.ATTACHMENTS,
-                          {"incarnation": self.incarnation, "pool_id": self.pool.pool_id, "hosts": hosts})
+        try:
+            rundir.write_json(self.run_dir / rundir.ATTACHMENTS,
+                              {"incarnation": self.incarnation, "pool_id": self.pool.pool_id, "hosts": hosts})
+        except OSError as exc:    # the hosts are served all the same; only a crash would not know them
+            log.error("cannot record the attachments in %s: %s", self.run_dir / rundir.ATTACHMENTS, exc)
 
     # ------------------------------------------------------------------ requests
 

@@ -78,7 +78,8 @@ def process_start(pid: int) -> int | None:
 
 
 def still_running(record: dict) -> bool:
-    return process_start(record["pid"]) == record["start"]
+    start = process_start(record["pid"])
+    return start is not None and start == record["start"]
 
 
 def read_attachments(run_dir: Path) -> dict:

@@ -199,6 +199,8 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
     dies, and removes `run_dir` as it exits."""
     if topo.appliance is None:
         raise ApplianceError(f"topology '{topo.name}' has no [appliance] section")
+    if idle_timeout is not None and not idle_timeout > 0:
+        raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
     try:
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:

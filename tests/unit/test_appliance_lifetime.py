@@ -185,6 +185,19 @@ def test_a_restarted_appliance_finds_its_pool_and_names_hosts_of_the_crashed_one
         holder.wait()
 
 
+def test_a_run_directory_that_cannot_take_the_records_does_not_stop_the_service(services):
+    s = services()
+    (s.run_dir / rundir.ATTACHMENTS).unlink()
+    (s.run_dir / rundir.ATTACHMENTS).mkdir()                   # every write of the records now fails
+    with s.client() as c:
+        assert c.attach(0).port == 0
+        c.call("detach", host=0)
+        c.attach(1)
+    with s.client() as c:                                      # the dropped connection detached host 1
+        assert c.call("status")["hosts"] == []
+    assert "cannot record the attachments in" in (s.run_dir / appliance.LOG).read_text()
+
+
 def test_stop_discards_an_shm_pool_and_a_crashed_one_too(services, small, tmp_path):
     s = services()
     pool = rundir.shm_dir(s.run_dir)
@@ -266,6 +279,10 @@ def test_a_process_over_its_connection_limit_gets_one_line(services):
 def test_idle_connections_are_closed_unless_they_hold_an_attachment(small, tmp_path):
     topo, path = small
     run_dir = tmp_path / "idle"
+    for bad in (0, -1):
+        with pytest.raises(ApplianceError, match=rf"^idle timeout {bad}s: it must be more than 0 seconds$"):
+            appliance.start(topo, path, run_dir, idle_timeout=bad)
+    assert not run_dir.exists()
     pid = appliance.start(topo, path, run_dir, scan_interval=3600, idle_timeout=1)
     try:
         raw = Raw(run_dir)
