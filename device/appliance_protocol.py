@@ -17,6 +17,12 @@ Requests are objects with "op" and, optionally, "v" (the protocol version, 1) an
 
 Every failure is a reply {"ok": false, "error": "..."}; a line longer than MAX_LINE closes the
 connection after that reply. Attachments last as long as the connection that made them.
+
+hello, attach and status also carry "incarnation" (new at every start of the service) and
+"pool_id" (the memory's: kept while the pool's files are); status lists
+"previous_incarnations", the hosts a crashed incarnation attached whose process still runs.
+A connection the service closes on its own (idle, or over a limit) gets one last, unrequested
+line {"ok": false, "error": "...", "closed": "idle" | "refused"}.
 """
 
 from __future__ import annotations

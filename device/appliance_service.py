@@ -5,6 +5,11 @@ bounded line length), every request gets a reply, and a failing handler is answe
 and logged, never allowed to take the service down. Slow work (the change scan, checksums) runs
 in a worker thread that hands its result back through a wake-up socket.
 
+Connections cannot lock others out: one process may hold at most MAX_PER_PROCESS of them, a
+connection without an attachment that stays silent for the idle timeout is closed, and when all
+MAX_CLIENTS are taken the longest-idle one without an attachment makes room. A connection closed
+by the service gets one last line saying why (`"closed": "idle"` or `"refused"`).
+
 Run by `pfcxl appliance start` as `python -m pfcxl.device.appliance_service ...`.
 """
 
@@ -15,55 +20,59 @@ import json
 import logging
 import os
 import selectors
+import shutil
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
 import traceback
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pfcxl.errors import PfcxlError
 
 from . import appliance_protocol as proto
+from . import appliance_rundir as rundir
 from . import topology
-from .pool import Pool, bytes_per_module, where
+from .appliance_ops import Attachment, Operations
+from .pool import Pool
 
 log = logging.getLogger("pfcxl.appliance")
 MAX_CLIENTS = 256
+MAX_PER_PROCESS = 32           # connections one peer process may hold at once
+IDLE_TIMEOUT = 60.0            # seconds a connection without an attachment may stay silent
 MAX_PENDING = 1 << 20          # bytes of replies a client may leave unread before it is dropped
 MAX_CHECKSUMS_WAITING = 64     # checksum requests one connection may have waiting for the worker
-SLOTS_FILE = "slots.json"
 
 
 @dataclass
 class Client:
     sock: socket.socket
+    pid: int                       # the peer process (SO_PEERCRED)
+    last_active: float = field(default_factory=time.monotonic)
+    waiting: int = 0               # checksum replies a worker still owes it
     inbox: bytearray = field(default_factory=bytearray)
     outbox: list[tuple[bytes, list[int]]] = field(default_factory=list)
     hosts: set[int] = field(default_factory=set)
     closing: bool = False          # no more requests are read: its last replies go out, then it is dropped
 
 
-@dataclass
-class Attachment:
-    host: int
-    port: int
-    slot: int | None
-    client: Client
-    since: float
-
-
-class Service:
-    def __init__(self, topo: topology.Topology, run_dir: Path, socket_path: Path, scan_interval: float) -> None:
+class Service(Operations):
+    def __init__(self, topo: topology.Topology, run_dir: Path, socket_path: Path, scan_interval: float,
+                 idle_timeout: float = IDLE_TIMEOUT) -> None:
         if topo.appliance is None:
             raise PfcxlError(f"topology '{topo.name}' has no [appliance] section")
         self.topo, self.appliance = topo, topo.appliance
         self.run_dir, self.socket_path, self.scan_interval = run_dir, socket_path, scan_interval
-        self.pool = Pool(self.appliance, run_dir / "pool" if self.appliance.backing == "directory" else None)
+        self.idle_timeout = idle_timeout
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.pool = Pool(self.appliance, rundir.pool_dir(run_dir, self.appliance.backing))
         self.attached: dict[int, Attachment] = {}          # host -> attachment
         self.slots: dict[int, int] = self._load_slots()     # host -> private slot (sticky)
+        self._adopt_previous()
         self.selector = selectors.DefaultSelector()
         self.clients: dict[int, Client] = {}
         self.running = True
@@ -90,11 +99,13 @@ class Service:
         self.selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         scanner = threading.Thread(target=self._scan_loop, daemon=True, name="scan")
         scanner.start()
-        log.info("serving %s: %d modules x %d bytes, %d ports, shared %d, private %d per host, %s",
-                 self.socket_path, self.appliance.modules, self.appliance.module_capacity,
-                 self.appliance.ports, self.appliance.shared, self.appliance.private, self.appliance.backing)
+        log.info("serving %s: %d modules x %d bytes, %d ports, shared %d, private %d per host, %s (pool %s), "
+                 "incarnation %s", self.socket_path, self.appliance.modules, self.appliance.module_capacity,
+                 self.appliance.ports, self.appliance.shared, self.appliance.private, self.appliance.backing,
+                 self.pool.directory or "memfd", self.incarnation)
         try:
             while self.running:
+                self._close_idle()
                 for key, events in self.selector.select(timeout=1.0):
                     if key.data == "listener":
                         self._accept(listener)
@@ -126,14 +137,40 @@ class Service:
             sock, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        if len(self.clients) >= MAX_CLIENTS:
-            sock.close()
-            log.warning("refused a connection: %d clients already", MAX_CLIENTS)
-            return
         sock.setblocking(False)
-        client = Client(sock)
+        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+        client = Client(sock, pid)
+        live = [c for c in self.clients.values() if not c.closing]
         self.clients[sock.fileno()] = client
         self.selector.register(sock, selectors.EVENT_READ, client)
+        mine = sum(1 for c in live if c.pid == pid)
+        if mine >= MAX_PER_PROCESS:
+            self._close_with(client, "refused", f"pid {pid} already holds {mine} connections to this appliance "
+                             f"(the limit per process is {MAX_PER_PROCESS}): close some")
+        elif len(live) >= MAX_CLIENTS:
+            idle = [c for c in live if self._idle(c)]
+            if not idle:
+                self._close_with(client, "refused", f"all {MAX_CLIENTS} connections are in use")
+                return
+            oldest = min(idle, key=lambda c: c.last_active)
+            self._close_with(oldest, "idle", f"closed: the longest idle of {MAX_CLIENTS} connections, "
+                             "making room for a new one")
+
+    def _idle(self, client: Client) -> bool:
+        """Holds nothing: no attachment, no reply owed, not already closing."""
+        return not (client.hosts or client.outbox or client.waiting or client.closing)
+
+    def _close_idle(self) -> None:
+        limit = time.monotonic() - self.idle_timeout
+        for client in [c for c in self.clients.values() if self._idle(c) and c.last_active < limit]:
+            self._close_with(client, "idle", f"closed: idle for {self.idle_timeout:g}s without an attachment")
+
+    def _close_with(self, client: Client, kind: str, why: str) -> None:
+        """One last line for the client, then the connection is closed."""
+        log.info("closing a connection of pid %d: %s", client.pid, why)
+        client.closing = True
+        client.inbox.clear()
+        self._reply(client, {"ok": False, "error": why, "closed": kind})
 
     def _service_client(self, client: Client, events: int) -> None:
         if events & selectors.EVENT_WRITE:
@@ -156,6 +193,7 @@ class Service:
                     self._drop(client, "disconnected")
                 return
             client.inbox += data
+            client.last_active = time.monotonic()
             while b"\n" in client.inbox and not client.closing:
                 line, _, rest = bytes(client.inbox).partition(b"\n")
                 client.inbox = bytearray(rest)
@@ -194,6 +232,7 @@ class Service:
             client.outbox[0] = (data[sent:], [])   # fds went with the first byte
             if sent == len(data):
                 client.outbox.pop(0)
+            client.last_active = time.monotonic()
         if client.closing and not client.outbox:
             self._drop(client, "closed after its last reply")
             return
@@ -235,90 +274,6 @@ class Service:
             reply["id"] = request["id"]
         self._reply(client, reply, fds)
 
-    def op_hello(self, client, request):
-        return {"ok": True, "version": proto.VERSION, "appliance": self._summary()}, None
-
-    def op_attach(self, client, request):
-        host, a = request["host"], self.appliance
-        if host in self.attached:
-            raise proto.RequestError(f"host {host} is already attached at port {self.attached[host].port}")
-        used = {att.port: att.host for att in self.attached.values()}
-        port = request.get("port")
-        if port is not None:
-            if not 0 <= port < a.ports:
-                raise proto.RequestError(f"port {port} does not exist (ports 0..{a.ports - 1})")
-            if port in used:
-                raise proto.RequestError(f"port {port} is in use by host {used[port]}")
-        else:
-            free = [p for p in range(a.ports) if p not in used]
-            if not free:
-                raise proto.RequestError(f"all {a.ports} ports are in use (hosts "
-                                         f"{', '.join(map(str, sorted(used.values())))}): detach one first")
-            port = free[0]
-        slot = self._slot_for(host) if a.private else None
-        self.attached[host] = Attachment(host, port, slot, client, time.time())
-        client.hosts.add(host)
-        regions = [self._region_info("shared")] + ([self._region_info(f"private/{slot}")] if slot is not None else [])
-        log.info("host %d attached at port %d%s", host, port, f", private slot {slot}" if slot is not None else "")
-        return ({"ok": True, "host": host, "port": port, "regions": regions},
-                [self.pool.partition(r["partition"]).fd for r in regions])
-
-    def op_region(self, client, request):
-        host, name = request["host"], request["name"]
-        att = self.attached.get(host)
-        if att is None or att.client is not client:
-            raise proto.RequestError(f"host {host} is not attached through this connection")
-        if name == "private":
-            name = f"private/{att.slot}"
-        if name.startswith("private/"):
-            owner = next((h for h, s in self.slots.items() if f"private/{s}" == name), None)
-            if att.slot is None or name != f"private/{att.slot}":
-                raise proto.RequestError(f"region {name} belongs to "
-                                         f"{'host ' + str(owner) if owner is not None else 'no host'}, not host {host}")
-        elif name != "shared":
-            raise proto.RequestError(f"no region '{name[:40]}' (shared, private)")
-        info = self._region_info(name)
-        return {"ok": True, "host": host, "regions": [info]}, [self.pool.partition(name).fd]
-
-    def op_detach(self, client, request):
-        host = request["host"]
-        att = self.attached.get(host)
-        if att is None:
-            raise proto.RequestError(f"host {host} is not attached")
-        if att.client is not client:
-            raise proto.RequestError(f"host {host} was attached by another connection")
-        self._detach(host)
-        return {"ok": True, "host": host, "port": att.port}, None
-
-    def op_status(self, client, request):
-        a = self.appliance
-        mapped = [0] * a.modules
-        for att in self.attached.values():
-            for name in ["shared"] + ([f"private/{att.slot}"] if att.slot is not None else []):
-                p = self.pool.partition(name)
-                mapped = [x + y for x, y in zip(mapped, bytes_per_module(a, p.pool_offset, p.size))]
-        modules = [{"module": i, "capacity": a.module_capacity, "hbm_cache": a.hbm_cache,
-                    "bytes_mapped": mapped[i], "bytes_changed": self.pool.changed[i]} for i in range(a.modules)]
-        by_port = {att.port: att for att in self.attached.values()}
-        ports = [{"port": p, "host": by_port[p].host if p in by_port else None,
-                  "since": by_port[p].since if p in by_port else None} for p in range(a.ports)]
-        hosts = [{"host": att.host, "port": att.port, "private_slot": att.slot,
-                  "bytes_mapped": a.shared + (a.private if att.slot is not None else 0)}
-                 for att in sorted(self.attached.values(), key=lambda x: x.host)]
-        return {"ok": True, "appliance": self._summary(), "modules": modules, "ports": ports, "hosts": hosts,
-                "private_slots": {str(h): s for h, s in sorted(self.slots.items())},
-                "scan": {"interval": self.scan_interval, **self.last_scan}, "pid": os.getpid()}, None
-
-    def op_layout(self, client, request):
-        return {"ok": True, "appliance": self._summary(),
-                "partitions": [self._region_info(p.name) for p in self.pool.partitions]}, None
-
-    def op_where(self, client, request):
-        try:
-            return {"ok": True, **where(self.appliance, request["offset"])}, None
-        except PfcxlError as exc:
-            raise proto.RequestError(str(exc)) from None
-
     def op_checksum(self, client, request):
         # One worker reads the pool, and each of its passes answers every request that came before
         # the pass began: a thread per request let one client start any number of whole-pool
@@ -328,60 +283,13 @@ class Service:
                 raise proto.RequestError(f"{MAX_CHECKSUMS_WAITING} checksum requests of this connection are "
                                          "already waiting: read their replies first")
             self._checksum_waiting.append((client, request.get("id")))
+            client.waiting += 1
             if self._checksum_worker is None:
                 self._checksum_worker = threading.Thread(target=self._checksum_loop, daemon=True, name="checksum")
                 self._checksum_worker.start()
         return None, None
 
-    def op_shutdown(self, client, request):
-        self.running = False
-        return {"ok": True, "stopping": True}, None
-
-    # ------------------------------------------------------------------ helpers
-
-    def _summary(self) -> dict:
-        a = self.appliance
-        return {"topology": self.topo.name, "modules": a.modules, "module_capacity": a.module_capacity,
-                "hbm_cache": a.hbm_cache, "ports": a.ports, "granularity": a.granularity,
-                "shared": a.shared, "private": a.private, "backing": a.backing}
-
-    def _region_info(self, name: str) -> dict:
-        p = self.pool.partition(name)
-        return {"name": "shared" if name == "shared" else "private", "partition": name,
-                "pool_offset": p.pool_offset, "size": p.size}
-
-    def _slot_for(self, host: int) -> int:
-        if host in self.slots:
-            return self.slots[host]
-        taken = set(self.slots.values())
-        free = [s for s in range(self.appliance.ports) if s not in taken]
-        if not free:
-            owners = ", ".join(str(h) for h in sorted(self.slots))
-            raise proto.RequestError(f"no private region left: all {self.appliance.ports} belong to hosts {owners}")
-        self.slots[host] = free[0]
-        self._save_slots()
-        return free[0]
-
-    def _load_slots(self) -> dict[int, int]:
-        path = self.run_dir / SLOTS_FILE
-        if self.appliance.backing != "directory" or not path.exists():
-            return {}
-        try:
-            return {int(h): int(s) for h, s in json.loads(path.read_text()).items()}
-        except (ValueError, OSError, AttributeError) as exc:
-            raise PfcxlError(f"{path} is unreadable ({exc}): private regions cannot be matched to hosts") from None
-
-    def _save_slots(self) -> None:
-        path = self.run_dir / SLOTS_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({str(h): s for h, s in self.slots.items()}) + "\n")
-        os.replace(tmp, path)
-
-    def _detach(self, host: int) -> None:
-        att = self.attached.pop(host, None)
-        if att is not None:
-            att.client.hosts.discard(host)
-            log.info("host %d detached from port %d", host, att.port)
+    # ------------------------------------------------------------------ workers
 
     def _checksum_loop(self) -> None:
         while True:
@@ -405,6 +313,7 @@ class Service:
         with self._lock:
             results, self._results = self._results, []
         for client, result in results:
+            client.waiting -= 1
             if client.sock.fileno() in self.clients:
                 self._reply(client, result)
 
@@ -426,27 +335,49 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topology", required=True)
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--scan-interval", type=float, default=5.0)
+    ap.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT)
+    ap.add_argument("--temporary-for", type=int, metavar="PID",
+                    help="a temporary appliance of process PID, its parent (which has it signalled when it "
+                    "dies): remove the run directory at exit")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")
     run_dir = args.run_dir
-    socket_path, pid_path = run_dir / "appliance.sock", run_dir / "appliance.pid"
     try:
-        service = Service(topology.load(topology.resolve(args.topology)), run_dir, socket_path, args.scan_interval)
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = rundir.take(run_dir)                 # before anything is written
+    except (PfcxlError, OSError) as exc:
+        log.error("%s", exc)
+        return getattr(exc, "exit_code", 1)
+    service, clean = None, False
+    try:
+        if args.temporary_for is not None and os.getppid() != args.temporary_for:
+            log.error("pid %d, which this temporary appliance serves, is gone", args.temporary_for)
+            return 1
+        removed = rundir.clear_leftovers(run_dir)   # ours now: the lock proves nobody serves them
+        if removed:
+            log.warning("took over %s from a service that died", " and ".join(removed))
+        service = Service(topology.load(topology.resolve(args.topology)), run_dir, run_dir / rundir.SOCKET,
+                          args.scan_interval, args.idle_timeout)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, service.stop)
+        (run_dir / rundir.PID).write_text(f"{os.getpid()}\n")
+        service.serve()
+        clean = True
     except PfcxlError as exc:
         log.error("%s", exc)
         return exc.exit_code
-    signal.signal(signal.SIGTERM, service.stop)
-    signal.signal(signal.SIGINT, service.stop)
-    pid_path.write_text(f"{os.getpid()}\n")
-    try:
-        service.serve()
     finally:
-        for path in (socket_path, pid_path):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+        # Only what this process made: it holds the lock, so the socket and pid file are its own.
+        if service is not None:
+            rundir.clear_leftovers(run_dir)
+        # A clean stop ends an shm pool; a crash keeps it for the next start, unless nobody can
+        # start this one again (a temporary appliance).
+        if (clean and service.appliance.backing == "shm") or args.temporary_for is not None:
+            rundir.discard_pool(run_dir)
+        if args.temporary_for is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        os.close(lock)
     return 0
 
 

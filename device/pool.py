@@ -4,8 +4,9 @@ Pool offsets: the shared region is [0, shared); private slot s is [shared + s*pr
 Pool offsets rotate over the memory modules at the appliance's granularity, through the one
 interleave decoder (address_map.interleave, pool offset 0 as its base).
 
-Each partition is its own memfd (volatile) or file (persistent), so handing a host the shared
-region and its private region gives it no way to reach another host's private memory.
+Each partition is its own memfd (gone with the service) or file (on tmpfs for `shm`, on disk for
+`directory`; both outlive the service), so handing a host the shared region and its private region
+gives it no way to reach another host's private memory.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import uuid
 import zlib
 from array import array
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from .address_map import interleave
 from .topology_model import Appliance
 
 LAYOUT_FILE = "layout.json"
+POOL_ID_FILE = "pool-id"
 
 
 @dataclass
@@ -69,12 +72,16 @@ def bytes_per_module(appliance: Appliance, start: int, size: int) -> list[int]:
 
 class Pool:
     """Owns the partitions' file descriptors. A context manager: closing it never loses data
-    in directory mode (the files stay), and frees the memory in memfd mode."""
+    kept in files (`directory` given: they stay), and frees the memory of memfds.
+
+    `pool_id` names the memory itself: kept with the files, new for every set of memfds, so two
+    incarnations of a service can tell whether they handed out the same memory."""
 
     def __init__(self, appliance: Appliance, directory: Path | None) -> None:
         self.appliance = appliance
         self.directory = directory
         self.partitions: list[Partition] = []
+        self.pool_id = ""
         self._open()
         g = appliance.granularity
         self._last_crc = array("I", [0]) * (self.mapped_bytes // g)
@@ -95,7 +102,7 @@ class Pool:
         names = [("shared", 0, a.shared)]
         if a.private:
             names += [(f"private/{s}", a.shared + s * a.private, a.private) for s in range(a.ports)]
-        if a.backing == "directory":
+        if self.directory is not None:
             self._check_directory()
         try:
             for name, offset, size in names:
@@ -103,13 +110,19 @@ class Pool:
         except BaseException:
             self.close()
             raise
-        if a.backing == "directory":
-            (self.directory / LAYOUT_FILE).write_text(json.dumps(self._layout_record(), indent=1) + "\n")
+        if self.directory is None:
+            self.pool_id = uuid.uuid4().hex[:12]
+            return
+        (self.directory / LAYOUT_FILE).write_text(json.dumps(self._layout_record(), indent=1) + "\n")
+        id_file = self.directory / POOL_ID_FILE
+        if not id_file.exists():
+            id_file.write_text(uuid.uuid4().hex[:12] + "\n")
+        self.pool_id = id_file.read_text().strip()
 
     def _check_directory(self) -> None:
         """Persistent files are reused only if they were made for this very layout."""
         assert self.directory is not None
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         record = self.directory / LAYOUT_FILE
         if record.exists():
             try:
@@ -127,7 +140,7 @@ class Pool:
                                  "unknown run; refusing to reuse them")
 
     def _open_one(self, name: str, size: int) -> int:
-        if self.appliance.backing == "memfd":
+        if self.directory is None:
             fd = os.memfd_create(f"pfcxl-{name.replace('/', '-')}", os.MFD_CLOEXEC)
             os.ftruncate(fd, size)
             return fd

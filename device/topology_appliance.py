@@ -8,7 +8,9 @@
     granularity = "4K"           # pool offsets rotate over the modules at this granularity
     shared = "1G"                # the region every host maps
     private = "256M"             # a region per host, mapped into that host only (0: none)
-    backing = "memfd"            # memfd: volatile; directory: files that survive restarts
+    backing = "shm"              # shm: tmpfs files that survive a crash, dropped by a clean stop;
+                                 # directory: files under the run dir that survive any stop;
+                                 # memfd: memory that dies with the service
 
 Devices say which region backs them with `appliance = "shared"` or `"private"`.
 """
@@ -19,7 +21,7 @@ from .topology_model import Appliance, Device
 from .topology_reader import Problems, Table
 from .units import GiB, MiB, human
 
-APPLIANCE_BACKINGS = ("memfd", "directory")
+APPLIANCE_BACKINGS = ("shm", "directory", "memfd")
 APPLIANCE_REGIONS = ("shared", "private")
 MAX_PORTS = 64
 MAX_MODULES = 64
@@ -32,7 +34,7 @@ def read_appliance(problems: Problems, doc: dict) -> Appliance | None:
     t = Table(problems, "appliance", doc["appliance"], {
         "modules": (int, 16), "module_capacity": ("size", 256 * MiB), "hbm_cache": ("size", 16 * MiB),
         "ports": (int, 16), "granularity": ("size", 4096), "shared": ("size", 1 * GiB),
-        "private": ("size", 0), "backing": (str, "memfd")})
+        "private": ("size", 0), "backing": (str, "shm")})
     if not t.ok:
         return None
     a = Appliance(t["modules"], t["module_capacity"], t["hbm_cache"], t["ports"], t["granularity"],

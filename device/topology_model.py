@@ -86,7 +86,7 @@ class Appliance:
     granularity: int                # pool offsets interleave across modules at this granularity
     shared: int
     private: int                    # per host; 0 = no private regions
-    backing: str                    # "memfd" (volatile) or "directory" (persistent files)
+    backing: str                    # "shm", "directory" or "memfd" (topology_appliance.py)
 
     @property
     def capacity(self) -> int:

@@ -1,14 +1,20 @@
 """Talking to the appliance service, and starting and stopping it.
 
 The service runs in the background with its socket (mode 0600), pid file and log in its run
-directory (default: $PFCXL_CACHE/appliance/<topology name>). Leftovers of a crashed run are
-recognised and named, never silently reused.
+directory (default: $PFCXL_CACHE/appliance/<topology name>). The service's lock on that directory
+(device/appliance_rundir.py) says whether one is running and which pid it is; a crashed run's pid
+file and socket are taken over by the next service, and cleaned up by `stop`.
+
+Connection trouble (a refused, reset or silent socket) is an ApplianceError, one line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import contextlib
+import errno
+import functools
 import signal
 import socket
 import subprocess
@@ -18,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pfcxl.device import appliance_protocol as proto
+from pfcxl.device import appliance_rundir as rundir
 from pfcxl.device.topology import Topology
 from pfcxl.errors import ApplianceError
 
-from . import cache
+from . import cache, process
 
-SOCKET, PID, LOG = "appliance.sock", "appliance.pid", "appliance.log"
+SOCKET, PID, LOG = rundir.SOCKET, rundir.PID, rundir.LOG
 START_TIMEOUT = 30.0
 
 
@@ -45,6 +52,8 @@ class Attachment:
     host: int
     port: int
     regions: list[Region]
+    incarnation: str | None = None      # of the service that attached it
+    pool_id: str | None = None          # of the memory it handed out
 
     def region(self, name: str) -> Region:
         return next(r for r in self.regions if r.name == name)
@@ -61,18 +70,26 @@ class Client:
     """One connection to the service. Attachments live as long as it does; use `with`."""
 
     def __init__(self, run_dir: Path, timeout: float = 30.0) -> None:
-        self.path = run_dir / SOCKET
+        self.path, self.timeout = run_dir / SOCKET, timeout
+        self.attachments: list[Attachment] = []
+        self._connect()
+
+    def _connect(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
+        self.sock.settimeout(self.timeout)
         try:
             self.sock.connect(str(self.path))
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             self.sock.close()
             raise ApplianceError(f"no appliance is serving {self.path} ({exc.strerror}): start one with "
                                  f"'pfcxl appliance start'") from None
+        except OSError as exc:
+            self.sock.close()
+            why = ("it accepts no connections (its queue is full)" if exc.errno == errno.EAGAIN
+                   else exc.strerror or f"no answer within {self.timeout:g}s")
+            raise ApplianceError(f"cannot connect to the appliance at {self.path}: {why}") from None
         self._buffer = bytearray()
         self._fds: list[int] = []
-        self.attachments: list[Attachment] = []
 
     def __enter__(self) -> "Client":
         return self
@@ -88,12 +105,31 @@ class Client:
 
     def request(self, op: str, **fields: object) -> tuple[dict, list[int]]:
         """Send one request; return the reply and any descriptors that came with it."""
-        self.sock.sendall((json.dumps({"op": op, "v": proto.VERSION, **fields}) + "\n").encode())
+        reply, fds = self._exchange(op, fields)
+        if reply.get("closed") == "idle" and not self.attachments:
+            # The service closes connections that stay silent without an attachment. Such a
+            # connection held nothing, so a new one serves as well; this request was never read.
+            _close_all(fds)
+            self.sock.close()
+            self._connect()
+            reply, fds = self._exchange(op, fields)
+        if "closed" in reply:
+            _close_all(fds)
+            raise ApplianceError(f"the appliance closed the connection during '{op}': {reply.get('error')}")
+        return reply, fds
+
+    def _exchange(self, op: str, fields: dict) -> tuple[dict, list[int]]:
+        try:
+            self.sock.sendall((json.dumps({"op": op, "v": proto.VERSION, **fields}) + "\n").encode())
+        except OSError:
+            pass              # closed by the service: the line saying why may still be waiting
         while b"\n" not in self._buffer:
             try:
                 data, fds, _, _ = socket.recv_fds(self.sock, 65536, 16)
             except socket.timeout:
-                raise ApplianceError(f"the appliance did not answer '{op}' in time") from None
+                raise ApplianceError(f"the appliance did not answer '{op}' within {self.timeout:g}s") from None
+            except OSError as exc:
+                raise ApplianceError(f"lost the connection to the appliance during '{op}': {exc.strerror}") from None
             if not data:
                 raise ApplianceError(f"the appliance closed the connection during '{op}'")
             self._buffer += data
@@ -101,13 +137,16 @@ class Client:
         line, _, rest = bytes(self._buffer).partition(b"\n")
         self._buffer = bytearray(rest)
         fds, self._fds = self._fds, []
-        return json.loads(line), fds
+        try:
+            return json.loads(line), fds
+        except ValueError:
+            _close_all(fds)
+            raise ApplianceError(f"the appliance answered '{op}' with a line that is not JSON: {line[:80]!r}") from None
 
     def call(self, op: str, **fields: object) -> dict:
         """A request that must succeed; its descriptors, if any, are closed."""
         reply, fds = self.request(op, **fields)
-        for fd in fds:
-            os.close(fd)
+        _close_all(fds)
         if not reply.get("ok"):
             raise ApplianceError(f"appliance refused '{op}': {reply.get('error')}")
         return reply
@@ -116,35 +155,26 @@ class Client:
         fields = {"host": host} if port is None else {"host": host, "port": port}
         reply, fds = self.request("attach", **fields)
         if not reply.get("ok"):
-            for fd in fds:
-                os.close(fd)
+            _close_all(fds)
             raise ApplianceError(f"appliance refused host {host}: {reply.get('error')}")
         regions = [Region(r["name"], r["partition"], r["size"], r["pool_offset"], fd)
                    for r, fd in zip(reply["regions"], fds)]
-        att = Attachment(reply["host"], reply["port"], regions)
+        att = Attachment(reply["host"], reply["port"], regions, reply.get("incarnation"), reply.get("pool_id"))
         self.attachments.append(att)
         return att
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- process control
 
 
 def running_pid(run_dir: Path) -> int | None:
-    """The pid of a live service for `run_dir`, None if none; stale leftovers raise, named."""
-    pid_file, sock = run_dir / PID, run_dir / SOCKET
-    if not pid_file.exists():
-        if sock.exists():
-            raise ApplianceError(f"{sock} is left from a crashed run (no pid file): remove it, or run "
-                                 f"'pfcxl appliance stop --run-dir {run_dir}' to clean up")
-        return None
-    try:
-        pid = int(pid_file.read_text().strip())
-    except ValueError:
-        raise ApplianceError(f"{pid_file} does not hold a pid: left by a crashed run; remove it") from None
-    if not _alive(pid) or not _is_service(pid):
-        raise ApplianceError(f"{pid_file} names pid {pid}, which is not a running appliance: left by a "
-                             f"crashed run; 'pfcxl appliance stop --run-dir {run_dir}' cleans up")
-    return pid
+    """The pid of the service holding `run_dir`, None if none does."""
+    return rundir.holder(run_dir)
 
 
 def _alive(pid: int) -> bool:
@@ -156,47 +186,50 @@ def _alive(pid: int) -> bool:
             return False
     except ChildProcessError:
         pass
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def _is_service(pid: int) -> bool:
-    # Match the module argument exactly: a substring test took any process whose command line
-    # merely mentions the file (an editor on appliance_service.py, its tests) that reused a stale
-    # pid for the service, and stop() then signalled it.
-    try:
-        return b"pfcxl.device.appliance_service" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+    try:      # a zombie some other process has still to reap has exited too
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
         return False
 
 
 def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = False,
-          scan_interval: float = 5.0) -> int:
+          scan_interval: float = 5.0, idle_timeout: float | None = None, temporary: bool = False) -> int:
     """Start the service for `topo` (read from `topo_path`) in the background and wait until it
-    answers; its pid."""
+    answers; its pid. A `temporary` one is stopped (SIGTERM) when this process dies, however it
+    dies, and removes `run_dir` as it exits."""
     if topo.appliance is None:
         raise ApplianceError(f"topology '{topo.name}' has no [appliance] section")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if idle_timeout is not None and not idle_timeout > 0:
+        raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
+    try:
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ApplianceError(f"cannot create the run directory {run_dir}: {exc.strerror}") from None
     pid = running_pid(run_dir)
     if pid is not None:
         raise ApplianceError(f"an appliance is already running for {run_dir} (pid {pid})")
     argv = [sys.executable, "-m", "pfcxl.device.appliance_service", "--topology", str(topo_path),
             "--run-dir", str(run_dir), "--scan-interval", str(scan_interval)]
+    if idle_timeout is not None:
+        argv += ["--idle-timeout", str(idle_timeout)]
+    if temporary:
+        argv += ["--temporary-for", str(os.getpid())]
     if foreground:
         os.execv(argv[0], argv)
     with open(run_dir / LOG, "ab") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        os.chmod(run_dir / LOG, 0o600)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                preexec_fn=functools.partial(process.die_with_parent, signal.SIGTERM)
+                                if temporary else None)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            holder = running_pid(run_dir)
+            if holder is not None:        # another start won the directory
+                raise ApplianceError(f"an appliance is already running for {run_dir} (pid {holder})")
             raise ApplianceError(f"the appliance exited at start (status {proc.returncode}): "
                                  f"{_log_tail(run_dir)}")
-        if (run_dir / SOCKET).exists():
+        if (run_dir / SOCKET).exists() and running_pid(run_dir) == proc.pid:
             try:
                 with Client(run_dir, timeout=5) as c:
                     c.call("hello")
@@ -209,28 +242,28 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
 
 
 def stop(run_dir: Path, timeout: float = 15.0) -> str:
-    """Stop the service (shutdown request, then SIGTERM, then SIGKILL) and clean its leftovers."""
-    pid_file, sock = run_dir / PID, run_dir / SOCKET
-    try:
-        pid = running_pid(run_dir)
-    except ApplianceError:
-        for leftover in (pid_file, sock):
-            leftover.unlink(missing_ok=True)
-        return "removed the leftovers of a crashed run"
+    """Stop the service: a shutdown request, or SIGTERM when its socket does not answer, then
+    SIGKILL. With none running, clean up what a crashed one left (its shm pool too)."""
+    pid = running_pid(run_dir)
     if pid is None:
-        return "no appliance was running"
+        removed = rundir.clear_leftovers(run_dir) + (["its pool"] if rundir.discard_pool(run_dir) else [])
+        return "removed the leftovers of a crashed run" if removed else "no appliance was running"
     try:
         with Client(run_dir, timeout=5) as c:
             c.call("shutdown")
     except ApplianceError:
-        os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGCONT)          # a stopped service must run to act on it
     deadline = time.monotonic() + timeout
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
-    for leftover in (pid_file, sock):
-        leftover.unlink(missing_ok=True)
+        while running_pid(run_dir) == pid:        # the kernel drops its lock as it dies
+            time.sleep(0.05)
+        rundir.clear_leftovers(run_dir)
+        rundir.discard_pool(run_dir)
     return f"stopped pid {pid}"
 
 

@@ -404,7 +404,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _terminate(signum, frame):  # SIGTERM unwinds like Ctrl-C, so every VM is shut down
+def _terminate(signum, frame):  # SIGTERM and SIGHUP unwind like Ctrl-C, so every VM is shut down
     raise KeyboardInterrupt
 
 
@@ -417,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(getattr(args, "command", None), list) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
     try:
         return args.func(args)
     except PfcxlError as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +32,8 @@ def _dir(args, topo: topology.Topology) -> Path:
 def cmd_start(args) -> int:
     topo, path = _topology(args)
     run_dir = _dir(args, topo)
-    pid = appliance.start(topo, path, run_dir, foreground=args.foreground, scan_interval=args.scan_interval)
+    pid = appliance.start(topo, path, run_dir, foreground=args.foreground, scan_interval=args.scan_interval,
+                          idle_timeout=args.idle_timeout)
     a = topo.appliance
     out.print(f"appliance '{topo.name}' running (pid {pid}): {a.modules} modules x {human(a.module_capacity)}, "
               f"{a.ports} ports, shared {human(a.shared)}, private {human(a.private)} per host, {a.backing}")
@@ -56,7 +56,8 @@ def cmd_status(args) -> int:
         print(json.dumps(status, indent=1))
         return 0
     a = status["appliance"]
-    out.print(f"appliance '{a['topology']}' (pid {status['pid']}, {a['backing']}): {a['modules']} modules, "
+    out.print(f"appliance '{a['topology']}' (pid {status['pid']}, {a['backing']}, incarnation {status['incarnation']}, "
+              f"pool {status['pool_id']}): {a['modules']} modules, "
               f"{a['ports']} ports, granularity {human(a['granularity'])}")
     m = Table(title="memory modules", title_justify="left")
     for col in ("module", "capacity", "HBM cache", "bytes mapped", "bytes changed"):
@@ -76,6 +77,10 @@ def cmd_status(args) -> int:
                   "-" if h is None else f"{h['bytes_mapped']:,}",
                   "-" if port["since"] is None else f"{time.time() - port['since']:.0f}s")
     out.print(p)
+    for h in status.get("previous_incarnations", []):
+        memory = "the same pool memory" if h["same_memory"] else "memory this appliance does not own (lost to it)"
+        err.print(f"[yellow]host {h['host']} (pid {h['pid']}, port {h['port']}) is still attached to incarnation "
+                  f"{h['incarnation']} of this appliance, and maps {memory}[/yellow]")
     scan = status["scan"]
     out.print(f"[dim]bytes changed: granules whose contents changed between scans, every {scan['interval']}s "
               f"(last scan took {scan['seconds']}s)[/dim]")
@@ -107,11 +112,10 @@ def cmd_multihost(args) -> int:
         err.print(f"  host {r.host:2} (port {r.port:2}): {state} ready in {r.ready_seconds:.1f}s"
                   + (f", exit {r.status}" if r.status is not None else ""))
 
-    with tempfile.TemporaryDirectory(prefix="pfcxl-multihost-") as tmp:
-        results = multihost.run(topo, path, args.hosts, command, run_dir=Path(tmp),
-                                appliance_dir=Path(args.appliance_dir) if args.appliance_dir else None,
-                                ready_timeout=args.timeout, command_timeout=args.command_timeout,
-                                say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), host_done=host_done)
+    results = multihost.run(topo, path, args.hosts, command,
+                            appliance_dir=Path(args.appliance_dir) if args.appliance_dir else None,
+                            ready_timeout=args.timeout, command_timeout=args.command_timeout,
+                            say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), host_done=host_done)
     for r in results:
         out.print(f"== host {r.host} (port {r.port}, exit {r.status if r.status is not None else '-'})",
                   highlight=False)
@@ -138,6 +142,8 @@ def add_parsers(sub, common) -> None:
     p = base(asub.add_parser("start", help="start in the background (pid file, log, socket 0600)"))
     p.add_argument("--foreground", action="store_true", help="run in this terminal, logging to stderr")
     p.add_argument("--scan-interval", type=float, default=5.0, help="seconds between change scans (default 5)")
+    p.add_argument("--idle-timeout", type=float, help="seconds a connection without an attachment may stay "
+                   "silent before the service closes it (default 60)")
     p.set_defaults(func=cmd_start)
     base(asub.add_parser("stop", help="stop it (or clean up after a crashed one)")).set_defaults(func=cmd_stop)
     p = base(asub.add_parser("status", help="modules, ports, attached hosts, bytes mapped and changed"))

@@ -2,12 +2,15 @@
 
 Every host is a QEMU guest attached to the appliance under its own host id. All guests boot at
 the same time, the command runs in all of them at the same time (with {host} and {hosts}
-replaced), and the outputs come back per host. Everything started here is torn down here.
+replaced), and the outputs come back per host. Everything started here is torn down here, and
+a temporary appliance dies with this process however it ends (even by SIGKILL), taking its run
+directory, with the hosts' logs in it, along.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,24 +41,42 @@ def expand(command: str, host: int, hosts: int) -> str:
 
 @contextlib.contextmanager
 def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, say: Callable[[str], None]):
-    """The run directory of a running appliance for `topo`: the given or default one if it is up,
-    else a temporary one started here and stopped afterwards."""
+    """(run directory, temporary?) of a running appliance for `topo`: the given or default one
+    if it is up, else a temporary one started here and stopped afterwards."""
     where = appliance_dir or appliance.default_dir(topo)
     if appliance.running_pid(where) is not None:
-        yield where
+        yield where, False
         return
     if appliance_dir is not None:
         raise PfcxlError(f"no appliance is running in {appliance_dir}")
-    with tempfile.TemporaryDirectory(prefix="pfcxl-appliance-") as tmp:
-        say(f"starting a temporary appliance in {tmp}")
-        appliance.start(topo, topo_path, Path(tmp))
-        try:
-            yield Path(tmp)
-        finally:
-            appliance.stop(Path(tmp))
+    tmp = Path(tempfile.mkdtemp(prefix="pfcxl-appliance-"))
+    say(f"starting a temporary appliance in {tmp}")
+    try:
+        appliance.start(topo, topo_path, tmp, temporary=True)      # it removes tmp as it exits
+        yield tmp, True
+    finally:
+        appliance.stop(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)                     # if it never started
 
 
-def run(topo: Topology, topo_path: Path, hosts: int, command: str, *, run_dir: Path,
+def check_incarnation(where: Path, att: appliance.Attachment, say: Callable[[str], None]) -> str | None:
+    """Whether the appliance restarted while the hosts ran: said if it kept the pool, an error if
+    the hosts' memory is not its pool any more."""
+    try:
+        with appliance.Client(where, timeout=10) as c:
+            now = c.call("hello")["appliance"]
+    except PfcxlError as exc:
+        return f"the appliance is gone after the run: {exc}"
+    if now["incarnation"] == att.incarnation:
+        return None
+    change = f"the appliance restarted during the run (incarnation {att.incarnation} -> {now['incarnation']})"
+    if now["pool_id"] == att.pool_id:
+        say(f"{change}; it re-attached the same pool memory")
+        return None
+    return f"{change} with new memory: the hosts' writes are not in its pool"
+
+
+def run(topo: Topology, topo_path: Path, hosts: int, command: str, *, run_dir: Path | None = None,
         appliance_dir: Path | None = None, ready_timeout: float = 600, command_timeout: float = 900,
         say: Callable[[str], None] = lambda m: None,
         host_done: Callable[[HostResult], None] = lambda r: None) -> list[HostResult]:
@@ -66,7 +87,10 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str, *, run_dir: P
         raise PfcxlError(f"{hosts} hosts but the appliance has {topo.appliance.ports} ports")
     results: dict[int, HostResult] = {}
     with contextlib.ExitStack() as stack:
-        where = stack.enter_context(appliance_for(topo, topo_path, appliance_dir, say))
+        where, temporary = stack.enter_context(appliance_for(topo, topo_path, appliance_dir, say))
+        if run_dir is None:       # the hosts' logs: where a temporary appliance removes them as it dies
+            run_dir = where / "hosts" if temporary else Path(
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="pfcxl-multihost-")))
         vms: list[tuple[int, Machine, float, int]] = []
         prebuilt = None
         for h in range(hosts):
@@ -96,4 +120,8 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str, *, run_dir: P
             except PfcxlError as exc:
                 results[h].error = str(exc)
             host_done(results[h])
+        if hosts:
+            lost = check_incarnation(where, vms[-1][1].attachment, say)
+            for r in results.values():
+                r.error = r.error or lost
     return [results[h] for h in sorted(results)]

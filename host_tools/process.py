@@ -45,11 +45,12 @@ def run(argv: Sequence[str], *, what: str, error: type[PfcxlError] = PfcxlError,
     return done.stdout
 
 
-def _die_with_parent() -> None:
-    # If pfcxl itself is killed (even with SIGKILL), the kernel kills the child too: no QEMU
-    # is ever left behind. It fires when the spawning *thread* exits, so spawn from the main one.
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """For preexec_fn: if pfcxl itself is killed (even with SIGKILL), the kernel sends the child
+    `signum`: no QEMU is ever left behind. It fires when the spawning *thread* exits, so spawn
+    from the main one."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
 def _child_descriptors(fds: dict[int, int]):
@@ -57,7 +58,7 @@ def _child_descriptors(fds: dict[int, int]):
     no other descriptor of ours through exec. The fixed numbers are what the argv names, so the
     command line `pfcxl qemu-args` prints is exactly the one exec'd."""
     def setup() -> None:
-        _die_with_parent()
+        die_with_parent()
         low = max(fds, default=2) + 1
         # Copy every source above the targets first: a source may sit on another's target number.
         copies = {target: fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, low) for target, source in fds.items()}

@@ -90,7 +90,7 @@ def prepare_backing(topo: Topology, run_dir: Path) -> dict[str, Path]:
                               f"{size}: use another --run-dir or remove the file")
     for path, size, _ in wanted:
         if not path.exists():
-            with open(path, "xb") as f:
+            with open(path, "xb", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:   # guest memory
                 f.truncate(size)
     return paths
 

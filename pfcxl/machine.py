@@ -34,11 +34,13 @@ from pfcxl.errors import PfcxlError, VMError
 from pfcxl.firmware_tables import boot_policy, generate
 from pfcxl.host_tools import appliance as appliance_mod
 from pfcxl.host_tools import image as image_mod
+from pfcxl.host_tools.guest_names import guest_name
 from pfcxl.host_tools import qemu
 from pfcxl.host_tools import calibration, timing_plugin
 from pfcxl.host_tools import timing as timing_mod
 from pfcxl.host_tools.vm import VM
 
+DEFAULT_NAME = "guest"
 # What a plan shows for a run directory that does not exist yet (a temporary one per boot).
 RUN_DIR_PLACEHOLDER = Path("RUN_DIR")
 
@@ -101,7 +103,9 @@ class Machine:
     directory; default: the topology's default appliance directory), or an `attachment` the caller
     made on its own connection (appliance.Client.attach). run_dir: kept backing files
     and logs (default: a temporary directory, removed afterwards unless keep=True or the boot
-    failed). cedt: "auto", "qemu" or "ours". append: extra kernel command line. prebuilt: the
+    failed). cedt: "auto", "qemu" or "ours". append: extra kernel command line. name: what the
+    guest's logs and files are called (default: "guest", or "guest-1", ... when other live guests
+    share the run directory). prebuilt: the
     boot_image() of another Machine with the same topology and options, to skip the cache check.
     """
 
@@ -109,7 +113,7 @@ class Machine:
                  host: int = 0, appliance: "Appliance | str | Path | None" = None,
                  attachment: appliance_mod.Attachment | None = None,
                  run_dir: str | Path | None = None, keep: bool = False, cedt: str = "auto", append: str = "",
-                 ready_timeout: float = 300, name: str = "guest", inject_profile: str = "pf",
+                 ready_timeout: float = 300, name: str | None = None, inject_profile: str = "pf",
                  baseline_ns: float | None = None, prebuilt: image_mod.BootImage | None = None,
                  progress: Callable[[str], None] | None = None) -> None:
         self.topology, self.topology_path = load_topology(topology)
@@ -124,7 +128,9 @@ class Machine:
         self.appliance = appliance
         # absolute: QEMU and the plugin get these paths, and the printed argv must be the exec'd one
         self.run_dir_arg = Path(run_dir).absolute() if run_dir is not None else None
-        self.keep, self.ready_timeout, self.name = keep, ready_timeout, name
+        self.keep, self.ready_timeout = keep, ready_timeout
+        self.name = name or DEFAULT_NAME
+        self._pick_name = name is None
         self.say = progress or (lambda message: None)
         self.run_dir: Path | None = None
         self.vm: VM | None = None
@@ -193,6 +199,8 @@ class Machine:
         stack = self._stack = contextlib.ExitStack()
         try:
             self.run_dir = stack.enter_context(_run_directory(self.run_dir_arg, self.keep, self.say))
+            if self._pick_name:   # guests sharing a run directory each get their own log names
+                self.name = stack.enter_context(guest_name(self.run_dir, DEFAULT_NAME))
             fds = self._attach(stack)
             self.boot_image()
             config = self.timing_config
@@ -303,7 +311,7 @@ def _run_directory(path: Path | None, keep: bool, say: Callable[[str], None]):
     """The directory for backing files and logs: given (kept), or temporary (removed afterwards,
     kept with its logs when something failed)."""
     if path is not None:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)      # guest memory: this user's only
         yield path
         return
     path = Path(tempfile.mkdtemp(prefix="pfcxl-run-"))

@@ -1,17 +1,25 @@
 """Guests on the appliance service: shared memory across hosts, private regions, a host killed
-mid-write, persistent pools. The service and every guest are real; nothing is mocked."""
+mid-write, the service killed mid-write, persistent pools. The service and every guest are real;
+nothing is mocked."""
 
 import json
+import mmap
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
+import zlib
+from pathlib import Path
 
 import pytest
 
+from pfcxl.device import appliance_rundir as rundir
 from pfcxl.device import topology
 from pfcxl.host_tools import appliance, multihost
 
-from .conftest import boot_on_appliance, daxio, load
+from .conftest import boot_on_appliance, daxio, load, pid_alive, qemu_pids_using
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -66,8 +74,8 @@ def test_private_regions_are_private(running_appliance, boot):
         assert not reply["ok"] and fds == [] and "belongs to host 0" in reply["error"]
         # host 1's QEMU holds the shared and its own private memory, never host 0's
         held = {os.readlink(f"/proc/{vm1.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{vm1.pid}/fd")}
-        names = {h.split("memfd:")[1].split(" ")[0] for h in held if "memfd:pfcxl" in h}
-        assert names == {"pfcxl-shared", f"pfcxl-{own1.replace('/', '-')}"}
+        names = {Path(h).name for h in held if h.startswith(str(rundir.shm_dir(run_dir)))}
+        assert names == {"shared.pool", f"{own1.replace('/', '-')}.pool"}
         assert daxio(vm0, "verify /dev/dax1.0 --size 4M --seed 5")["mismatches"] == 0
 
 
@@ -96,7 +104,9 @@ def test_killed_host_does_not_disturb_the_others_and_finds_its_data(running_appl
 
 
 def test_persistent_pool_survives_a_restart(running_appliance, boot, tmp_path):
-    text = topology.resolve("pf-appliance").read_text().replace('backing = "memfd"', 'backing = "directory"')
+    text, n = re.subn(r'^backing = "shm".*$', 'backing = "directory"', topology.resolve("pf-appliance").read_text(),
+                      flags=re.M)
+    assert n == 1
     path = tmp_path / "pf-appliance-persistent.toml"
     path.write_text(text)
     topo = topology.load(path)
@@ -115,3 +125,99 @@ def test_persistent_pool_survives_a_restart(running_appliance, boot, tmp_path):
         shared = daxio(vm, "verify /dev/dax0.0 --offset 4M --size 16M --seed 3")
         assert shared["mismatches"] == 0 and shared["crc32"] == wrote["crc32"]
         assert daxio(vm, "verify /dev/dax1.0 --size 8M --seed 4")["mismatches"] == 0
+
+
+def _crc(fd: int, offset: int, size: int) -> str:
+    with mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+        return f"{zlib.crc32(m[offset:offset + size]):#010x}"
+
+
+def test_a_crashed_appliance_restarts_on_the_pool_its_guests_still_write(running_appliance, boot):
+    # kill -9 of the service while two guests write; a restart on the same directory re-attaches
+    # the very pool (shm backing), names the guests as attached to the crashed incarnation, and
+    # holds every byte they wrote, before and after the crash.
+    path = topology.resolve("pf-appliance")
+    topo = topology.load(path)
+    run_dir = running_appliance()
+    with appliance.Client(run_dir) as c0, appliance.Client(run_dir) as c1:
+        vm0, att0 = boot_on_appliance(boot, c0, 0)
+        vm1, _ = boot_on_appliance(boot, c1, 1)
+        before = daxio(vm0, "fill /dev/dax0.0 --size 8M --seed 21")              # done before the crash
+        assert before["status"] == 0
+        ranges = {0: (16 * MiB, 32 * MiB), 1: (64 * MiB, 32 * MiB)}
+
+        def fills(h: int) -> str:
+            # rewrites its range for 20 s (seed 99), then once more with the seed it is checked
+            # against: the crash comes at its first write, so they go on well past it
+            where = f"/dev/dax0.0 --offset {ranges[h][0] // MiB}M --size {ranges[h][1] // MiB}M"
+            return (f"end=$(($(date +%s) + 20)); while [ $(date +%s) -lt $end ]; do daxio fill {where} --seed 99 "
+                    f">/dev/null; done; daxio fill {where} --seed {30 + h}")
+
+        writing = {h: vm.start_command(fills(h)) for h, vm in ((0, vm0), (1, vm1))}
+        with open(rundir.shm_dir(run_dir) / "shared.pool", "rb") as pool:
+            def started() -> bool:
+                return all(os.pread(pool.fileno(), 8, o) != bytes(8) for o, _ in ranges.values())
+            deadline = time.monotonic() + 300
+            while not started() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert started()
+        crashed = appliance.running_pid(run_dir)
+        os.kill(crashed, signal.SIGKILL)                                        # mid-write
+        deadline = time.monotonic() + 30
+        while appliance._alive(crashed) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not appliance._alive(crashed)
+        restarted = appliance.start(topo, path, run_dir)
+        wrote = {}
+        for h, vm in ((0, vm0), (1, vm1)):
+            done = vm.finish_command(writing[h], 600)
+            assert done.status == 0, done.output
+            wrote[h] = json.loads(next(l for l in done.output.splitlines() if l.startswith('{"tool":"daxio"')))
+        with appliance.Client(run_dir) as c:
+            status = c.call("status")
+            assert status["pid"] == restarted != crashed
+            assert status["pool_id"] == att0.pool_id and status["incarnation"] != att0.incarnation
+            assert [(p["host"], p["port"], p["same_memory"], p["incarnation"]) for p in status["previous_incarnations"]] \
+                == [(0, 0, True, att0.incarnation), (1, 1, True, att0.incarnation)]
+            shared = c.attach(2).region("shared").fd                             # from the new incarnation
+            assert _crc(shared, 0, 8 * MiB) == before["crc32"]
+            for h, (offset, size) in ranges.items():
+                assert _crc(shared, offset, size) == wrote[h]["crc32"]
+        for h, vm in ((0, vm0), (1, vm1)):                                      # and the guests agree
+            offset, size = ranges[1 - h]
+            seen = daxio(vm, f"verify /dev/dax0.0 --offset {offset // MiB}M --size {size // MiB}M --seed {31 - h}")
+            assert seen["mismatches"] == 0 and seen["crc32"] == wrote[1 - h]["crc32"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+def test_a_killed_multihost_takes_its_temporary_appliance_and_directories_along(tmp_path, sig):
+    # A topology of its own name, so no default appliance is running for it: multihost starts a
+    # temporary one. Killed while its guest boots, it must leave no service, directory, pool or QEMU.
+    text = topology.resolve("pf-appliance").read_text().replace('name = "pf-appliance"', 'name = "pf-appliance-kill"')
+    path = tmp_path / "pf-appliance-kill.toml"
+    path.write_text(text)
+    proc = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "multihost", "-n", "1", "-t", str(path),
+                             "--", "sleep", "600"], stderr=subprocess.PIPE, text=True)
+    where = None
+    try:
+        for line in proc.stderr:
+            if line.startswith("starting a temporary appliance in "):
+                where = Path(line.split(" in ", 1)[1].strip())
+            if "guests launched" in line:
+                break
+        assert where is not None and where.exists()
+        service = appliance.running_pid(where)
+        assert service is not None and qemu_pids_using(where)
+        os.kill(proc.pid, sig)
+        proc.wait(120)
+        deadline = time.monotonic() + 60
+        while (where.exists() or pid_alive(service) or qemu_pids_using(where)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not pid_alive(service), f"the temporary appliance (pid {service}) outlived multihost's {sig.name}"
+        assert not where.exists() and not rundir.shm_dir(where).exists()
+        assert not qemu_pids_using(where)
+        if sig == signal.SIGHUP:
+            assert proc.returncode != 0 and "Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()

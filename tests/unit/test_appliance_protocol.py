@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import socket
 import stat
 import subprocess
@@ -41,9 +42,11 @@ def test_socket_is_private_and_hello_names_version_1(services):
     with s.client() as c:
         hello = c.call("hello")
         assert hello["version"] == proto.VERSION == 1
+        identity = {k: hello["appliance"].pop(k) for k in ("incarnation", "pool_id")}
+        assert all(re.fullmatch(r"[0-9a-f]{12}", v) for v in identity.values()), identity
         assert hello["appliance"] == {"topology": "pf-appliance", "modules": 4, "module_capacity": 256 * MiB,
                                       "hbm_cache": 32 * MiB, "ports": 2, "granularity": 4096,
-                                      "shared": SHARED, "private": PRIVATE, "backing": "memfd"}
+                                      "shared": SHARED, "private": PRIVATE, "backing": "shm"}
         # ids are echoed, on success and on failure alike
         assert c.request("hello", id=7)[0]["id"] == 7
         assert c.request("where", offset=-1, id="w-1")[0] == {
@@ -53,10 +56,12 @@ def test_socket_is_private_and_hello_names_version_1(services):
 
 
 def test_attach_hands_out_one_memfd_per_region(services):
-    s = services()
+    s = services(backing="memfd")
     with s.client() as a:
         reply, fds = a.request("attach", host=0)
         try:
+            assert {k: reply.pop(k) for k in ("incarnation", "pool_id")} == {
+                k: a.call("hello")["appliance"][k] for k in ("incarnation", "pool_id")}
             assert reply == {"ok": True, "host": 0, "port": 0, "regions": [
                 {"name": "shared", "partition": "shared", "pool_offset": 0, "size": SHARED},
                 {"name": "private", "partition": "private/0", "pool_offset": SHARED, "size": PRIVATE}]}
@@ -282,7 +287,7 @@ def test_directory_backing_survives_a_restart(services, tmp_path):
     appliance.stop(run_dir)
 
     files = _pool_files(run_dir)
-    assert set(files) == {"layout.json", "shared.pool", "private-0.pool", "private-1.pool"}
+    assert set(files) == {"layout.json", "pool-id", "shared.pool", "private-0.pool", "private-1.pool"}
     with pytest.raises(ApplianceError, match=r"exited at start.*pool files in .* were made for another layout "
                                              r"\(shared 268435456 -> 536870912\); refusing to reuse them"):
         services(run_dir, backing="directory", shared="512M")
@@ -318,9 +323,7 @@ def test_a_dead_pid_file_is_named_and_stop_cleans_it(small_topology, tmp_path, s
     pid = _dead_pid()
     (run_dir / appliance.PID).write_text(f"{pid}\n")
     _stray_socket(run_dir / appliance.SOCKET)
-    with pytest.raises(ApplianceError, match=rf"names pid {pid}, which is not a running appliance: left by a "
-                                             r"crashed run; 'pfcxl appliance stop --run-dir .*' cleans up"):
-        appliance.start(topo, path, run_dir)
+    assert appliance.running_pid(run_dir) is None          # nobody holds the directory's lock
     with pytest.raises(ApplianceError, match=r"no appliance is serving .*appliance.sock \(Connection refused\)"):
         appliance.Client(run_dir)               # nobody answers on the stale socket
     assert appliance.stop(run_dir) == "removed the leftovers of a crashed run"
@@ -333,24 +336,26 @@ def test_a_dead_pid_file_is_named_and_stop_cleans_it(small_topology, tmp_path, s
 MY_PID = os.getpid()
 
 
-@pytest.mark.parametrize("pid_text,socket_file,message", [
-    (f"{MY_PID}\n", False, rf"appliance.pid names pid {MY_PID}, which is not a running appliance"),  # alive, not one
-    ("not a pid\n", False, r"appliance.pid does not hold a pid: left by a crashed run; remove it"),
-    (None, True, r"appliance.sock is left from a crashed run \(no pid file\): remove it, or run "
-                 r"'pfcxl appliance stop --run-dir .*'"),
-], ids=["live-other-process", "garbage-pid", "socket-without-pid"])
-def test_other_leftovers_are_named_and_stop_cleans_them(small_topology, tmp_path, pid_text, socket_file, message):
-    topo, path = small_topology
+@pytest.mark.parametrize("pid_text,socket_file,taken", [
+    (f"{MY_PID}\n", False, "appliance.pid"),               # a live process, but not the lock holder
+    ("not a pid\n", False, "appliance.pid"),
+    (None, True, "appliance.sock"),
+    (f"{_dead_pid()}\n", True, "appliance.pid and appliance.sock"),
+], ids=["live-other-process", "garbage-pid", "socket-without-pid", "dead-pid-and-socket"])
+def test_start_takes_over_what_a_crashed_run_left(small_topology, tmp_path, services, pid_text, socket_file, taken):
+    # Nobody holds the directory's lock, so nobody uses its pid file or socket: a new service
+    # replaces them (and says so), and signals no one.
     run_dir = tmp_path / "left"
     run_dir.mkdir()
     if pid_text is not None:
         (run_dir / appliance.PID).write_text(pid_text)
     if socket_file:
         _stray_socket(run_dir / appliance.SOCKET)
-    with pytest.raises(ApplianceError, match=message):
-        appliance.start(topo, path, run_dir)
-    assert appliance.stop(run_dir) == "removed the leftovers of a crashed run"   # and signals nobody
-    assert not (run_dir / appliance.PID).exists() and not (run_dir / appliance.SOCKET).exists()
+    s = services(run_dir)
+    assert int((run_dir / appliance.PID).read_text()) == s.pid == appliance.running_pid(run_dir)
+    with s.client() as c:
+        assert c.call("status")["pid"] == s.pid
+    assert f"took over {taken} from a service that died" in (run_dir / appliance.LOG).read_text()
 
 
 def test_start_refuses_while_one_is_running(services):
