@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import sys
@@ -28,8 +27,9 @@ from pfcxl.firmware_tables import generate as tables_generate
 
 from pfcxl.device import fabric_constants
 
-from . import appliance, cli_appliance, cli_bench, discovery, image, qemu, terminal, timing, timing_report
+from . import appliance, argtypes, cli_appliance, cli_bench, discovery, image, qemu, terminal, timing, timing_report
 from .ui import err, out
+from .console import shell_command
 from .vm import VM, boot_ready
 
 
@@ -222,7 +222,7 @@ def cmd_run(args) -> int:
     if not args.command:
         raise PfcxlError("pfcxl run: give a command after --, e.g. pfcxl run -- cxl list -R")
     topo = _load(args.topology)
-    command = shlex.join(args.command) if len(args.command) > 1 else args.command[0]
+    command = shell_command(args.command)
     report = None
     with _booted(topo, args) as (vm, session):
         if session is None:
@@ -333,7 +333,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
         p.add_argument("--run-dir", help="directory for backing files and logs (kept; reused by a later "
                        "boot, so memory contents persist)")
         p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
-        p.add_argument("--timeout", type=float, default=300,
+        p.add_argument("--timeout", type=argtypes.seconds, default=300,
                        help="seconds to wait for the guest to become ready (default 300)")
         p.add_argument("--append", default="", help="extra kernel command line")
         p.add_argument("--host", type=int, default=0,
@@ -390,7 +390,7 @@ def parser() -> argparse.ArgumentParser:
                        description="Boot a guest, run CMD in its shell once it is ready, print the output and "
                        "exit with CMD's status. Example: pfcxl run -t two-hb-interleave -- cxl list -R")
     _common(p, boots=True)
-    p.add_argument("--command-timeout", type=float, default=600, help="seconds for the command (default 600)")
+    p.add_argument("--command-timeout", type=argtypes.seconds, default=600, help="seconds for the command (default 600)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
     p.set_defaults(func=cmd_run)
 

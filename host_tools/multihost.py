@@ -12,12 +12,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
 
 from . import appliance, image
+from .console import shell_command
 from .vm import VM
 
 
@@ -31,8 +32,10 @@ class HostResult:
     error: str | None = None
 
 
-def expand(command: str, host: int, hosts: int) -> str:
-    return command.replace("{host}", str(host)).replace("{hosts}", str(hosts))
+def expand(command: str | Sequence[str], host: int, hosts: int) -> str:
+    """The command for one host: as in `pfcxl run` (a string is shell, a list argv), with {host}
+    and {hosts} replaced in each word before it is quoted."""
+    return shell_command(command, {"{hosts}": str(hosts), "{host}": str(host)})
 
 
 @contextlib.contextmanager
@@ -54,13 +57,15 @@ def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, s
             appliance.stop(Path(tmp))
 
 
-def run(topo: Topology, topo_path: Path, hosts: int, command: str, *, run_dir: Path,
+def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str], *, run_dir: Path,
         appliance_dir: Path | None = None, ready_timeout: float = 600, command_timeout: float = 900,
         say: Callable[[str], None] = lambda m: None,
         host_done: Callable[[HostResult], None] = lambda r: None) -> list[HostResult]:
     if not any(d.appliance for d in topo.devices):
         raise PfcxlError(f"topology '{topo.name}' has no devices served by the appliance "
                          "(appliance = \"shared\"/\"private\"); multihost needs one, e.g. pf-appliance")
+    if hosts < 1:
+        raise PfcxlError(f"{hosts} hosts: multihost needs at least 1")
     if topo.appliance is not None and hosts > topo.appliance.ports:
         raise PfcxlError(f"{hosts} hosts but the appliance has {topo.appliance.ports} ports")
     img = image.build(topo)

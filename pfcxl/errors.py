@@ -45,3 +45,9 @@ class ApplianceError(PfcxlError):
     """The appliance service cannot start, is not running, or refused a request."""
 
     exit_code = 7
+
+
+class CommandError(PfcxlError):
+    """A guest command cannot run as given (not valid shell). 2, as sh exits on a syntax error."""
+
+    exit_code = 2
