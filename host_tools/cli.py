@@ -52,7 +52,7 @@ def _run_dir(arg: str | None, keep: bool):
     """The directory for backing files and logs: given (kept), or temporary."""
     if arg:
         path = Path(arg)
-        path.mkdir(parents=True, exist_ok=True)
+        _writable_dir(path, "--run-dir")
         yield path
         return
     path = Path(tempfile.mkdtemp(prefix="pfcxl-run-"))
@@ -69,6 +69,17 @@ def _run_dir(arg: str | None, keep: bool):
             err.print(f"[dim]run directory kept: {path}[/dim]")
         else:
             shutil.rmtree(path)
+
+
+def _writable_dir(path: Path, option: str) -> None:
+    """Create `path` if needed and prove it takes files, before anything else is written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except FileExistsError:
+        raise PfcxlError(f"{option} {path}: exists and is not a directory") from None
+    except OSError as exc:
+        raise PfcxlError(f"{option} {path}: cannot write there: {exc.strerror}") from None
 
 
 def _build_image(topo: topology.Topology, cedt_mode: str = "auto", kind: str = "busybox") -> image.BootImage:
@@ -280,6 +291,7 @@ def cmd_tables(args) -> int:
                          "(to decode files: pfcxl tables decode FILE...)")
     topo = _load(args.items[0] if args.items else None)
     out_dir = Path(args.out or f"tables-{topo.name}")
+    _writable_dir(out_dir, "--out")
     written = tables_generate.write(topo, out_dir)
     t = Table(title=f"{topo.name}: firmware tables in {out_dir}", title_justify="left")
     for col in ("file", "bytes", "what"):
@@ -434,8 +446,14 @@ def main(argv: list[str] | None = None) -> int:
         headed = len(lines) if isinstance(exc, TopologyError) else 1
         for i, line in enumerate(lines):
             head = "[red]pfcxl: error:[/red] " if i < headed else ""
-            err.print(head + escape(line), highlight=False)
+            err.print(head + escape(line), highlight=False, soft_wrap=True)   # one line, however long
         return exc.exit_code
+    except OSError as exc:   # the machine, not pfcxl: a full disk, a path that went away
+        if args.debug or exc.filename is None:
+            raise
+        err.print(f"[red]pfcxl: error:[/red] {escape(str(exc.filename))}: {escape(exc.strerror or str(exc))}",
+                  highlight=False, soft_wrap=True)
+        return 1
     except KeyboardInterrupt:
         err.print("pfcxl: interrupted; guests were shut down")
         return 130

@@ -79,14 +79,18 @@ def prepare_backing(topo: Topology, run_dir: Path) -> dict[str, Path]:
         if dev.id not in paths:
             continue
         path = paths[dev.id]
-        if path.exists():
-            size = path.stat().st_size
-            if size != dev.volatile:
+        # Create without O_EXCL: two boots on one fresh --run-dir may both get here, and the later
+        # one opens the file the other made. Growing an empty file loses nothing.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                os.ftruncate(fd, dev.volatile)
+            elif size != dev.volatile:
                 raise VMError(f"backing file {path} holds {size} bytes but device '{dev.id}' has "
                               f"{dev.volatile}: use another --run-dir or remove the file")
-            continue
-        with open(path, "xb") as f:
-            f.truncate(dev.volatile)
+        finally:
+            os.close(fd)
     return paths
 
 
