@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import BinaryIO, Sequence
 
 WINDOW = 1 << 16        # longest marker line that a search can find
-CHUNK = 600             # base64 characters per typed line (busybox's line editor holds 1,024)
+SHORT = 600             # base64 characters that fit on the one line that also starts the script
+CHUNK = 800             # base64 characters per typed line (busybox's line editor holds 1,024)
+BATCH = 4               # lines typed ahead before waiting for the shell (under the tty's 4 KiB)
 
 
 class ConsoleClosed(Exception):
@@ -99,14 +101,20 @@ class CommandRunner:
         tag = secrets.token_hex(4)
         path = f"/tmp/pfcxl-{tag}"
         encoded = base64.b64encode(command.encode()).decode()
-        chunks = [encoded[i:i + CHUNK] for i in range(0, len(encoded), CHUNK)] or [""]
         # The markers only appear once the shell expands $((...)): the echo of a typed line cannot
         # be mistaken for them.
-        for n, chunk in enumerate(chunks[:-1]):
-            self.console.send(f"echo {chunk} >> {path}.b64; echo {tag}w$(({n}))")
-            self.console.expect(re.compile(rf"{tag}w{n}\r?\n".encode()), timeout)
+        last = ""
+        if len(encoded) <= SHORT:       # the usual case: one line writes and starts the script
+            last = f"echo {encoded} >> {path}.b64; "
+        else:
+            chunks = [encoded[i:i + CHUNK] for i in range(0, len(encoded), CHUNK)]
+            for n, chunk in enumerate(chunks):
+                ack = n % BATCH == BATCH - 1 or n == len(chunks) - 1
+                self.console.send(f"echo {chunk} >> {path}.b64" + (f"; echo {tag}w$(({n}))" if ack else ""))
+                if ack:
+                    self.console.expect(re.compile(rf"{tag}w{n}\r?\n".encode()), timeout)
         self.console.send(
-            f"echo {chunks[-1]} >> {path}.b64; base64 -d {path}.b64 > {path}; echo {tag}$((0)); "
+            f"{last}base64 -d {path}.b64 > {path}; echo {tag}$((0)); "
             f"if sh -n {path}; then sh {path} </dev/null; r=$?; else r=syntax; fi; "
             f"rm -f {path} {path}.b64; echo {tag}$((1))=$r")
         return tag
