@@ -1,8 +1,11 @@
 """The guest's serial console as pfcxl drives it.
 
 Everything read is appended to the console log and to a buffer. A search for a marker only
-re-reads the last `window` bytes of what was already searched, so capturing N bytes of output
-costs O(N), not O(N^2) as re-matching a growing buffer does.
+re-reads as much of what was already searched as the marker can be long, so capturing N bytes of
+output costs O(N), not O(N^2) as re-matching a growing buffer does. QEMU's serial port writes
+each byte to the socket on its own, so reads are a few bytes: re-reading even 64 KiB per read
+cost seconds of CPU per MiB. Reading late does not batch them: the socket fills with one-byte
+packets and QEMU, then the guest, wait (tried: a 2 ms pause per read halved the throughput).
 
 Commands are not typed: busybox's line editor drops lines past ~1,000 characters, and a typed
 quote that never closes leaves the shell waiting. A command becomes a script file (its bytes in
@@ -21,7 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, Sequence
 
-WINDOW = 1 << 16        # longest marker line that a search can find
+READ = 1 << 16
+LINE = 4096             # longest marker line a search finds, unless told otherwise
 SHORT = 600             # base64 characters that fit on the one line that also starts the script
 CHUNK = 800             # base64 characters per typed line (busybox's line editor holds 1,024)
 BATCH = 4               # lines typed ahead before waiting for the shell (under the tty's 4 KiB)
@@ -69,14 +73,15 @@ class Console:
         remaining = deadline - time.monotonic()
         if remaining <= 0 or not select.select([self._sock], [], [], remaining)[0]:
             raise ConsoleTimeout
-        data = self._sock.recv(WINDOW)
+        data = self._sock.recv(READ)
         if not data:
             raise ConsoleClosed
         self._log.write(data)
         self._buf += data
 
-    def expect(self, pattern: re.Pattern, timeout: float) -> Found:
-        """Wait for `pattern`; consume the buffer through the match."""
+    def expect(self, pattern: re.Pattern, timeout: float, longest: int = LINE) -> Found:
+        """Wait for `pattern`, whose matches are at most `longest` bytes; consume the buffer
+        through the match."""
         deadline = time.monotonic() + timeout
         start = 0
         while True:
@@ -86,7 +91,7 @@ class Console:
                 found = Found(bytes(self._buf[:m.start()]), m.groups())
                 del self._buf[:m.end()]
                 return found
-            start = max(0, len(self._buf) - WINDOW)
+            start = max(0, len(self._buf) - longest)
             self._fill(deadline)
 
 
@@ -122,5 +127,5 @@ class CommandRunner:
     def finish(self, tag: str, timeout: float) -> tuple[bytes, str]:
         """The script's output (console bytes) and its status: a number, or 'syntax'."""
         self.console.expect(re.compile(rf"{tag}0\r?\n".encode()), timeout)
-        found = self.console.expect(re.compile(rf"{tag}1=(\d+|syntax)\r?\n".encode()), timeout)
+        found = self.console.expect(re.compile(rf"{tag}1=(\d+|syntax)\r?\n".encode()), timeout, longest=64)
         return found.before, found.groups[0].decode()
