@@ -1,9 +1,14 @@
-"""argparse types for numbers with a rule: a bad value is one line naming it and the rule."""
+"""Values the command line names, checked: a bad one is one line naming it and the rule.
+Numbers are argparse types; directories are checked when the command is about to use them."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import tempfile
+from pathlib import Path
+
+from pfcxl.errors import PfcxlError
 
 
 def seconds(text: str) -> float:
@@ -26,3 +31,14 @@ def count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
     return value
+
+
+def writable_dir(path: Path, option: str) -> None:
+    """Create `path` if needed and prove it takes files, before anything else is written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except FileExistsError:
+        raise PfcxlError(f"{option} {path}: exists and is not a directory") from None
+    except OSError as exc:
+        raise PfcxlError(f"{option} {path}: cannot write there: {exc.strerror}") from None

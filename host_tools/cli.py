@@ -52,7 +52,7 @@ def _run_dir(arg: str | None, keep: bool):
     """The directory for backing files and logs: given (kept), or temporary."""
     if arg:
         path = Path(arg)
-        _writable_dir(path, "--run-dir")
+        argtypes.writable_dir(path, "--run-dir")
         yield path
         return
     path = Path(tempfile.mkdtemp(prefix="pfcxl-run-"))
@@ -69,17 +69,6 @@ def _run_dir(arg: str | None, keep: bool):
             err.print(f"[dim]run directory kept: {path}[/dim]")
         else:
             shutil.rmtree(path)
-
-
-def _writable_dir(path: Path, option: str) -> None:
-    """Create `path` if needed and prove it takes files, before anything else is written."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()
-    except FileExistsError:
-        raise PfcxlError(f"{option} {path}: exists and is not a directory") from None
-    except OSError as exc:
-        raise PfcxlError(f"{option} {path}: cannot write there: {exc.strerror}") from None
 
 
 def _build_image(topo: topology.Topology, cedt_mode: str = "auto", kind: str = "busybox") -> image.BootImage:
@@ -291,7 +280,7 @@ def cmd_tables(args) -> int:
                          "(to decode files: pfcxl tables decode FILE...)")
     topo = _load(args.items[0] if args.items else None)
     out_dir = Path(args.out or f"tables-{topo.name}")
-    _writable_dir(out_dir, "--out")
+    argtypes.writable_dir(out_dir, "--out")
     written = tables_generate.write(topo, out_dir)
     t = Table(title=f"{topo.name}: firmware tables in {out_dir}", title_justify="left")
     for col in ("file", "bytes", "what"):
