@@ -389,7 +389,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="boot, run one command in the guest, print its output, exit with its status",
                        description="Boot a guest, run CMD in its shell once it is ready, print the output and "
-                       "exit with CMD's status. Example: pfcxl run -t two-hb-interleave -- cxl list -R")
+                       "exit with CMD's status. CMD runs in sh with stdin from /dev/null; one word is a shell command "
+                       "line, several are argv. Example: pfcxl run -t two-hb-interleave -- cxl list -R")
     _common(p, boots=True)
     p.add_argument("--command-timeout", type=argtypes.seconds, default=600, help="seconds for the command (default 600)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")

@@ -73,3 +73,12 @@ def test_capture_reads_each_byte_a_bounded_number_of_times():
     # buffer again on every read (which is what made 3 MiB take minutes)
     assert end.looked_at < 3 * size
 
+
+
+def test_multihost_api_refuses_no_hosts_before_starting_anything(tmp_path):
+    from pfcxl.device import topology
+    from pfcxl.errors import PfcxlError
+    path = topology.resolve("pf-appliance")
+    with pytest.raises(PfcxlError, match="0 hosts: multihost needs at least 1"):
+        multihost.run(topology.load(path), path, 0, "true", run_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
