@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shlex
 import signal
 import sys
 import time
@@ -26,7 +25,8 @@ from pfcxl.firmware_tables import boot_policy, table_files
 
 from pfcxl.device import fabric_constants
 
-from . import cli_appliance, cli_bench, cli_serving, discovery, image, qemu, terminal, timing, timing_report
+from . import argtypes, cli_appliance, cli_bench, cli_serving, discovery, image, qemu, terminal, timing, timing_report
+from .console import shell_command
 from .ui import err, out
 from pfcxl.machine import RUN_DIR_PLACEHOLDER, Machine
 
@@ -71,6 +71,8 @@ def _machine(args, **overrides) -> Machine:
 @contextlib.contextmanager
 def _booted(args):
     """A ready guest for a command, torn down afterwards (see pfcxl.Machine)."""
+    if args.run_dir:
+        argtypes.writable_dir(Path(args.run_dir), "--run-dir")   # before anything is written there
     machine = _machine(args)
     topo = machine.topology
     _build_image(machine)
@@ -199,7 +201,7 @@ def cmd_boot(args) -> int:
 def cmd_run(args) -> int:
     if not args.command:
         raise PfcxlError("pfcxl run: give a command after --, e.g. pfcxl run -- cxl list -R")
-    command = shlex.join(args.command) if len(args.command) > 1 else args.command[0]
+    command = shell_command(args.command)
     if args.dry_run:
         return _print_plan(_machine(args, progress=lambda m: None), command)
     report = None
@@ -262,6 +264,7 @@ def cmd_tables(args) -> int:
                          "(to decode files: pfcxl tables decode FILE...)")
     topo = _load(args.items[0] if args.items else None)
     out_dir = Path(args.out or f"tables-{topo.name}")
+    argtypes.writable_dir(out_dir, "--out")
     written = table_files.write(topo, out_dir)
     t = Table(title=f"{topo.name}: firmware tables in {out_dir}", title_justify="left")
     for col in ("file", "bytes", "what"):
@@ -315,7 +318,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
         p.add_argument("--run-dir", help="directory for backing files and logs (kept; reused by a later "
                        "boot, so memory contents persist)")
         p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
-        p.add_argument("--timeout", type=float, default=300,
+        p.add_argument("--timeout", type=argtypes.seconds, default=300,
                        help="seconds to wait for the guest to become ready (default 300)")
         p.add_argument("--append", default="", help="extra kernel command line")
         p.add_argument("--host", type=int, default=0,
@@ -376,9 +379,10 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="boot, run one command in the guest, print its output, exit with its status",
                        description="Boot a guest, run CMD in its shell once it is ready, print the output and "
-                       "exit with CMD's status. Example: pfcxl run -t two-hb-interleave -- cxl list -R")
+                       "exit with CMD's status. CMD runs in sh with stdin from /dev/null; one word is a shell command "
+                       "line, several are argv. Example: pfcxl run -t two-hb-interleave -- cxl list -R")
     _common(p, boots=True)
-    p.add_argument("--command-timeout", type=float, default=600, help="seconds for the command (default 600)")
+    p.add_argument("--command-timeout", type=argtypes.seconds, default=600, help="seconds for the command (default 600)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
     p.set_defaults(func=cmd_run)
 
@@ -428,8 +432,14 @@ def main(argv: list[str] | None = None) -> int:
         headed = len(lines) if isinstance(exc, TopologyError) else 1
         for i, line in enumerate(lines):
             head = "[red]pfcxl: error:[/red] " if i < headed else ""
-            err.print(head + escape(line), highlight=False)
+            err.print(head + escape(line), highlight=False, soft_wrap=True)   # one line, however long
         return exc.exit_code
+    except OSError as exc:   # the machine, not pfcxl: a full disk, a path that went away
+        if args.debug or exc.filename is None:
+            raise
+        err.print(f"[red]pfcxl: error:[/red] {escape(str(exc.filename))}: {escape(exc.strerror or str(exc))}",
+                  highlight=False, soft_wrap=True)
+        return 1
     except KeyboardInterrupt:
         err.print("pfcxl: interrupted; guests were shut down")
         return 130

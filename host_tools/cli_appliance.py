@@ -14,7 +14,7 @@ from pfcxl.device import topology
 from pfcxl.device.units import human
 from pfcxl.errors import PfcxlError
 
-from . import appliance, multihost
+from . import appliance, argtypes, multihost
 from .ui import err, out
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -103,7 +103,6 @@ def cmd_where(args) -> int:
 def cmd_multihost(args) -> int:
     if not args.command:
         raise PfcxlError("pfcxl multihost: give a command after --, e.g. pfcxl multihost -n 4 -- cxl list")
-    command = " ".join(args.command)
     topo, path = _topology(args)
     start = time.monotonic()
 
@@ -112,7 +111,7 @@ def cmd_multihost(args) -> int:
         err.print(f"  host {r.host:2} (port {r.port:2}): {state} ready in {r.ready_seconds:.1f}s"
                   + (f", exit {r.status}" if r.status is not None else ""))
 
-    results = multihost.run(topo, path, args.hosts, command,
+    results = multihost.run(topo, path, args.hosts, args.command,
                             appliance_dir=Path(args.appliance_dir) if args.appliance_dir else None,
                             ready_timeout=args.timeout, command_timeout=args.command_timeout,
                             say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), host_done=host_done)
@@ -158,10 +157,10 @@ def add_parsers(sub, common) -> None:
                        "CMD in each with {host} and {hosts} replaced, and print every host's output. "
                        "Uses the running appliance of the topology, or starts a temporary one.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hosts", "-n", type=int, required=True, help="number of hosts")
+    p.add_argument("--hosts", "-n", type=argtypes.count, required=True, help="number of hosts")
     p.add_argument("--topology", "-t", help=f"default {DEFAULT_APPLIANCE}")
     p.add_argument("--appliance-dir", help="run directory of a running appliance to use")
-    p.add_argument("--timeout", type=float, default=900, help="seconds for all guests to be ready (default 900)")
-    p.add_argument("--command-timeout", type=float, default=900, help="seconds for the command (default 900)")
+    p.add_argument("--timeout", type=argtypes.seconds, default=900, help="seconds for all guests to be ready (default 900)")
+    p.add_argument("--command-timeout", type=argtypes.seconds, default=900, help="seconds for the command (default 900)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command for each guest")
     p.set_defaults(func=cmd_multihost)

@@ -13,7 +13,7 @@ from rich.markup import escape
 from pfcxl.device import topology
 from pfcxl.errors import PfcxlError
 
-from . import bench, bench_report, image, timing_report
+from . import argtypes, bench, bench_report, image, timing_report
 from .ui import err, out
 from pfcxl.machine import Machine
 
@@ -87,5 +87,5 @@ def add_parsers(sub) -> None:
     p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox")
     p.add_argument("--timing", choices=("trace",), help="capture every CXL access and model it")
     p.add_argument("--out", help="results directory (default results/<time>-<topology>)")
-    p.add_argument("--timeout", type=float, default=300, help="seconds for the guest to become ready")
+    p.add_argument("--timeout", type=argtypes.seconds, default=300, help="seconds for the guest to become ready")
     p.set_defaults(func=cmd_bench)

@@ -136,11 +136,21 @@ def _debian_rootfs(say) -> tuple[bytes, set[str]]:
         cached.parent.mkdir(parents=True, exist_ok=True)
         for path, data in ((cached, cpio.gzipped(cpio.archive(entries))),
                            (listing, "\n".join(e.path for e in entries).encode())):
-            fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=".rootfs-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            _write_whole(path, data)
     return cached.read_bytes(), set(listing.read_text().splitlines())
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: a temporary file renamed into place, removed on any
+    failure, Ctrl-C included, so an interrupted build leaves nothing in the cache."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def acpi_override_archive(tables: dict[str, bytes]) -> bytes:
@@ -161,6 +171,14 @@ def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = 
     `acpi_tables` (signature -> bytes) replace QEMU's tables through the initrd table upgrade.
     kind "debian" lays pfcxl's files over a Debian rootfs with python3 (debian_image.py).
     """
+    try:
+        return _build(topo, progress, acpi_tables, kind)
+    except OSError as exc:   # typically a read-only or full PFCXL_CACHE
+        raise ImageError(f"building the guest image: {exc.filename or cache.images_dir()}: {exc.strerror} "
+                         f"(the image cache is {cache.images_dir()}: PFCXL_CACHE must be writable)") from None
+
+
+def _build(topo: Topology, progress, acpi_tables: dict[str, bytes] | None, kind: str) -> BootImage:
     if kind not in IMAGE_KINDS:
         raise ImageError(f"image kind '{kind}' must be one of {', '.join(IMAGE_KINDS)}")
     manifest = _manifest()
@@ -187,9 +205,6 @@ def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = 
     rebuilt = not initrd.exists()
     if rebuilt:
         say(f"compressing guest image ({len(body) >> 20} MiB)")
-        fd, tmp = tempfile.mkstemp(dir=images, prefix=".initrd-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(prefix + rootfs + cpio.gzipped(body))
-        os.replace(tmp, initrd)
+        _write_whole(initrd, prefix + rootfs + cpio.gzipped(body))
     return BootImage(Path(manifest["vmlinuz"]), initrd, manifest["kernel_release"], rebuilt)
 

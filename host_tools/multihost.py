@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
@@ -23,6 +23,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.machine import Machine
 
 from . import appliance
+from .console import shell_command
 
 
 @dataclass
@@ -35,8 +36,10 @@ class HostResult:
     error: str | None = None
 
 
-def expand(command: str, host: int, hosts: int) -> str:
-    return command.replace("{host}", str(host)).replace("{hosts}", str(hosts))
+def expand(command: str | Sequence[str], host: int, hosts: int) -> str:
+    """The command for one host: as in `pfcxl run` (a string is shell, a list argv), with {host}
+    and {hosts} replaced in each word before it is quoted."""
+    return shell_command(command, {"{hosts}": str(hosts), "{host}": str(host)})
 
 
 @contextlib.contextmanager
@@ -76,13 +79,15 @@ def check_incarnation(where: Path, att: appliance.Attachment, say: Callable[[str
     return f"{change} with new memory: the hosts' writes are not in its pool"
 
 
-def run(topo: Topology, topo_path: Path, hosts: int, command: str, *, run_dir: Path | None = None,
+def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str], *, run_dir: Path | None = None,
         appliance_dir: Path | None = None, ready_timeout: float = 600, command_timeout: float = 900,
         say: Callable[[str], None] = lambda m: None,
         host_done: Callable[[HostResult], None] = lambda r: None) -> list[HostResult]:
     if not any(d.appliance for d in topo.devices):
         raise PfcxlError(f"topology '{topo.name}' has no devices served by the appliance "
                          "(appliance = \"shared\"/\"private\"); multihost needs one, e.g. pf-appliance")
+    if hosts < 1:
+        raise PfcxlError(f"{hosts} hosts: multihost needs at least 1")
     if topo.appliance is not None and hosts > topo.appliance.ports:
         raise PfcxlError(f"{hosts} hosts but the appliance has {topo.appliance.ports} ports")
     results: dict[int, HostResult] = {}

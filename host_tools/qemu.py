@@ -82,16 +82,23 @@ def prepare_backing(topo: Topology, run_dir: Path) -> dict[str, Path]:
     paths = backing_paths(topo, run_dir)
     wanted = [(paths[d.id], d.capacity, d.id) for d in topo.devices if d.id in paths]
     wanted += [(lsa_path(paths[d.id]), d.lsa, d.id) for d in topo.devices if d.id in paths and d.lsa]
+    for path, size, dev_id in wanted:      # every size checked before anything is created
+        if path.exists() and path.stat().st_size not in (0, size):
+            raise VMError(f"backing file {path} holds {path.stat().st_size} bytes but device '{dev_id}' "
+                          f"needs {size}: use another --run-dir or remove the file")
     for path, size, dev_id in wanted:
-        if path.exists():
-            have = path.stat().st_size
-            if have != size:
+        # Create without O_EXCL: two boots on one fresh --run-dir may both get here, and the later
+        # one opens the file the other made. Growing an empty file loses nothing. 0600: guest memory.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            have = os.fstat(fd).st_size
+            if have == 0:
+                os.ftruncate(fd, size)
+            elif have != size:
                 raise VMError(f"backing file {path} holds {have} bytes but device '{dev_id}' needs "
                               f"{size}: use another --run-dir or remove the file")
-    for path, size, _ in wanted:
-        if not path.exists():
-            with open(path, "xb", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:   # guest memory
-                f.truncate(size)
+        finally:
+            os.close(fd)
     return paths
 
 

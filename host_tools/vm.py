@@ -11,23 +11,22 @@ from __future__ import annotations
 import enum
 import json
 import re
-import secrets
 import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-import pexpect
-import pexpect.fdpexpect
 from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from pfcxl.device.topology import Topology
-from pfcxl.errors import VMError
+from pfcxl.errors import CommandError, VMError
 from pfcxl.firmware_tables.generate import TableSet, tables_for
 from pfcxl.firmware_tables.table_files import write as write_tables
 
 from . import qemu
+from .console import CommandRunner, Console, ConsoleClosed, ConsoleTimeout, shell_command
 from .image import BootImage
 from .process import describe_exit, spawn
 
@@ -35,7 +34,10 @@ from .process import describe_exit, spawn
 # device's memory in device order. Fixed, so the printed command line is the exec'd one.
 CONSOLE_FD, QMP_FD, FIRST_MEMORY_FD = 3, 4, 5
 
-READY_RE = re.compile(rb"PFCXL-(READY|FAILED) (\{[^\r\n]*\})\r?\n")
+# init's verdict, or the kernel giving up (a panic, also when init itself dies)
+READY_RE = re.compile(rb"PFCXL-(READY|FAILED) (\{[^\r\n]*\})\r?\n|(Kernel panic - not syncing:[^\r\n]*)\r?\n")
+PANIC_RE = re.compile(r"Kernel panic - not syncing:[^\n]*")
+STAGE_RE = re.compile(r"PFCXL-STAGE (\w+)")   # guest/init announces each stage it enters
 CONSOLE_TAIL_LINES = 25
 
 
@@ -72,7 +74,8 @@ class VM:
         self.argv: list[str] = []
         self.ready_info: dict = {}
         self._proc: subprocess.Popen | None = None
-        self._console: pexpect.fdpexpect.fdspawn | None = None
+        self._console: Console | None = None
+        self._commands: CommandRunner | None = None
         self._console_sock: socket.socket | None = None
         self._qmp: QEMUMonitorProtocol | None = None
         self._log_file = None
@@ -127,9 +130,8 @@ class VM:
             qmp_qemu.close()
             self._console_sock = console_ours
             self._log_file = open(self.console_log, "wb")
-            self._console = pexpect.fdpexpect.fdspawn(console_ours.fileno(), timeout=30,
-                                                      logfile=None, maxread=65536)
-            self._console.logfile_read = self._log_file
+            self._console = Console(console_ours, self._log_file)
+            self._commands = CommandRunner(self._console)
             self._qmp = QEMUMonitorProtocol(qmp_ours)
             self._qmp.settimeout(30)
             self._qmp.connect(negotiate=True)
@@ -143,12 +145,14 @@ class VM:
         """Wait for init's PFCXL-READY line; return its JSON. Raises VMError with the console tail."""
         self._require(VMState.BOOTING)
         try:
-            self._console.expect(READY_RE, timeout=timeout)
-        except pexpect.TIMEOUT:
-            self._fail(f"guest did not become ready within {timeout:.0f}s")
-        except pexpect.EOF:
-            self._fail("QEMU exited before the guest became ready")
-        kind, payload = self._console.match.group(1).decode(), self._console.match.group(2).decode()
+            kind, payload, panic = self._console.expect(READY_RE, timeout=timeout).groups
+        except ConsoleTimeout:
+            self._fail(f"guest did not become ready within {timeout:.0f}s, {self._stage()}")
+        except ConsoleClosed:
+            self._fail(self._panic() or f"QEMU exited before the guest became ready, {self._stage()}")
+        if panic:
+            self._fail(f"kernel panic, {self._stage()}: {panic.decode(errors='replace').strip()}")
+        kind = kind.decode()
         info = json.loads(payload)
         if kind == "FAILED":
             self._fail(f"guest init failed at stage '{info.get('stage')}': {info.get('error')}")
@@ -182,7 +186,7 @@ class VM:
                 except Exception:
                     pass
         self._qmp = self._console_sock = self._log_file = None
-        self._console = None
+        self._console = self._commands = None
         if self.state is not VMState.FAILED:
             self.state = VMState.STOPPED
 
@@ -192,31 +196,36 @@ class VM:
 
     # ------------------------------------------------------------------ console
 
-    def run(self, command: str, timeout: float = 120) -> CommandResult:
-        """Run a shell command on the console; return its output and exit status."""
+    def run(self, command: str | Sequence[str], timeout: float = 120) -> CommandResult:
+        """Run a command in the guest; return its output and exit status. A string is shell
+        syntax; a list is argv (each word quoted). The command has no stdin (/dev/null)."""
         return self.finish_command(self.start_command(command), timeout)
 
-    def start_command(self, command: str) -> tuple[str, str]:
-        """Type a command and return at once (several guests can then work at the same time)."""
+    def start_command(self, command: str | Sequence[str]) -> tuple[str, str]:
+        """Start a command and return at once (several guests can then work at the same time)."""
         self._require(VMState.READY)
-        tag = secrets.token_hex(4)
-        # The markers only appear once the shell expands $((...)): the echo of the typed line
-        # cannot be mistaken for them.
-        self._console.sendline(f"echo {tag}$((0)); {command}; echo {tag}$((1))=$?")
-        return tag, command
+        command = shell_command(command)
+        try:
+            return self._commands.start(command), command
+        except ConsoleTimeout:
+            self._fail(f"the guest shell did not take the command: {command[:200]}")
+        except ConsoleClosed:
+            self._fail(f"QEMU exited while sending: {command[:200]}")
 
     def finish_command(self, started: tuple[str, str], timeout: float = 120) -> CommandResult:
         """Wait for a command from start_command; its output and exit status."""
         tag, command = started
-        pattern = re.compile(rf"{tag}0\r?\n(.*?){tag}1=(\d+)\r?\n".encode(), re.DOTALL)
         try:
-            self._console.expect(pattern, timeout=timeout)
-        except pexpect.TIMEOUT:
-            self._fail(f"command did not finish within {timeout:.0f}s: {command}")
-        except pexpect.EOF:
-            self._fail(f"QEMU exited while running: {command}")
-        output = self._console.match.group(1).decode(errors="replace").replace("\r\n", "\n")
-        return CommandResult(command, output, int(self._console.match.group(2)))
+            output, status = self._commands.finish(tag, timeout)
+        except ConsoleTimeout:
+            self._fail(f"command did not finish within {timeout:.0f}s: {command[:200]}")
+        except ConsoleClosed:
+            self._fail(self._panic() or f"QEMU exited while running: {command[:200]}")
+        text = output.decode(errors="replace").replace("\r\n", "\n")
+        if status == "syntax":
+            raise CommandError(f"{self.name}: the command is not valid shell syntax (sh -n): "
+                               f"{' '.join(text.split())}; command: {command[:200]}")
+        return CommandResult(command, text, int(status))
 
     def check(self, command: str, timeout: float = 120) -> str:
         """Run a command that must succeed; return its output."""
@@ -240,13 +249,7 @@ class VM:
         return self._console_sock.fileno()
 
     def console_tail(self, lines: int = CONSOLE_TAIL_LINES) -> str:
-        if self._log_file is not None:
-            self._log_file.flush()
-        try:
-            text = self.console_log.read_bytes().decode(errors="replace")
-        except FileNotFoundError:
-            return "(no console output)"
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        text = self._console_text()
         return "\n".join(text.rstrip().splitlines()[-lines:]) or "(no console output)"
 
     # ------------------------------------------------------------------ failures
@@ -254,6 +257,26 @@ class VM:
     def _require(self, *states: VMState) -> None:
         if self.state not in states:
             raise VMError(f"{self.name}: not possible in state {self.state.value}")
+
+    def _console_text(self) -> str:
+        if self._log_file is not None:
+            self._log_file.flush()
+        try:
+            text = self.console_log.read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+
+    def _stage(self) -> str:
+        """Where the boot got to, from the markers guest/init prints."""
+        stages = STAGE_RE.findall(self._console_text())
+        if stages:
+            return f"at stage '{stages[-1]}' of pfcxl's init"
+        return "at stage 'kernel' (firmware and kernel: pfcxl's init had not started)"
+
+    def _panic(self) -> str | None:
+        found = PANIC_RE.search(self._console_text())
+        return f"kernel panic, {self._stage()}: {found.group(0).strip()}" if found else None
 
     def _failure(self, reason: str) -> str:
         exit_note = ""

@@ -47,6 +47,12 @@ class ApplianceError(PfcxlError):
     exit_code = 7
 
 
+class CommandError(PfcxlError):
+    """A guest command cannot run as given (not valid shell). 2, as sh exits on a syntax error."""
+
+    exit_code = 2
+
+
 class ServingError(PfcxlError):
     """A serving-model input (model, GPU, tier or workload file, or a CLI value) is invalid."""
 

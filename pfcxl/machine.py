@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from pfcxl.device import fabric_constants, topology as topology_mod
 from pfcxl.device.topology import Topology
@@ -34,6 +34,7 @@ from pfcxl.errors import PfcxlError, VMError
 from pfcxl.firmware_tables import boot_policy, generate
 from pfcxl.host_tools import appliance as appliance_mod
 from pfcxl.host_tools import image as image_mod
+from pfcxl.host_tools.argtypes import writable_dir
 from pfcxl.host_tools.guest_names import guest_name
 from pfcxl.host_tools import qemu
 from pfcxl.host_tools import calibration, timing_plugin
@@ -276,7 +277,14 @@ class Machine:
     def pid(self) -> int | None:
         return self.vm.pid if self.vm else None
 
-    def run(self, command: str, timeout: float = 600) -> Result:
+    @property
+    def state(self):
+        """The VM's state (host_tools.vm.VMState), or None before launch."""
+        return self.vm.state if self.vm else None
+
+    def run(self, command: str | Sequence[str], timeout: float = 600) -> Result:
+        """Run a command in the guest: a string is shell syntax, a list is argv (each word quoted);
+        stdin is /dev/null. Its exit status and output."""
         done = self._booted().run(command, timeout)
         return Result(done.status, done.output, done.command)
 
@@ -284,7 +292,7 @@ class Machine:
         """Run a command that must succeed; its output."""
         return self._booted().check(command, timeout)
 
-    def start_command(self, command: str):
+    def start_command(self, command: str | Sequence[str]):
         """Type a command and return at once; finish_command() collects it."""
         return self._booted().start_command(command)
 
@@ -311,7 +319,7 @@ def _run_directory(path: Path | None, keep: bool, say: Callable[[str], None]):
     """The directory for backing files and logs: given (kept), or temporary (removed afterwards,
     kept with its logs when something failed)."""
     if path is not None:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)      # guest memory: this user's only
+        writable_dir(path, "run directory")       # 0700: it holds guest memory
         yield path
         return
     path = Path(tempfile.mkdtemp(prefix="pfcxl-run-"))

@@ -25,7 +25,9 @@ def test_guest_that_never_gets_ready_times_out_with_console_tail(tmp_path):
                      "--append", "loglevel=7 rdinit=/usr/bin/cat", "--", "true", timeout=180)
     assert done.returncode == 5, done.stderr
     assert "Traceback" not in done.stderr
-    assert "pfcxl: error: guest: guest did not become ready within 25s" in done.stderr
+    # pfcxl's init never ran: the error says where the boot stopped
+    assert ("pfcxl: error: guest: guest did not become ready within 25s, at stage 'kernel' (firmware and "
+            "kernel: pfcxl's init had not started)") in done.stderr
     assert "last console lines:" in done.stderr
     assert "/usr/bin/cat" in done.stderr           # the kernel's own word on what it ran
     assert f"console log: {tmp_path}/guest.console.log" in done.stderr
@@ -33,12 +35,17 @@ def test_guest_that_never_gets_ready_times_out_with_console_tail(tmp_path):
     assert_no_qemu(tmp_path)
 
 
-def test_kernel_panic_fails_fast_with_console_tail(tmp_path):
+@pytest.mark.parametrize("init, panic", [
+    ("/nonexistent", "Kernel panic - not syncing: VFS: Unable to mount root fs"),
+    ("/usr/bin/true", "Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000000"),   # init exits
+])
+def test_kernel_panic_fails_fast_with_console_tail(tmp_path, init, panic):
     done = pfcxl_cli("run", "--run-dir", str(tmp_path), "--timeout", "300",
-                     "--append", "rdinit=/nonexistent", "--", "true", timeout=180)
+                     "--append", f"rdinit={init}", "--", "true", timeout=180)
     assert done.returncode == 5
-    assert "QEMU exited before the guest became ready" in done.stderr
-    assert "Kernel panic" in done.stderr
+    first = next(line for line in done.stderr.splitlines() if "error:" in line)
+    assert first.startswith("pfcxl: error: guest: kernel panic, at stage 'kernel'"), done.stderr
+    assert panic in first
     assert "Traceback" not in done.stderr
     assert_no_qemu(tmp_path)
 

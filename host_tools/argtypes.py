@@ -1,0 +1,45 @@
+"""Values the command line names, checked: a bad one is one line naming it and the rule.
+Numbers are argparse types; directories are checked when the command is about to use them."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from pathlib import Path
+
+from pfcxl.errors import PfcxlError
+
+
+def seconds(text: str) -> float:
+    """A timeout or interval: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text} seconds: must be a finite number above 0")
+    return value
+
+
+def count(text: str) -> int:
+    """A number of things to start: a whole number, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
+def writable_dir(path: Path, option: str, mode: int = 0o700) -> None:
+    """Create `path` if needed (`mode`: this user's only, as it may hold guest memory) and prove it
+    takes files, before anything else is written."""
+    try:
+        path.mkdir(mode=mode, parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except FileExistsError:
+        raise PfcxlError(f"{option} {path}: exists and is not a directory") from None
+    except OSError as exc:
+        raise PfcxlError(f"{option} {path}: cannot write there: {exc.strerror}") from None

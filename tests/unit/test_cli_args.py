@@ -1,0 +1,33 @@
+"""Bad numbers on the command line are refused before anything boots: one line, exit 2."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def pfcxl(*args: str) -> subprocess.CompletedProcess:
+    # a wrong answer would boot a guest or start an appliance: the timeout bounds that
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, rule", [
+    (["run", "--timeout", "-1", "--", "true"], "argument --timeout: -1 seconds: must be a finite number above 0"),
+    (["run", "--timeout", "0", "--", "true"], "argument --timeout: 0 seconds: must be"),
+    (["run", "--command-timeout", "-5", "--", "true"], "argument --command-timeout: -5 seconds"),
+    (["boot", "--timeout", "nan"], "argument --timeout: nan seconds: must be a finite number above 0"),
+    (["demo", "--timeout", "soon"], "argument --timeout: 'soon' is not a number of seconds"),
+    (["bench", "--timeout", "-3"], "argument --timeout: -3 seconds"),
+    (["multihost", "-n", "0", "--", "true"], "argument --hosts/-n: 0: must be at least 1"),
+    (["multihost", "-n", "-1", "--", "true"], "argument --hosts/-n: -1: must be at least 1"),
+    (["multihost", "-n", "2", "--timeout", "-1", "--", "true"], "argument --timeout: -1 seconds"),
+    (["multihost", "-n", "2", "--command-timeout", "-1", "--", "true"], "argument --command-timeout: -1"),
+])
+def test_bad_numbers_are_refused_in_one_line(args, rule):
+    done = pfcxl(*args)
+    assert done.returncode == 2, done.stderr
+    assert rule in done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, done.stderr
