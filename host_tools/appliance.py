@@ -186,8 +186,12 @@ def _alive(pid: int) -> bool:
             return False
     except ChildProcessError:
         pass
-    try:      # a zombie some other process has still to reap has exited too
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    try:      # a zombie some other process has still to reap has exited too ...
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            return True
+        # ... unless it is a zombie thread-group leader whose other threads are still exiting:
+        # until the last one has gone, the process's files (its run-directory lock) stay open.
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
     except (OSError, IndexError):
         return False
 

@@ -395,8 +395,8 @@ def test_the_service_stops_cleanly_on_sighup(services):
 
 
 def test_run_and_appliance_directories_and_backing_files_are_private(services, tmp_path):
-    from pfcxl.host_tools.cli import _run_dir
-    with _run_dir(str(tmp_path / "run"), keep=True) as run_dir:
+    from pfcxl.machine import _run_directory
+    with _run_directory(tmp_path / "run", True, lambda m: None) as run_dir:
         paths = qemu.prepare_backing(topology.load(topology.resolve("two-hb-interleave")), run_dir)
         assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
         assert paths and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in paths.values())
