@@ -61,16 +61,6 @@ PROFILES = {
 }
 
 
-def idle_read_ns(profile: str) -> int:
-    device, switch, host = PROFILES[profile]
-    return host.read_latency_ns + (switch.read_latency_ns if switch else 0) + device.read_latency_ns
-
-
-def idle_write_ns(profile: str) -> int:
-    device, switch, host = PROFILES[profile]
-    return host.write_latency_ns + (switch.write_latency_ns if switch else 0) + device.write_latency_ns
-
-
 # --- Timing model (device/fabric_model.py, device/fabric_engine.py) ------------------------------
 # How the model reads the figures above: PF_PORT_BANDWIDTH_MBS is each host-module optical path (the
 # full mesh's "port") per direction, PF_HOST_BANDWIDTH_MBS each host's PCIe Gen6 link per direction;

@@ -141,8 +141,12 @@ def pf_appliance(appliance: Appliance, *, cache: bool = True, jitter: bool = Tru
     so hosts never arbitrate with each other on the fabric; they meet only at a module's memory.
     Write-through HBM3E cache per module sized from the topology's `hbm_cache`."""
     lines = appliance.hbm_cache // fc.PF_HBM_LINE_BYTES if cache else 0
+    return _pf(appliance.ports, appliance.modules, lines, jitter)
+
+
+def _pf(hosts: int, modules: int, cache_lines: int, jitter: bool) -> FabricModel:
     return FabricModel(
-        name="pf-appliance", hosts=appliance.ports, modules=appliance.modules,
+        name="pf-appliance", hosts=hosts, modules=modules,
         t_req_ns=fc.PF_T_REQ_NS, t_resp_ns=fc.PF_T_RESP_NS,
         t_mem_read_ns=fc.PF_T_MEM_READ_NS, t_mem_write_ns=fc.PF_T_MEM_WRITE_NS,
         write_stages=(Stage("host_link_down", fc.PF_HOST_BANDWIDTH_MBS, "host"),
@@ -152,8 +156,18 @@ def pf_appliance(appliance: Appliance, *, cache: bool = True, jitter: bool = Tru
                      Stage("host_link_up", fc.PF_HOST_BANDWIDTH_MBS, "host")),
         jitter_read_ns=fc.PF_JITTER_READ_NS if jitter else 0,
         jitter_write_ns=fc.PF_JITTER_WRITE_NS if jitter else 0,
-        cache_lines=lines, t_mem_read_hit_ns=fc.PF_T_MEM_READ_HIT_NS,
+        cache_lines=cache_lines, t_mem_read_hit_ns=fc.PF_T_MEM_READ_HIT_NS,
         cache_bandwidth_mbs=fc.PF_MODULE_HBM_BANDWIDTH_MBS)
+
+
+def idle_ns(profile: str, write: bool) -> int:
+    """The idle latency of one 64-B access under a timing profile ("pf": the appliance's DDR5
+    path; "electrical": the switched pool): the one formula, the model's own. Sizes and caches
+    do not enter it."""
+    models = {"pf": lambda: _pf(1, 1, 0, False), "electrical": lambda: electrical_pool(1, 1, jitter=False)}
+    if profile not in models:
+        raise ValueError(f"timing profile '{profile}' is not one of {', '.join(models)}")
+    return models[profile]().idle_ns(write)
 
 
 def electrical_pool(hosts: int = 16, modules: int = 16, *, jitter: bool = True) -> FabricModel:

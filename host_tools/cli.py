@@ -23,7 +23,7 @@ from pfcxl.firmware_tables import cdat as tables_cdat
 from pfcxl.firmware_tables import cedt as tables_cedt
 from pfcxl.firmware_tables import boot_policy, table_files
 
-from pfcxl.device import fabric_constants
+from pfcxl.device import fabric_constants, fabric_model
 
 from . import argtypes, cli_appliance, cli_bench, cli_serving, discovery, image, qemu, terminal, timing, timing_report
 from .console import shell_command
@@ -330,8 +330,8 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
                        "inject (slow the vCPU by the modelled latency)")
         p.add_argument("--inject-profile", choices=tuple(fabric_constants.PROFILES), default="pf",
                        help="inject: whose idle latency to add (default pf: "
-                       f"{fabric_constants.idle_read_ns('pf')} ns read, {fabric_constants.idle_write_ns('pf')} ns write, "
-                       "from device/fabric_constants.py)")
+                       f"{fabric_model.idle_ns('pf', False)} ns read, {fabric_model.idle_ns('pf', True)} ns write, "
+                       "the fabric model's)")
         p.add_argument("--baseline-ns", type=float, help="inject: the emulator's own cost per CXL request "
                        "(default: measured first in a count-mode guest)")
         p.add_argument("--issue", choices=("dependent", "independent"), default="dependent",

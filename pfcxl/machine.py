@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pfcxl.device import fabric_constants, topology as topology_mod
+from pfcxl.device import fabric_constants, fabric_model, topology as topology_mod
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError, VMError
 from pfcxl.firmware_tables import boot_policy, generate
@@ -90,8 +90,8 @@ def timing_config(mode: str | timing_mod.TimingConfig | None, *, profile: str = 
         return timing_mod.TimingConfig(mode)
     if profile not in fabric_constants.PROFILES:
         raise PfcxlError(f"inject profile '{profile}' is unknown (known: {', '.join(fabric_constants.PROFILES)})")
-    return timing_mod.TimingConfig("inject", read_ns=fabric_constants.idle_read_ns(profile),
-                                   write_ns=fabric_constants.idle_write_ns(profile),
+    return timing_mod.TimingConfig("inject", read_ns=fabric_model.idle_ns(profile, False),
+                                   write_ns=fabric_model.idle_ns(profile, True),
                                    baseline_ns=-1.0 if baseline_ns is None else baseline_ns)
 
 

@@ -24,13 +24,13 @@ import stat
 import sys
 import time
 
-ALIGN = 2 << 20
 LINE = 64
 
 
-def _sysfs_size(path: str) -> int | None:
+def _sysfs_value(path: str, attribute: str) -> int | None:
+    """A device-DAX attribute (size, align) from sysfs: the kernel's word, not a copy of it."""
     name = os.path.basename(path)
-    for candidate in (f"/sys/bus/dax/devices/{name}/size", f"/sys/class/dax/{name}/size"):
+    for candidate in (f"/sys/bus/dax/devices/{name}/{attribute}", f"/sys/class/dax/{name}/{attribute}"):
         try:
             with open(candidate) as f:
                 return int(f.read().strip(), 0)
@@ -40,18 +40,21 @@ def _sysfs_size(path: str) -> int | None:
 
 
 class Dax:
-    """A device-DAX (or regular file) mapped MAP_SHARED, from offset 0, 2 MiB aligned."""
+    """A device-DAX (or regular file) mapped MAP_SHARED, from offset 0, its length a multiple of
+    the device's mapping alignment (sysfs `align`, 2 MiB for CXL regions; a page for a file)."""
 
     def __init__(self, path: str, length: int | None = None) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDWR)
         st = os.fstat(self.fd)
-        size = _sysfs_size(path) if stat.S_ISCHR(st.st_mode) else st.st_size   # devices: sysfs knows
+        device = stat.S_ISCHR(st.st_mode)
+        size = _sysfs_value(path, "size") if device else st.st_size   # devices: sysfs knows
+        align = (_sysfs_value(path, "align") if device else None) or mmap.PAGESIZE
         if size is None:
             os.close(self.fd)
             raise OSError(f"cannot find the size of {path} in sysfs")
         self.size = min(size, length) if length else size
-        self.size -= self.size % ALIGN if self.size >= ALIGN else 0
+        self.size -= self.size % align if self.size >= align else 0
         self.map = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
     def words(self) -> memoryview:

@@ -16,7 +16,7 @@ import statistics
 import numpy as np
 import pytest
 
-from pfcxl.device import address_map, fabric_constants, topology
+from pfcxl.device import address_map, fabric_model, topology
 from pfcxl.host_tools import calibration, timing, timing_plugin
 
 pytestmark = pytest.mark.integration
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 TOPOLOGY = "pf-nic"
 READS, WRITES = 1000, 500
 # idle reads, 283 and 833 ns: photonic fabric vs electrical switch
-PF_READ_NS, ELECTRICAL_READ_NS = fabric_constants.idle_read_ns("pf"), fabric_constants.idle_read_ns("electrical")
+PF_READ_NS, ELECTRICAL_READ_NS = fabric_model.idle_ns("pf", False), fabric_model.idle_ns("electrical", False)
 CHASE = calibration.CALIBRATION_COMMAND   # in-TLB dependent chase over the DAX device
 ROUNDS = 5
 

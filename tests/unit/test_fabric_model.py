@@ -44,8 +44,8 @@ def test_terms_come_from_the_constants():
     model = pf(cache=False)
     assert model.idle_ns(True) == fc.PF_T_REQ_NS + fc.PF_T_MEM_WRITE_NS + fc.PF_T_RESP_NS == 224
     assert model.idle_ns(False) == fc.PF_T_REQ_NS + fc.PF_T_MEM_READ_NS + fc.PF_T_RESP_NS == 283
-    assert fm.electrical_pool().idle_ns(False) == fc.idle_read_ns("electrical")
-    assert fm.electrical_pool().idle_ns(True) == fc.idle_write_ns("electrical")
+    assert fm.electrical_pool().idle_ns(False) == sum(p.read_latency_ns for p in (fc.EL_HOST_PATH, fc.EL_SWITCH, fc.EL_MODULE))
+    assert fm.electrical_pool().idle_ns(True) == sum(p.write_latency_ns for p in (fc.EL_HOST_PATH, fc.EL_SWITCH, fc.EL_MODULE))
 
 
 def test_bigger_transfers_pay_their_serialisation():

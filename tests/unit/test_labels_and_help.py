@@ -10,7 +10,7 @@ import numpy as np
 from rich.console import Console
 
 from pfcxl import errors
-from pfcxl.device import address_map, fabric_constants, topology
+from pfcxl.device import address_map, fabric_model, topology
 from pfcxl.device import trace_format as tf
 from pfcxl.host_tools import bench_report, timing_report
 
@@ -73,5 +73,5 @@ def test_help_lists_every_exit_code_and_a_build_failure_is_not_a_vm_failure():
 
 def test_help_figures_come_from_the_model():
     text = " ".join(run_help("run").split())
-    read, write = fabric_constants.idle_read_ns("pf"), fabric_constants.idle_write_ns("pf")
+    read, write = fabric_model.idle_ns("pf", False), fabric_model.idle_ns("pf", True)
     assert f"{read} ns read, {write} ns write" in text

@@ -3,6 +3,7 @@
 import dataclasses
 
 from pfcxl.device import fabric_constants as fc
+from pfcxl.device import fabric_model
 from pfcxl.device import topology
 from pfcxl.host_tools import perf_predict as pp
 
@@ -29,7 +30,7 @@ def test_pf_nic_is_the_papers_decomposition_plus_one_link():
 
 def test_electrical_switch_adds_the_hop_and_shares_the_upstream_link():
     (p,) = pp.predict(load("electrical-switch"))
-    assert p.read_latency == fc.idle_read_ns("electrical") + 2 * 17
+    assert p.read_latency == fabric_model.idle_ns("electrical", False) + 2 * 17
     assert p.link_hops == 2                                # root port and switch downstream port
     # 4 devices x 25.6 GB/s exceed the switch's 64 GB/s upstream link
     assert p.read_bandwidth == min(4 * fc.EL_MODULE.read_bandwidth_mbs, pp.LINK_RAW_MBS, fc.EL_SWITCH_BANDWIDTH_MBS)

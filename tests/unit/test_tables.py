@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pfcxl.device import fabric_constants, topology
+from pfcxl.device import fabric_constants, fabric_model, topology
 from pfcxl.errors import TableError
 from pfcxl.firmware_tables import acpi, boot_policy, cdat, cedt, generate, iasl, table_files
 from pfcxl.firmware_tables.layout import decode, encode
@@ -183,7 +183,7 @@ def test_pf_cdat_carries_the_papers_module_timing():
                       "write latency": fabric_constants.PF_T_MEM_WRITE_NS,
                       "read bandwidth": fabric_constants.PF_PORT_BANDWIDTH_MBS,
                       "write bandwidth": fabric_constants.PF_PORT_BANDWIDTH_MBS}
-    assert fabric_constants.idle_read_ns("pf") == 283 and fabric_constants.idle_write_ns("pf") == 224
+    assert fabric_model.idle_ns("pf", False) == 283 and fabric_model.idle_ns("pf", True) == 224
 
 
 def test_compare_cedt_ignores_chbs_order_only():
