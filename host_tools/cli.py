@@ -195,13 +195,21 @@ def cmd_qemu_args(args) -> int:
         err.print(f"[yellow]note:[/yellow] guest image not available ({exc}); showing placeholders")
     boot = qemu.BootFiles(kernel or Path("VMLINUZ"), initrd or Path("INITRD"),
                           qemu.kernel_cmdline(topo, args.append))
-    argv = qemu.argv(topo, boot, qemu.backing_paths(topo, run_dir), console_fd=3, qmp_fd=4,
-                     qemu=qemu.qemu_binary())
+    # The appliance hands a booting pfcxl one descriptor per served region; QEMU maps it through
+    # /proc/self/fd/N. Here N is a named placeholder: the number is only known at attach time.
+    served = {d.id: f"APPLIANCE_{d.appliance.upper()}_FD" for d in topo.devices if d.appliance}
+    backing = {**qemu.backing_paths(topo, run_dir),
+               **{dev_id: f"/proc/self/fd/{fd}" for dev_id, fd in served.items()}}
+    argv = qemu.argv(topo, boot, backing, console_fd=3, qmp_fd=4, qemu=qemu.qemu_binary())
     if args.lines:
         out.print("\n".join(argv), markup=False, highlight=False, soft_wrap=True)
     else:
         out.print(qemu.show(argv), markup=False, highlight=False, soft_wrap=True)
     err.print("[dim]fds 3 and 4 are the console and QMP socket pairs pfcxl passes in[/dim]")
+    for d in topo.devices:
+        if d.appliance:
+            err.print(f"[dim]{served[d.id]}: the appliance's {d.appliance} region for device '{d.id}', a "
+                      "descriptor pfcxl gets when it attaches to the running appliance[/dim]", highlight=False)
     return 0
 
 
@@ -465,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         headed = len(lines) if isinstance(exc, TopologyError) else 1
         for i, line in enumerate(lines):
             head = "[red]pfcxl: error:[/red] " if i < headed else ""
-            err.print(head + escape(line), highlight=False)
+            err.print(head + escape(line), highlight=False, soft_wrap=True)   # one line, however long
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("pfcxl: interrupted; guests were shut down")
