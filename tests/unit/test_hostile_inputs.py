@@ -227,7 +227,7 @@ def test_the_last_host_bridge_buses_stay_below_256():
     topology.from_dict(doc)
 
 
-def _pf_nic(**changes) -> dict:
+def pf_nic_doc(**changes) -> dict:
     doc = shipped("pf-nic")
     for section, values in changes.items():
         target = doc[section] if isinstance(doc[section], dict) else doc[section][0]
@@ -236,16 +236,16 @@ def _pf_nic(**changes) -> dict:
 
 
 def test_serial_all_ones_is_qemus_no_serial():
-    line = one_line_error(_pf_nic(device={"serial": 0xFFFF_FFFF_FFFF_FFFF}))
+    line = one_line_error(pf_nic_doc(device={"serial": 0xFFFF_FFFF_FFFF_FFFF}))
     assert "device 'pfnic0'.serial" in line and "no serial" in line
-    topology.from_dict(_pf_nic(device={"serial": 0xFFFF_FFFF_FFFF_FFFE}))
+    topology.from_dict(pf_nic_doc(device={"serial": 0xFFFF_FFFF_FFFF_FFFE}))
 
 
 @pytest.mark.parametrize("field,bad,good,rule", [("chassis", 256, 255, "0 and 255"), ("slot", 8192, 8191, "0 and 8191")])
 def test_chassis_and_slot_ranges(field, bad, good, rule):
-    line = one_line_error(_pf_nic(root_port={field: bad}))
+    line = one_line_error(pf_nic_doc(root_port={field: bad}))
     assert f"root_port 'rp0'.{field}" in line and rule in line
-    topology.from_dict(_pf_nic(root_port={field: good}))
+    topology.from_dict(pf_nic_doc(root_port={field: good}))
 
 
 def test_downstream_port_slot_range():
@@ -277,20 +277,20 @@ LARGEST_WINDOW = 0xF5_0000_0000 - 0x2_5000_0000
 
 
 def test_address_space_limit_of_the_windows():
-    line = one_line_error(_pf_nic(window={"size": LARGEST_WINDOW + 256 * MiB}))
+    line = one_line_error(pf_nic_doc(window={"size": LARGEST_WINDOW + 256 * MiB}))
     assert "0xfd00000000" in line and "phys-bits" in line
-    assert topology.from_dict(_pf_nic(window={"size": LARGEST_WINDOW})).windows[0].size == LARGEST_WINDOW
+    assert topology.from_dict(pf_nic_doc(window={"size": LARGEST_WINDOW})).windows[0].size == LARGEST_WINDOW
 
 
 def test_a_10_tb_device_and_100_tb_of_memory_are_rejected():
-    assert "0xfd00000000" in one_line_error(_pf_nic(device={"volatile": "10T"}, window={"size": "10T"}))
-    assert "0xfd00000000" in one_line_error(_pf_nic(guest={"memory": "100T", "maxmem": "101T"}))
-    assert "0xfd00000000" in one_line_error(_pf_nic(guest={"maxmem": "1T"}))
+    assert "0xfd00000000" in one_line_error(pf_nic_doc(device={"volatile": "10T"}, window={"size": "10T"}))
+    assert "0xfd00000000" in one_line_error(pf_nic_doc(guest={"memory": "100T", "maxmem": "101T"}))
+    assert "0xfd00000000" in one_line_error(pf_nic_doc(guest={"maxmem": "1T"}))
 
 
 @pytest.mark.parametrize("name", ["../../../../some/dir", "a/b", ".hidden", "", "x" * 65, "sp ace", "ü"])
 def test_topology_names_are_a_safe_alphabet(name):
-    line = one_line_error(_pf_nic(**{}) | {"name": name})
+    line = one_line_error(pf_nic_doc(**{}) | {"name": name})
     assert "name" in line and "letters, digits" in line
 
 
