@@ -84,12 +84,14 @@ def _ways_as_routed(ways: int) -> int:
 def check_window_granularity(problems: Problems, window: Window) -> None:
     ways = _ways_as_routed(window.ways)
     if window.granularity * ways > LINUX_MAX_GRANULARITY:
+        shown = f"{window.ways} ways (counted as {ways})" if ways != window.ways else f"{ways} ways"
         problems.add(f"window '{window.id}'.granularity", _granularity_rule(window.granularity, ways,
-                                                                          f"window '{window.id}'"))
+                                                                          f"window '{window.id}'", shown))
 
 
-def _granularity_rule(granularity: int, ways: int, parent: str) -> str:
-    return (f"{human(granularity)} x {ways} ways = {human(granularity * ways)} is more than Linux 6.12 "
+def _granularity_rule(granularity: int, ways: int, parent: str, shown: str = "") -> str:
+    shown = shown or f"{ways} ways"
+    return (f"{human(granularity)} x {shown} = {human(granularity * ways)} is more than Linux 6.12 "
             f"accepts below {parent}: each decoder's granularity is its parent's granularity x ways "
             f"(3/6/12-way windows count as 1/2/4), at most {human(LINUX_MAX_GRANULARITY)}")
 

@@ -164,7 +164,7 @@ def switches_doc(granularity: str) -> dict:
 
 @pytest.mark.parametrize("bridges,granularity,shown", [
     (2, "16K", "16 KiB x 2 ways = 32 KiB"),
-    (12, "8K", "8 KiB x 4 ways = 32 KiB"),       # 12-way counts as 4
+    (12, "8K", "8 KiB x 12 ways (counted as 4) = 32 KiB"),
     (4, "8K", "8 KiB x 4 ways = 32 KiB"),
 ])
 def test_linux_refuses_root_granularity_times_ways_above_16k(bridges, granularity, shown):
