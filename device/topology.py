@@ -120,8 +120,9 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
                 {"name": (str, default_name), "description": (str, ""), "timing": (str, None)})
     if top.ok and not _NAME.fullmatch(top["name"]):
         # The name becomes a directory and file name (appliance run directory, tables output).
-        problems.add("name" if "name" in doc else "name (the file's stem)", f"{top['name']!r} must be 1 to 64 letters, digits, '.', '-' or '_', starting "
-                     "with a letter or digit (it is used in file names)")
+        problems.add("name" if "name" in doc else "name (the file's stem)",
+                     f"{top['name']!r} must be 1 to 64 letters, digits, '.', '-' or '_', starting with a "
+                     "letter or digit (it is used in file names)")
     if top.ok and top["timing"] is not None and top["timing"] not in fabric_constants.PROFILES:
         problems.add("timing", f"'{top['timing']}' is not a timing profile "
                      f"(known: {', '.join(fabric_constants.PROFILES)})")

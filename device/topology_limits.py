@@ -121,7 +121,8 @@ def check_region_decoders(problems: Problems, where: str, topo: Topology, window
                          f"programs at most {LINUX_MAX_PORT_WAYS} targets in a host bridge or switch decoder")
         bridge = f"host bridge '{host_bridge_of_rp.get(switch_root_port.get(name), '')}'"
         ways = len(used.get(bridge, ()))
-        if name in switch_root_port and bridge_granularity * ways > LINUX_MAX_GRANULARITY and bridge not in too_fine:
+        too_much = bridge_granularity * ways > LINUX_MAX_GRANULARITY
+        if name in switch_root_port and too_much and bridge not in too_fine:
             too_fine.add(bridge)    # one line per host bridge, however many switches hang below it
             problems.add(f"{where}.granularity", f"{name}: " + _granularity_rule(bridge_granularity, ways, bridge))
 

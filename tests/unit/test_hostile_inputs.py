@@ -143,7 +143,8 @@ def bridges_doc(n_bridges: int, rps_per_bridge: int = 1, granularity: str = "4K"
             doc["device"].append({"id": f"m{i}", "port": f"rp{i}", "volatile": "256M", "serial": i + 1})
     # position p goes to bridge p mod n: list devices round-robin over the bridges
     order = [f"m{h * rps_per_bridge + r}" for r in range(rps_per_bridge) for h in range(n_bridges)]
-    doc["window"] = [{"id": "fmw0", "size": f"{n_bridges * rps_per_bridge}G", "targets": [f"hb{h}" for h in range(n_bridges)],
+    doc["window"] = [{"id": "fmw0", "size": f"{n_bridges * rps_per_bridge}G",
+                      "targets": [f"hb{h}" for h in range(n_bridges)],
                       "granularity": granularity}]
     doc["region"] = [{"window": "fmw0", "devices": order[:ways or len(order)]}]
     return doc
@@ -241,7 +242,8 @@ def test_serial_all_ones_is_qemus_no_serial():
     topology.from_dict(pf_nic_doc(device={"serial": 0xFFFF_FFFF_FFFF_FFFE}))
 
 
-@pytest.mark.parametrize("field,bad,good,rule", [("chassis", 256, 255, "0 and 255"), ("slot", 8192, 8191, "0 and 8191")])
+@pytest.mark.parametrize("field,bad,good,rule", [("chassis", 256, 255, "0 and 255"),
+                                                 ("slot", 8192, 8191, "0 and 8191")])
 def test_chassis_and_slot_ranges(field, bad, good, rule):
     line = one_line_error(pf_nic_doc(root_port={field: bad}))
     assert f"root_port 'rp0'.{field}" in line and rule in line
