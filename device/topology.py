@@ -189,6 +189,7 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
                     tuple(switches), tuple(devices), tuple(windows), tuple(topo_regions), top["timing"],
                     appliance)
     topology_limits.check_address_space(problems, topo)
+    topology_limits.check_interrupt_vectors(problems, topo)
     problems.raise_if_any()
     return topo
 

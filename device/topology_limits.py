@@ -23,6 +23,12 @@ LINUX_MAX_PORT_WAYS = 8         # a host bridge or switch decoder interleaves at
 # AMD's HyperTransport hole QEMU moves RAM above 1 TiB, past what 40 bits reach, and refuses to start.
 AMD_HT_START = 0xFD_0000_0000
 PCI_HOLE64 = 32 * GiB
+# Linux 6.12 x86: interrupt vectors left for PCI MSI/MSI-X per vCPU (measured: one vCPU holds 192).
+# Each PCIe port takes one (pcieport: PME/AER/hotplug, probed first). cxl_pci takes one for the
+# mailbox, then needs one per event log (four); short of those it fails the probe with -ENOSPC.
+MSI_VECTORS_PER_CPU = 192
+VECTORS_PER_PORT = 1
+VECTORS_PER_DEVICE = 5
 
 
 def check_ports(problems: Problems, bridges: list[HostBridge], root_ports: list[RootPort],
@@ -138,3 +144,15 @@ def check_address_space(problems: Problems, topo: Topology) -> None:
                      f"slots, then the windows, then a {human(PCI_HOLE64)} PCI hole): that must stay below "
                      f"{AMD_HT_START:#x}, or QEMU moves RAM above 1 TiB, past TCG's 40 phys-bits, and "
                      "refuses to start")
+
+
+def check_interrupt_vectors(problems: Problems, topo: Topology) -> None:
+    ports = len(topo.root_ports) + sum(1 + len(s.downstream) for s in topo.switches)
+    need = ports * VECTORS_PER_PORT + len(topo.devices) * VECTORS_PER_DEVICE
+    have = topo.guest.cpus * MSI_VECTORS_PER_CPU
+    if need > have:
+        cpus = -(-need // MSI_VECTORS_PER_CPU)
+        problems.add("guest.cpus", f"{ports} PCIe ports and {len(topo.devices)} devices need {need} interrupt "
+                     f"vectors ({VECTORS_PER_PORT} per port, {VECTORS_PER_DEVICE} per device: mailbox and "
+                     f"event logs), but {topo.guest.cpus} vCPU(s) have {have} ({MSI_VECTORS_PER_CPU} each): Linux "
+                     f"fails the other devices' probe; give cpus = {cpus} or fewer devices")

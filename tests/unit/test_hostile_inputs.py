@@ -257,20 +257,49 @@ def test_downstream_port_slot_range():
 
 
 def test_a_host_bridge_has_at_most_32_root_ports():
-    line = one_line_error(bridges_doc(1, rps_per_bridge=33, granularity="256", ways=1))
+    line = one_line_error(one_bridge(33, cpus=2))
     assert "host_bridge 'hb0'" in line and "33 root ports" in line and "32" in line
-    topology.from_dict(bridges_doc(1, rps_per_bridge=32, granularity="256", ways=1))
+    topology.from_dict(one_bridge(32, cpus=2))
 
 
-def test_hundred_devices_on_seven_host_bridges_get_their_real_limits():
+def hundred_devices(cpus: int) -> dict:
     doc = bridges_doc(7, rps_per_bridge=15, granularity="256", ways=1)
     del doc["root_port"][100:], doc["device"][100:]
     doc["window"] = [{"id": "fmw0", "size": "1G", "targets": ["hb0"]}]
     for i, hb in enumerate(doc["host_bridge"]):
         hb["bus_nr"] = 1 + i * 17         # own bus + 15 root ports, and one spare
-    assert len(topology.from_dict(doc).devices) == 100
+    doc["guest"]["cpus"] = cpus
+    return doc
+
+
+def test_hundred_devices_on_seven_host_bridges_need_the_vcpus_for_their_interrupts():
+    # 100 root ports x 1 + 100 devices x 5 vectors = 600; a vCPU has 192 for PCI devices.
+    line = one_line_error(hundred_devices(cpus=1))
+    assert "guest.cpus" in line and "600 interrupt vectors" in line and "192" in line and "cpus = 4" in line
+    assert len(topology.from_dict(hundred_devices(cpus=4)).devices) == 100
+    doc = hundred_devices(cpus=4)
     doc["host_bridge"][1]["bus_nr"] = 10   # hb0 needs buses 1-16
     assert "host_bridge 'hb0'.bus_nr: needs buses 1-16" in one_line_error(doc)
+
+
+def one_bridge(devices: int, cpus: int = 1) -> dict:
+    doc = bridges_doc(1, rps_per_bridge=devices, granularity="256", ways=1)
+    doc["window"] = [{"id": "fmw0", "size": "1G", "targets": ["hb0"]}]
+    doc["guest"]["cpus"] = cpus
+    return doc
+
+
+def two_bridges(devices: int) -> dict:
+    """`devices` devices on their own root ports, spread over two host bridges; one vCPU."""
+    doc = bridges_doc(2, rps_per_bridge=(devices + 1) // 2, granularity="256", ways=1)
+    del doc["root_port"][devices:], doc["device"][devices:]
+    doc["window"] = [{"id": "fmw0", "size": "1G", "targets": ["hb0"]}]
+    return doc
+
+
+def test_interrupt_vectors_boundary_on_one_vcpu():
+    assert len(topology.from_dict(two_bridges(32)).devices) == 32    # 32 + 32 x 5 = 192 vectors
+    assert "198 interrupt vectors" in one_line_error(two_bridges(33))
 
 
 # pf-nic: cxl_base 0x2_4000_0000, windows from 0x2_5000_0000; QEMU's highest address is the windows'
