@@ -39,9 +39,11 @@ class Partition:
 
 def where(appliance: Appliance, offset: int) -> dict:
     """Which module serves pool `offset`, at which module offset, in which region."""
-    if not 0 <= offset < appliance.shared + appliance.ports * appliance.private:
-        raise ApplianceError(f"pool offset {offset:#x} is outside the pool's "
-                             f"{appliance.shared + appliance.ports * appliance.private:#x} mapped bytes")
+    mapped = appliance.shared + appliance.ports * appliance.private
+    if offset < 0:
+        raise ApplianceError(f"pool offset {offset} is negative: offsets run from 0 to {mapped - 1:#x}")
+    if offset >= mapped:
+        raise ApplianceError(f"pool offset {offset:#x} is outside the pool's {mapped:#x} mapped bytes")
     module, module_offset = interleave(offset, appliance.granularity, appliance.modules)
     if offset < appliance.shared:
         region, region_offset = "shared", offset

@@ -22,12 +22,14 @@ across entries in topology_rules; import them all from here.
 
 from __future__ import annotations
 
+import difflib
+import re
 import tomllib
 from pathlib import Path
 
 from pfcxl.errors import TopologyError
 
-from . import fabric_constants
+from . import fabric_constants, topology_limits
 from .topology_model import (Appliance, Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch,
                              Topology, Window)
 from .topology_appliance import check_appliance_devices, read_appliance
@@ -46,6 +48,7 @@ __all__ = [
     "TopologyError", "Window", "from_dict", "load", "resolve", "shipped_topologies",
 ]
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SECTIONS = ("guest", "host_bridge", "root_port", "switch", "device", "window", "region", "appliance")
 
 
@@ -80,6 +83,9 @@ def load(path: str | Path) -> Topology:
         raise TopologyError(f"{path}: no such topology file") from None
     except tomllib.TOMLDecodeError as exc:
         raise TopologyError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise TopologyError(f"{source}: not valid TOML here: arrays or tables nested too deeply for "
+                            "Python's TOML reader") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise TopologyError(f"{path}: cannot read: {exc}") from None
     return from_dict(doc, source=source, default_name=path.stem)
@@ -95,8 +101,11 @@ def resolve(name_or_path: str | Path | None) -> Path:
     shipped = TOPOLOGY_DIR / f"{name_or_path}.toml"
     if shipped.exists():
         return shipped
-    names = ", ".join(sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml")))
-    raise TopologyError(f"no topology named '{name_or_path}' (shipped: {names}; or give a path to a .toml file)")
+    names = sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml"))
+    close = difflib.get_close_matches(str(name_or_path), names, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise TopologyError(f"no topology named '{name_or_path}' ({hint}shipped: {', '.join(names)}; "
+                        "or give a path to a .toml file)")
 
 
 def shipped_topologies() -> list[Path]:
@@ -108,6 +117,11 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     top = Table(problems, "top level", {k: v for k, v in doc.items() if not isinstance(v, (list, dict))
                                         or k in ("name", "description", "timing")},
                 {"name": (str, default_name), "description": (str, ""), "timing": (str, None)})
+    if top.ok and not _NAME.fullmatch(top["name"]):
+        # The name becomes a directory and file name (appliance run directory, tables output).
+        problems.add("name" if "name" in doc else "name (the file's stem)",
+                     f"{top['name']!r} must be 1 to 64 letters, digits, '.', '-' or '_', starting with a "
+                     "letter or digit (it is used in file names)")
     if top.ok and top["timing"] is not None and top["timing"] not in fabric_constants.PROFILES:
         problems.add("timing", f"'{top['timing']}' is not a timing profile "
                      f"(known: {', '.join(fabric_constants.PROFILES)})")
@@ -190,7 +204,11 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     assert guest is not None
     topo_regions = check(problems, bridges, root_ports, switches, devices, windows, regions)
     problems.raise_if_any()
-    return Topology(top["name"], top["description"], source, guest, tuple(bridges), tuple(root_ports),
+    topo = Topology(top["name"], top["description"], source, guest, tuple(bridges), tuple(root_ports),
                     tuple(switches), tuple(devices), tuple(windows), tuple(topo_regions), top["timing"],
                     appliance)
+    topology_limits.check_address_space(problems, topo)
+    topology_limits.check_interrupt_vectors(problems, topo)
+    problems.raise_if_any()
+    return topo
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from . import topology_limits
 from .topology_model import Device, Guest, HostBridge, Region, RootPort, Switch, Topology, Window
 from .topology_reader import Problems, Table
 from .units import KiB, MiB, human
@@ -80,6 +81,8 @@ def check(problems: Problems, bridges: list[HostBridge], root_ports: list[RootPo
         if not 0 <= p.port <= 255:
             problems.add(f"{kind} '{p.id}'.port", f"{p.port} must be between 0 and 255")
 
+    topology_limits.check_ports(problems, bridges, root_ports, switches, devices)
+
     bridge_ids = {b.id for b in bridges}
     port_numbers: dict[tuple[str, int], str] = {}
     for rp in root_ports:
@@ -133,7 +136,8 @@ def check(problems: Problems, bridges: list[HostBridge], root_ports: list[RootPo
         problems.add("window", "at least one [[window]] (CXL fixed memory window) is needed")
     for w in windows:
         where = f"window '{w.id}'"
-        _check_granularity(problems, f"{where}.granularity", w.granularity)
+        if _check_granularity(problems, f"{where}.granularity", w.granularity) and w.ways in VALID_WAYS:
+            topology_limits.check_window_granularity(problems, w)
         if len(w.targets) > MAX_WINDOW_TARGETS:
             problems.add(f"{where}.targets", f"{len(w.targets)} targets: a window has at most "
                          f"{MAX_WINDOW_TARGETS}")
@@ -166,9 +170,11 @@ def check(problems: Problems, bridges: list[HostBridge], root_ports: list[RootPo
     return _check_regions(problems, partial, raw_regions)
 
 
-def _check_granularity(problems: Problems, where: str, value: int) -> None:
+def _check_granularity(problems: Problems, where: str, value: int) -> bool:
     if not (_is_pow2(value) and MIN_GRANULARITY <= value <= MAX_GRANULARITY):
         problems.add(where, f"{value} must be a power of two from 256 to 16K bytes")
+        return False
+    return True
 
 
 def _check_regions(problems: Problems, topo: Topology, raw_regions: list[RawRegion]) -> list[Region]:
@@ -215,7 +221,8 @@ def _check_regions(problems: Problems, topo: Topology, raw_regions: list[RawRegi
                 ok = False
                 break   # one misordered list is one mistake
         granularity = t["granularity"] if t["granularity"] is not None else window.granularity
-        _check_granularity(problems, f"{where}.granularity", granularity)
+        if _check_granularity(problems, f"{where}.granularity", granularity) and ok:
+            topology_limits.check_region_decoders(problems, where, topo, window, devs, granularity)
         if window.ways > 1 and granularity != window.granularity:
             problems.add(f"{where}.granularity", f"{granularity} must equal window '{window.id}' "
                          f"granularity {window.granularity} when the window interleaves host bridges")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pfcxl.device.fabric_constants import PathTiming
 from pfcxl.errors import TableError
 
-from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode, walk
+from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode, violation_lines, walk
 
 REVISION = 2                     # what QEMU 10 writes; iasl 20250404 reads it
 HEADER = Layout("CDAT header", "CDAT Header", (
@@ -223,5 +223,5 @@ def dump_table(data: bytes) -> str:
         lines += dump(decode(HEADER, data)) + [""]
     for e in table.entries:
         lines += dump(e) + [""]
-    lines += [f"Violations: {len(table.violations)}"] + [f"  - {v}" for v in table.violations]
+    lines += violation_lines(table.violations)
     return "\n".join(lines) + "\n"

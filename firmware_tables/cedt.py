@@ -13,7 +13,7 @@ from pfcxl.device.topology import Topology
 from pfcxl.errors import TableError
 
 from . import acpi
-from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode, walk
+from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode, violation_lines, walk
 
 SIGNATURE = "CEDT"
 REVISION = 1
@@ -256,5 +256,5 @@ def dump_table(data: bytes) -> str:
         lines += dump(d) + [""]
     for item in table.subtables:
         lines += dump(item) + [""]
-    lines += [f"Violations: {len(table.violations)}"] + [f"  - {v}" for v in table.violations]
+    lines += violation_lines(table.violations)
     return "\n".join(lines) + "\n"

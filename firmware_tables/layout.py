@@ -17,6 +17,11 @@ from typing import Callable, Mapping
 
 from pfcxl.errors import TableError
 
+# No CEDT or CDAT comes near this: structure lengths are 16-bit, so even a switch CDAT with every
+# SSLBIS data type at its 64 KiB maximum stays under 1 MiB. Decoders read at most this (+1 to tell).
+MAX_TABLE_BYTES = 1 << 20
+MAX_VIOLATIONS_SHOWN = 50      # a dump lists this many violations, then counts the rest
+
 
 @dataclass(frozen=True)
 class Field:
@@ -132,7 +137,7 @@ class Decoded:
 def _get(data: bytes, base: int, f: Field) -> int | str:
     raw = data[base + f.offset: base + f.end]
     if f.kind == "ascii":
-        return raw.decode("ascii", errors="replace")
+        return bytes(raw).decode("ascii", errors="replace")
     return int.from_bytes(raw, "little")
 
 
@@ -196,6 +201,7 @@ def walk(data: bytes, start: int, end: int, header: Layout, by_type: dict[int, L
     reported; a length that cannot be right ends the walk."""
     items: list[Decoded] = []
     problems: list[str] = []
+    view = memoryview(data)    # bounding each structure by slicing a view copies nothing
     pos = start
     while pos < end:
         head = decode(header, data, pos, where=f"{noun} at {pos:#x}")
@@ -210,7 +216,7 @@ def walk(data: bytes, start: int, end: int, header: Layout, by_type: dict[int, L
         if layout is None:
             problems.append(f"{noun} at {pos:#x}: unknown {noun} type {kind} ({length} bytes skipped)")
         else:
-            item = decode(layout, data[:pos + length], pos, where=f"{layout.name} at {pos:#x}")
+            item = decode(layout, view[:pos + length], pos, where=f"{layout.name} at {pos:#x}")
             problems += item.violations
             if not item.values:      # its fixed part did not fit: nothing more to read
                 break
@@ -220,6 +226,14 @@ def walk(data: bytes, start: int, end: int, header: Layout, by_type: dict[int, L
 
 
 # --------------------------------------------------------------------------- dump
+
+
+def violation_lines(violations: list[str]) -> list[str]:
+    """The count, then the first MAX_VIOLATIONS_SHOWN violations and how many more there are."""
+    lines = [f"Violations: {len(violations)}"] + [f"  - {v}" for v in violations[:MAX_VIOLATIONS_SHOWN]]
+    if len(violations) > MAX_VIOLATIONS_SHOWN:
+        lines.append(f"  ... and {len(violations) - MAX_VIOLATIONS_SHOWN} more")
+    return lines
 
 
 def _show(f: Field, value: int | str) -> str:

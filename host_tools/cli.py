@@ -19,13 +19,11 @@ from pfcxl.device.units import hexaddr, human
 from pfcxl import errors
 from pfcxl.errors import PfcxlError, TopologyError
 
-from pfcxl.firmware_tables import cdat as tables_cdat
-from pfcxl.firmware_tables import cedt as tables_cedt
 from pfcxl.firmware_tables import boot_policy, table_files
 
 from pfcxl.device import fabric_constants, fabric_model
 
-from . import argtypes, cli_appliance, cli_bench, cli_serving, discovery, image, qemu, terminal, timing, timing_report
+from . import argtypes, cli_appliance, cli_bench, cli_serving, cli_tables, discovery, image, qemu, terminal, timing, timing_report
 from .console import shell_command
 from .ui import err, out
 from pfcxl.machine import RUN_DIR_PLACEHOLDER, Machine
@@ -258,7 +256,7 @@ def cmd_demo(args) -> int:
 
 def cmd_tables(args) -> int:
     if args.items[:1] == ["decode"]:
-        return _decode_tables(args.items[1:], args.kind)
+        return cli_tables.decode_files(args.items[1:], args.kind)
     if len(args.items) > 1:
         raise PfcxlError(f"pfcxl tables takes one topology, got {' '.join(args.items)} "
                          "(to decode files: pfcxl tables decode FILE...)")
@@ -281,26 +279,6 @@ def cmd_tables(args) -> int:
 def _describe_table_file(path: Path) -> str:
     return {".dat": "ACPI CEDT (binary)", ".cdat": "CXL CDAT (binary, for cdat=)",
             ".txt": "decoded dump", ".args": "QEMU options: generic port + HMAT"}.get(path.suffix, "")
-
-
-def _decode_tables(files: list[str], kind: str | None) -> int:
-    if not files:
-        raise PfcxlError("pfcxl tables decode: give one or more CEDT or CDAT files")
-    bad = 0
-    for name in files:
-        try:
-            data = Path(name).read_bytes()
-        except OSError as exc:
-            raise PfcxlError(f"cannot read {name}: {exc.strerror}") from None
-        what = kind or ("cedt" if data[:4] == b"CEDT" else "cdat")
-        if what == "cdat" and data[:4].isalpha() and data[:4].isupper():
-            raise PfcxlError(f"{name}: an ACPI '{data[:4].decode()}' table, not a CEDT or CDAT "
-                             "(use --as cdat to force)")
-        module = tables_cedt if what == "cedt" else tables_cdat
-        out.print(f"== {name}", markup=False, highlight=False)
-        out.print(module.dump_table(data), markup=False, highlight=False)
-        bad += len(module.decode_table(data).violations) > 0
-    return 1 if bad else 0
 
 
 # --------------------------------------------------------------------------- parser
@@ -413,10 +391,15 @@ def _terminate(signum, frame):  # SIGTERM and SIGHUP unwind like Ctrl-C, so ever
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args, extra = ap.parse_known_args(argv)
+    if extra and getattr(args, "func", None) is cmd_tables and not any(a.startswith("-") for a in extra):
+        args.items += extra     # file names after an option: `tables decode --as cdat FILE...`
+    elif extra:
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "topology_name", None):
         if args.topology:
-            raise SystemExit("pfcxl: error: give the topology once (positional or --topology)")
+            ap.error("give the topology once (positional or --topology)")
         args.topology = args.topology_name
     if isinstance(getattr(args, "command", None), list) and args.command[:1] == ["--"]:
         args.command = args.command[1:]

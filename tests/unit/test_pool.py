@@ -40,9 +40,13 @@ def test_where_names_module_and_region(offset, module, module_offset, region, re
                                     "region": region, "region_offset": region_offset}
 
 
-@pytest.mark.parametrize("offset", [-1, POOL_END, POOL_END + 4096, 1 << 70])
-def test_where_refuses_offsets_outside_the_pool(offset):
-    with pytest.raises(ApplianceError, match=r"outside the pool's 0x30000000 mapped bytes"):
+@pytest.mark.parametrize("offset,message", [
+    (-1, r"pool offset -1 is negative: offsets run from 0 to 0x2fffffff"),
+    (POOL_END, r"outside the pool's 0x30000000 mapped bytes"),
+    (POOL_END + 4096, r"outside the pool's 0x30000000 mapped bytes"),
+    (1 << 70, r"outside the pool's 0x30000000 mapped bytes")])
+def test_where_refuses_offsets_outside_the_pool(offset, message):
+    with pytest.raises(ApplianceError, match=message):
         where(SMALL, offset)
 
 
