@@ -12,14 +12,12 @@ from dataclasses import dataclass
 
 from pfcxl.errors import TopologyError
 
-from .topology import Region, Topology, Window
-from .units import GiB, MiB
+from pfcxl.firmware_tables.cxl_spec import CFMWS_GRANULE as WINDOW_ALIGN
 
-CHBS_LENGTH = 0x10000          # QEMU's component register block per host bridge
-LOWMEM_SPLIT = 0x8000_0000     # q35: RAM above this goes above 4 GiB when RAM >= 0xB000_0000
-LOWMEM_LIMIT = 0xB000_0000
-FOUR_GIB = 4 * GiB
-WINDOW_ALIGN = 256 * MiB
+from .qemu_facts import (CHBS_LENGTH, CXL_BASE_ALIGN, FOUR_GIB, HOTPLUG_SLOT_SIZE, LOWMEM_LIMIT, LOWMEM_SPLIT,
+                         WINDOW_GAP)
+from .topology import Region, Topology, Window
+from .topology_model import dax_name, region_name
 
 
 def _round_up(value: int, align: int) -> int:
@@ -33,7 +31,8 @@ def cxl_base(topo: Topology) -> int:
     above = max(ram - lowmem, 0)
     above_end = FOUR_GIB + above
     if topo.guest.maxmem > ram:
-        return _round_up(above_end, GiB) + (topo.guest.maxmem - ram) + topo.guest.slots * GiB
+        return (_round_up(above_end, CXL_BASE_ALIGN) + (topo.guest.maxmem - ram)
+                + topo.guest.slots * HOTPLUG_SLOT_SIZE)
     return above_end
 
 
@@ -57,7 +56,7 @@ def chbs_bases(topo: Topology) -> dict[str, int]:
 
 def window_placements(topo: Topology) -> list[Placement]:
     """One root decoder per window, in CFMWS order, packed from just above the CHBS area."""
-    base = _round_up(cxl_base(topo) + MiB, WINDOW_ALIGN)
+    base = _round_up(cxl_base(topo) + WINDOW_GAP, WINDOW_ALIGN)
     out = []
     for i, w in enumerate(topo.windows):
         out.append(Placement(f"decoder0.{i}", w.id, base, w.size, w.ways, w.granularity))
@@ -70,14 +69,14 @@ def region_placements(topo: Topology) -> list[Placement]:
     next_free = {p.what: p.base for p in window_placements(topo)}
     out = []
     for n, r in enumerate(topo.regions):
-        out.append(Placement(f"region{n}", r.id, next_free[r.window], r.size, r.ways, r.granularity))
+        out.append(Placement(region_name(n), r.id, next_free[r.window], r.size, r.ways, r.granularity))
         next_free[r.window] += r.size
     return out
 
 
 def dax_placements(topo: Topology) -> list[Placement]:
     """A CXL RAM region gets one DAX device covering all of it, named after the region."""
-    return [Placement(f"dax{n}.0", p.what, p.base, p.size, p.ways, p.granularity)
+    return [Placement(dax_name(n), p.what, p.base, p.size, p.ways, p.granularity)
             for n, p in enumerate(region_placements(topo))]
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pfcxl.firmware_tables.cxl_spec import PCIE_GEN5_X16_MBS
+
 
 @dataclass(frozen=True)
 class PathTiming:
@@ -49,7 +51,7 @@ PF_HOST_PATH = PathTiming(PF_T_REQ_NS + PF_T_RESP_NS, PF_T_REQ_NS + PF_T_RESP_NS
 # host path and 212 ns media read, a 550 ns switch traversal (hop + arbitration) puts the idle
 # read at 71 + 550 + 212 = 833 ns, inside Beluga's range.
 EL_SWITCH_HOP_NS = 550
-EL_SWITCH_BANDWIDTH_MBS = 64_000   # the switch's upstream link, PCIe 5.0 x16 [PCIe], shared by its devices
+EL_SWITCH_BANDWIDTH_MBS = PCIE_GEN5_X16_MBS   # the switch's upstream link [PCIe], shared by its devices
 EL_MODULE = PF_MODULE
 EL_HOST_PATH = PF_HOST_PATH
 EL_SWITCH = PathTiming(EL_SWITCH_HOP_NS, EL_SWITCH_HOP_NS, EL_SWITCH_BANDWIDTH_MBS, EL_SWITCH_BANDWIDTH_MBS)

@@ -65,10 +65,12 @@ def bytes_per_module(appliance: Appliance, start: int, size: int) -> list[int]:
     full = (last - first + 1) // m
     for k in range(m):
         out[k] = full * g
+    def module(granule: int) -> int:
+        return interleave(granule * g, g, m)[0]
     for granule in range(first + full * m, last + 1):
-        out[granule % m] += g
-    out[first % m] -= start - first * g
-    out[last % m] -= (last + 1) * g - (start + size)
+        out[module(granule)] += g
+    out[module(first)] -= start - first * g
+    out[module(last)] -= (last + 1) * g - (start + size)
     return out
 
 
@@ -210,7 +212,7 @@ class Pool:
                         index = (p.pool_offset + off) // g
                         before = self._last_crc[index] or self._zero_crc
                         if crc != before:
-                            self.changed[index % m] += g
+                            self.changed[interleave(index * g, g, m)[0]] += g
                             self._last_crc[index] = crc
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from pfcxl.errors import TopologyError
 
 from . import fabric_constants, topology_limits
+from . import qemu_facts
 from .topology_model import (Appliance, Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch,
                              Topology, Window)
 from .topology_appliance import check_appliance_devices, read_appliance
@@ -184,7 +185,7 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
 
     windows = read_list(problems, doc, "window", {"id": (str, REQUIRED), "size": ("size", REQUIRED),
                                                   "targets": (list, REQUIRED), "granularity": ("size", 256),
-                                                  "arithmetic": (str, "modulo"), "restrictions": (int, 0x000F),
+                                                  "arithmetic": (str, "modulo"), "restrictions": (int, qemu_facts.RESTRICTIONS),
                                                   "qtg_id": (int, 0)},
                         build_window)
 

@@ -17,6 +17,9 @@ Devices say which region backs them with `appliance = "shared"` or `"private"`.
 
 from __future__ import annotations
 
+from pfcxl.firmware_tables.cxl_spec import CFMWS_GRANULE
+
+
 from .topology_model import Appliance, Device
 from .topology_reader import Problems, Table
 from .units import GiB, MiB, human
@@ -25,7 +28,7 @@ APPLIANCE_BACKINGS = ("shm", "directory", "memfd")
 APPLIANCE_REGIONS = ("shared", "private")
 MAX_PORTS = 64
 MAX_MODULES = 64
-PARTITION_ALIGN = 256 * MiB      # each region backs a CXL Type 3 device: 256 MiB units
+PARTITION_ALIGN = CFMWS_GRANULE   # each region backs a CXL Type 3 device: whole decoder units
 
 
 def read_appliance(problems: Problems, doc: dict) -> Appliance | None:

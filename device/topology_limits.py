@@ -7,16 +7,20 @@ from their sources and tried on this machine (see docs/notes/topology-limits.md)
 
 from __future__ import annotations
 
-from .topology_model import Device, DownstreamPort, HostBridge, RootPort, Switch, Topology, Window
+from pfcxl.firmware_tables.cxl_spec import MAX_GRANULARITY
+
+from .qemu_facts import NO_SERIAL
+
+from .topology_model import Device, HostBridge, RootPort, Switch, Topology, Window
 from .topology_reader import Problems
-from .units import GiB, KiB, MiB, human
+from .units import GiB, MiB, human
 
 MAX_CHASSIS = 255               # QEMU's pcie port 'chassis' is a uint8
 MAX_SLOT = 8191                 # PCIe Slot Capabilities: 13-bit Physical Slot Number (QEMU truncates more)
 SLOTS_PER_BUS = 32              # device numbers on a PCI bus: root ports per host bridge, ports per switch
-NO_SERIAL = (1 << 64) - 1       # QEMU's cxl-type3 'sn' default, meaning "no serial number"
 MAX_BUS = 255
-LINUX_MAX_GRANULARITY = 16 * KiB
+# Linux makes a decoder's granularity its parent's granularity x ways: that must stay encodable.
+LINUX_MAX_GRANULARITY = MAX_GRANULARITY
 LINUX_MAX_PORT_WAYS = 8         # a host bridge or switch decoder interleaves at most 8 ports
 # QEMU q35 with TCG's -cpu max (an AMD CPU model, 40 physical address bits): the highest address
 # it uses is the CXL windows' end rounded up to 1 GiB plus a 32 GiB 64-bit PCI hole. At or above

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import qemu_facts
+
+
+def region_name(index: int) -> str:
+    """Linux's name for the index-th region pfcxl creates (topology order): regionN."""
+    return f"region{index}"
+
+
+def dax_name(index: int) -> str:
+    """The device-DAX node of the index-th region: daxN.0."""
+    return f"dax{index}.0"
+
 
 @dataclass(frozen=True)
 class Guest:
@@ -102,7 +114,7 @@ class Window:
     targets: tuple[str, ...]
     granularity: int
     arithmetic: str = "modulo"      # CFMWS interleave arithmetic: modulo or xor
-    restrictions: int = 0x000F      # CFMWS window restriction bits (QEMU always writes 0x000F)
+    restrictions: int = qemu_facts.RESTRICTIONS    # CFMWS window restriction bits, as QEMU writes them
     qtg_id: int = 0                 # CFMWS QoS throttling group
 
     @property
@@ -111,8 +123,9 @@ class Window:
 
     @property
     def qemu_expressible(self) -> bool:
-        """QEMU 10 writes modulo windows with restrictions 0x000F and QTG 0, nothing else."""
-        return self.arithmetic == "modulo" and self.restrictions == 0x000F and self.qtg_id == 0
+        """QEMU 10 writes modulo windows with its fixed restrictions and QTG ID, nothing else."""
+        return (self.arithmetic == "modulo" and self.restrictions == qemu_facts.RESTRICTIONS
+                and self.qtg_id == qemu_facts.QTG_ID)
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import re
 
+from pfcxl.firmware_tables.cxl_spec import (CFMWS_GRANULE, MAX_GRANULARITY, MAX_WINDOW_TARGETS, MIN_GRANULARITY,
+                                            RESTRICTION_MASK, VALID_WAYS)
+
 from . import topology_limits
-from .topology_model import Device, Guest, HostBridge, Region, RootPort, Switch, Topology, Window
+from .topology_model import Device, Guest, HostBridge, Region, RootPort, Switch, Topology, Window, region_name
 from .topology_reader import Problems, Table
 from .units import KiB, MiB, human
 
-VALID_WAYS = (1, 2, 3, 4, 6, 8, 12, 16)    # CXL 3.1 HDM decoder / CFMWS ENIW encodings
-MIN_GRANULARITY = 256                       # CFMWS HBIG 0 .. 6
-MAX_GRANULARITY = 16 * KiB
-MAX_WINDOW_TARGETS = 16
-REGION_ALIGN = 256 * MiB                    # HDM decoder and CFMWS size/base unit
+REGION_ALIGN = CFMWS_GRANULE                # HDM decoder and CFMWS size/base unit
 REGION_MODES = ("devdax", "system-ram")
 PMEM_REGION_MODES = ("devdax",)             # a pmem region is used through a devdax namespace
 # Label storage area: at least 128 KiB, the label area QEMU gives an NVDIMM at the least; Linux
@@ -26,7 +25,7 @@ MIN_LSA = 128 * KiB
 MAX_LSA = 256 * MiB                         # what QEMU's own CXL test machine gives each device
 LSA_ALIGN = 4 * KiB                         # a memory backend is whole host pages
 WINDOW_ARITHMETIC = ("modulo", "xor")
-MAX_RESTRICTIONS = 0x3F                     # CFMWS restriction bits 0-5 (CXL 3.1)
+MAX_RESTRICTIONS = RESTRICTION_MASK          # CFMWS restriction bits 0-5 (CXL 3.1)
 BACKEND_PREFIX = "backend-"                 # memory-backend ids: backend-<device id>
 LSA_PREFIX = "lsa-backend-"                 # label storage area backends: lsa-backend-<device id>
 _QEMU_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
@@ -185,7 +184,7 @@ def _check_regions(problems: Problems, topo: Topology, raw_regions: list[RawRegi
     regions = []
     for i, t, devs in raw_regions:
         where = f"region[{i}]"
-        rid = f"region{i}"
+        rid = region_name(i)
         ok = True
         if t["window"] not in window_ids:
             problems.add(f"{where}.window", f"'{t['window']}' is not a window id")

@@ -8,26 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfcxl.device import address_map
+from pfcxl.device import address_map, qemu_facts
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TableError
 
 from . import acpi
+from .cxl_spec import CFMWS_GRANULE, CHBS_LENGTH, ENIW_OF_WAYS, HBIG_MAX, RESTRICTION_BITS as RESTRICTIONS
 from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode, violation_lines, walk
 
 SIGNATURE = "CEDT"
 REVISION = 1
-MiB256 = 256 << 20
-
-# Interleave ways <-> ENIW encoding (CXL 3.1 Table 9-22): powers of two, and 3 x powers of two.
-ENIW_OF_WAYS = {1: 0, 2: 1, 4: 2, 8: 3, 16: 4, 3: 8, 6: 9, 12: 10}
 WAYS_OF_ENIW = {v: k for k, v in ENIW_OF_WAYS.items()}
 ARITHMETIC = {0: "modulo", 1: "XOR"}
-HBIG_MAX = 6                      # 256 B << 6 = 16 KiB
-RESTRICTIONS = {0: "device coherent (type 2)", 1: "host-only coherent (type 3)", 2: "volatile",
-                3: "persistent", 4: "fixed device configuration", 5: "back-invalidate"}
-QEMU_RESTRICTIONS = 0x000F        # what QEMU 10 always writes
-CHBS_LENGTH = {0: 0x2000, 1: 0x10000}   # CXL 1.1 RCRB / CXL 2.0+ component registers
 CHBS_VERSIONS = {0: "CXL 1.1 (RCRB)", 1: "CXL 2.0 or later (CHBCR)"}
 
 
@@ -57,7 +49,7 @@ CFMWS = Layout("CFMWS", "CXL Fixed Memory Window Structure", _header(1) + (
     Field("reserved2", "Reserved", 26, 2, "reserved"),
     Field("hbig", "Host Bridge Interleave Granularity", 28, 4,
           enum={g: f"{256 << g} bytes" for g in range(HBIG_MAX + 1)}),
-    Field("restrictions", "Window Restrictions", 32, 2, flags=RESTRICTIONS, default=QEMU_RESTRICTIONS),
+    Field("restrictions", "Window Restrictions", 32, 2, flags=RESTRICTIONS, default=qemu_facts.RESTRICTIONS),
     Field("qtg_id", "QTG ID", 34, 2, default=0),
 ), size=36, length_key="length",
     repeat=Repeat("targets", "Interleave Target", 36, _TARGET,
@@ -135,7 +127,7 @@ def subtables_for(topo: Topology) -> list[tuple[Layout, dict]]:
     bus = {hb.id: hb.bus_nr for hb in topo.host_bridges}
     for hb in topo.host_bridges:
         out.append((CHBS, {"uid": hb.bus_nr, "cxl_version": 1, "base": chbs[hb.id],
-                           "register_length": address_map.CHBS_LENGTH}))
+                           "register_length": qemu_facts.CHBS_LENGTH}))
     xor_hbigs: dict[int, dict] = {}
     for place, window in zip(address_map.window_placements(topo), topo.windows):
         values = cfmws_values(place.base, window.size, [bus[t] for t in window.targets], window.granularity,
@@ -152,16 +144,16 @@ def subtables_for(topo: Topology) -> list[tuple[Layout, dict]]:
 
 
 def cfmws_values(base: int, size: int, target_uids: list[int], granularity: int, *,
-                 arithmetic: str = "modulo", restrictions: int = QEMU_RESTRICTIONS, qtg_id: int = 0) -> dict:
+                 arithmetic: str = "modulo", restrictions: int = qemu_facts.RESTRICTIONS, qtg_id: int = qemu_facts.QTG_ID) -> dict:
     """One window's fields, checked against the CFMWS rules; raises TableError naming the rule."""
     ways = len(target_uids)
     if ways > 16:
         raise TableError(f"a CFMWS has at most 16 interleave targets, got {ways}")
     eniw = encode_ways(ways)
     hbig = encode_granularity(granularity)
-    if base % MiB256:
+    if base % CFMWS_GRANULE:
         raise TableError(f"window base {base:#x} is not 256 MiB aligned")
-    if size <= 0 or size % (MiB256 * ways):
+    if size <= 0 or size % (CFMWS_GRANULE * ways):
         raise TableError(f"window size {size:#x} is not a multiple of 256 MiB x {ways} ways")
     if restrictions & ~sum(1 << b for b in RESTRICTIONS):
         raise TableError(f"window restrictions {restrictions:#x} set undefined bits")
@@ -220,9 +212,9 @@ def _semantic(item: Decoded) -> list[str]:
             out.append(f"{where}: Base {v['base']:#x} is not aligned to its length {want:#x}")
     if item.layout is CFMWS and "eniw" in v:
         ways = WAYS_OF_ENIW.get(v["eniw"])
-        if v["base_hpa"] % MiB256:
+        if v["base_hpa"] % CFMWS_GRANULE:
             out.append(f"{where}: Base HPA {v['base_hpa']:#x} is not 256 MiB aligned")
-        if ways and v["window_size"] % (MiB256 * ways):
+        if ways and v["window_size"] % (CFMWS_GRANULE * ways):
             out.append(f"{where}: Window Size {v['window_size']:#x} is not a multiple of 256 MiB x {ways} ways")
         if v["window_size"] == 0:
             out.append(f"{where}: Window Size is 0")

@@ -13,9 +13,6 @@ from pfcxl.errors import TableError
 from . import cdat, cedt
 from .hmat_options import numa_args
 
-# QEMU's own CDAT for a volatile Type 3 device (hw/mem/cxl_type3.c, read back from a guest's
-# /sys/bus/cxl/devices/endpointN/CDAT): what a topology without `timing` gets.
-QEMU_DEFAULT_DEVICE = fabric_constants.PathTiming(150, 250, 16_000, 16_000)
 
 
 @dataclass(frozen=True)

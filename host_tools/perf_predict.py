@@ -19,20 +19,19 @@ from dataclasses import dataclass
 
 from pfcxl.device import fabric_constants
 from pfcxl.device.topology import Region, Topology
+from pfcxl.device.topology_model import region_name
 from pfcxl.firmware_tables import cdat
-from pfcxl.firmware_tables.generate import QEMU_DEFAULT_DEVICE, TableSet, tables_for
+from pfcxl.device.qemu_facts import DEFAULT_DEVICE_CDAT, DEFAULT_SWITCH_CDAT
+from pfcxl.device.qemu_facts import FLIT_BYTES, LINK_GTS, LINK_WIDTH
+from pfcxl.firmware_tables.cxl_spec import pcie_lane_mbs
+from pfcxl.firmware_tables.generate import TableSet, tables_for
 
 # QEMU 10.0.2 links (docs/notes, section 4.1): every CXL link trains at 32 GT/s x16, no flit mode.
-LINK_GTS = 32
-LINK_WIDTH = 16
-FLIT_BYTES = 68
-LANE_MBS = LINK_GTS * 1000 // 8                                  # 4000 MB/s per lane
+LANE_MBS = pcie_lane_mbs(LINK_GTS)                               # 4000 MB/s per lane
 LINK_LATENCY_PS = FLIT_BYTES * 1_000_000 // LANE_MBS            # 17000 ps per downstream-port hop
 LINK_RAW_MBS = LANE_MBS * LINK_WIDTH                            # 64000: endpoint / switch upstream cap
 LINK_AVAILABLE_MBS = LINK_GTS * 1000 * 128 // 130 * LINK_WIDTH // 8   # 63014: 128b/130b encoding, integer math as Linux does
 
-# QEMU's switch CDAT when none is given (hw/pci-bridge/cxl_upstream.c): 150 ns, 16 x 1024 MB/s.
-QEMU_DEFAULT_SWITCH = fabric_constants.PathTiming(150, 150, 16 * 1024, 16 * 1024)
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ def _ns(ps: float) -> int:
 def _device_timing(tables: TableSet, device_id: str) -> fabric_constants.PathTiming:
     data = tables.device_cdat.get(device_id)
     if data is None:
-        return QEMU_DEFAULT_DEVICE
+        return DEFAULT_DEVICE_CDAT
     v = cdat.values_of(cdat.decode_table(data))
     return fabric_constants.PathTiming(math.ceil(v["read latency"]), math.ceil(v["write latency"]),
                                        int(v["read bandwidth"]), int(v["write bandwidth"]))
@@ -71,7 +70,7 @@ def _device_timing(tables: TableSet, device_id: str) -> fabric_constants.PathTim
 def _switch_timing(tables: TableSet, switch_id: str) -> fabric_constants.PathTiming:
     data = tables.switch_cdat.get(switch_id)
     if data is None:
-        return QEMU_DEFAULT_SWITCH
+        return DEFAULT_SWITCH_CDAT
     by_type = {}
     for s in cdat.decode_table(data).of("SSLBIS"):
         value = s["entries"][0]["value"] * s["base_unit"]
@@ -127,5 +126,5 @@ def _predict_region(topo: Topology, tables: TableSet, host: fabric_constants.Pat
             hb_write += w
         read_bw += min(hb_read, host.read_bandwidth_mbs)
         write_bw += min(hb_write, host.write_bandwidth_mbs)
-    name = f"region{topo.regions.index(region)}"
+    name = region_name(topo.regions.index(region))
     return Prediction(name, worst["read"], worst["write"], read_bw, write_bw, hops_at_worst)

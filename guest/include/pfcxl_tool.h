@@ -26,6 +26,8 @@
 #error "define TOOL_NAME (the tool's name as a string literal) before including pfcxl_tool.h"
 #endif
 
+#include "pfcxl_mark.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -49,7 +51,7 @@
 #error "the guest tools assume a little-endian CPU"
 #endif
 
-#define WINDOW_ALIGN (2ULL << 20) /* device-DAX mapping granule (region align) */
+#define WINDOW_ALIGN PFCXL_DAX_ALIGN /* device-DAX mapping granule (pfcxl_mark.h) */
 #define EXIT_ERROR 2              /* every tool: bad argument, open/mmap failure, bus error */
 
 /* ---------------------------------------------------------------- errors */

@@ -3,7 +3,7 @@
 import dataclasses
 
 from pfcxl.device import fabric_constants as fc
-from pfcxl.device import fabric_model
+from pfcxl.device import fabric_model, qemu_facts
 from pfcxl.device import topology
 from pfcxl.host_tools import perf_predict as pp
 
@@ -49,5 +49,5 @@ def test_without_timing_there_is_nothing_to_predict():
 
 def test_switch_without_profile_figures_uses_qemus_default_sslbis():
     (p,) = pp.predict(load("electrical-switch", timing="pf"))
-    assert p.read_latency == fc.PF_MODULE.read_latency_ns + pp.QEMU_DEFAULT_SWITCH.read_latency_ns + 71 + 34
+    assert p.read_latency == fc.PF_MODULE.read_latency_ns + qemu_facts.DEFAULT_SWITCH_CDAT.read_latency_ns + 71 + 34
     assert p.read_bandwidth == min(4 * min(fc.PF_PORT_BANDWIDTH_MBS, 16 * 1024), pp.LINK_RAW_MBS)
