@@ -169,7 +169,7 @@ class Operations:
         try:
             return {"ok": True, **where(self.appliance, request["offset"])}, None
         except PfcxlError as exc:
-            raise proto.RequestError(str(exc)) from None
+            raise proto.RequestError(str(exc)) from exc
 
     def op_shutdown(self, client, request):
         self.running = False
@@ -211,7 +211,7 @@ class Operations:
         try:
             return {int(h): int(s) for h, s in json.loads(path.read_text()).items()}
         except (ValueError, OSError, AttributeError) as exc:
-            raise PfcxlError(f"{path} is unreadable ({exc}): private regions cannot be matched to hosts") from None
+            raise PfcxlError(f"{path} is unreadable ({exc}): private regions cannot be matched to hosts") from exc
 
     def _detach(self, host: int) -> None:
         att = self.attached.pop(host, None)

@@ -58,7 +58,7 @@ def parse(line: bytes) -> dict[str, Any]:
     try:
         request = json.loads(line)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:   # RecursionError: nested too deep
-        raise RequestError(f"not JSON: {exc}") from None
+        raise RequestError(f"not JSON: {exc}") from exc
     if not isinstance(request, dict):
         raise RequestError(f"a request is a JSON object, got {type(request).__name__}")
     op = request.get("op")

@@ -33,10 +33,10 @@ def take(run_dir: Path) -> int:
     fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except BlockingIOError as exc:
         os.close(fd)
         raise ApplianceError(f"{run_dir} is in use by the appliance pid {holder(run_dir)} (it holds "
-                             f"{run_dir / LOCK}): one appliance per run directory") from None
+                             f"{run_dir / LOCK}): one appliance per run directory") from exc
     return fd
 
 
@@ -91,7 +91,7 @@ def read_attachments(run_dir: Path) -> dict:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ApplianceError(f"{path} is unreadable ({exc}): move it away") from None
+        raise ApplianceError(f"{path} is unreadable ({exc}): move it away") from exc
 
 
 def write_json(path: Path, data: object) -> None:

@@ -133,7 +133,7 @@ class Pool:
                 old = json.loads(record.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise ApplianceError(f"{record} is unreadable ({exc}); the pool files next to it are in "
-                                     "an unknown state: move the directory away") from None
+                                     "an unknown state: move the directory away") from exc
             if old != self._layout_record():
                 diff = ", ".join(f"{k} {old.get(k)} -> {v}" for k, v in self._layout_record().items()
                                  if old.get(k) != v)

@@ -80,15 +80,15 @@ def load(path: str | Path) -> Topology:
     source = path.name
     try:
         doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise TopologyError(f"{path}: no such topology file") from None
+    except FileNotFoundError as exc:
+        raise TopologyError(f"{path}: no such topology file") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise TopologyError(f"{source}: not valid TOML: {exc}") from None
-    except RecursionError:
+        raise TopologyError(f"{source}: not valid TOML: {exc}") from exc
+    except RecursionError as exc:
         raise TopologyError(f"{source}: not valid TOML here: arrays or tables nested too deeply for "
-                            "Python's TOML reader") from None
+                            "Python's TOML reader") from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"{path}: cannot read: {exc}") from None
+        raise TopologyError(f"{path}: cannot read: {exc}") from exc
     return from_dict(doc, source=source, default_name=path.stem)
 
 

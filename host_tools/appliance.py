@@ -82,12 +82,12 @@ class Client:
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             self.sock.close()
             raise ApplianceError(f"no appliance is serving {self.path} ({exc.strerror}): start one with "
-                                 f"'pfcxl appliance start'") from None
+                                 f"'pfcxl appliance start'") from exc
         except OSError as exc:
             self.sock.close()
             why = ("it accepts no connections (its queue is full)" if exc.errno == errno.EAGAIN
                    else exc.strerror or f"no answer within {self.timeout:g}s")
-            raise ApplianceError(f"cannot connect to the appliance at {self.path}: {why}") from None
+            raise ApplianceError(f"cannot connect to the appliance at {self.path}: {why}") from exc
         self._buffer = bytearray()
         self._fds: list[int] = []
 
@@ -126,10 +126,10 @@ class Client:
         while b"\n" not in self._buffer:
             try:
                 data, fds, _, _ = socket.recv_fds(self.sock, 65536, 16)
-            except socket.timeout:
-                raise ApplianceError(f"the appliance did not answer '{op}' within {self.timeout:g}s") from None
+            except socket.timeout as exc:
+                raise ApplianceError(f"the appliance did not answer '{op}' within {self.timeout:g}s") from exc
             except OSError as exc:
-                raise ApplianceError(f"lost the connection to the appliance during '{op}': {exc.strerror}") from None
+                raise ApplianceError(f"lost the connection to the appliance during '{op}': {exc.strerror}") from exc
             if not data:
                 raise ApplianceError(f"the appliance closed the connection during '{op}'")
             self._buffer += data
@@ -139,9 +139,9 @@ class Client:
         fds, self._fds = self._fds, []
         try:
             return json.loads(line), fds
-        except ValueError:
+        except ValueError as exc:
             _close_all(fds)
-            raise ApplianceError(f"the appliance answered '{op}' with a line that is not JSON: {line[:80]!r}") from None
+            raise ApplianceError(f"the appliance answered '{op}' with a line that is not JSON: {line[:80]!r}") from exc
 
     def call(self, op: str, **fields: object) -> dict:
         """A request that must succeed; its descriptors, if any, are closed."""
@@ -208,7 +208,7 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
     try:
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
-        raise ApplianceError(f"cannot create the run directory {run_dir}: {exc.strerror}") from None
+        raise ApplianceError(f"cannot create the run directory {run_dir}: {exc.strerror}") from exc
     pid = running_pid(run_dir)
     if pid is not None:
         raise ApplianceError(f"an appliance is already running for {run_dir} (pid {pid})")

@@ -15,8 +15,8 @@ def seconds(text: str) -> float:
     """A timeout or interval: a finite number of seconds above 0."""
     try:
         value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from exc
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text} seconds: must be a finite number above 0")
     return value
@@ -26,8 +26,8 @@ def count(text: str) -> int:
     """A number of things to start: a whole number, at least 1."""
     try:
         value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from exc
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
     return value
@@ -39,7 +39,7 @@ def writable_dir(path: Path, option: str, mode: int = 0o700) -> None:
     try:
         path.mkdir(mode=mode, parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=path).close()
-    except FileExistsError:
-        raise PfcxlError(f"{option} {path}: exists and is not a directory") from None
+    except FileExistsError as exc:
+        raise PfcxlError(f"{option} {path}: exists and is not a directory") from exc
     except OSError as exc:
-        raise PfcxlError(f"{option} {path}: cannot write there: {exc.strerror}") from None
+        raise PfcxlError(f"{option} {path}: cannot write there: {exc.strerror}") from exc

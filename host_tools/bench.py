@@ -72,10 +72,10 @@ def load_suite(name_or_path: str) -> list[BenchSpec]:
     try:
         raw = json.loads(path.read_text())
         specs = [BenchSpec(**item) for item in raw]
-    except FileNotFoundError:
-        raise PfcxlError(f"no suite '{name_or_path}' (shipped: {', '.join(SUITES)}; or a JSON file)") from None
+    except FileNotFoundError as exc:
+        raise PfcxlError(f"no suite '{name_or_path}' (shipped: {', '.join(SUITES)}; or a JSON file)") from exc
     except (ValueError, TypeError) as exc:
-        raise PfcxlError(f"suite file {path}: {exc} (a list of objects with name, command, system, timeout)") from None
+        raise PfcxlError(f"suite file {path}: {exc} (a list of objects with name, command, system, timeout)") from exc
     if len({s.name for s in specs}) != len(specs):
         raise PfcxlError(f"suite file {path}: benchmark names must be unique")
     return specs

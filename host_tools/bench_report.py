@@ -27,10 +27,10 @@ def load(path: str | Path) -> dict:
         path = path / "results.json"
     try:
         return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PfcxlError(f"no results at {path}") from None
+    except FileNotFoundError as exc:
+        raise PfcxlError(f"no results at {path}") from exc
     except json.JSONDecodeError as exc:
-        raise PfcxlError(f"{path} is not a results file: {exc}") from None
+        raise PfcxlError(f"{path} is not a results file: {exc}") from exc
 
 
 def _runs(results: dict) -> dict[str, dict]:

@@ -91,8 +91,8 @@ def cmd_where(args) -> int:
     topo, _ = _topology(args)
     try:
         offset = int(args.offset, 0)
-    except ValueError:
-        raise PfcxlError(f"offset '{args.offset}' is not a number (decimal or 0x hex)") from None
+    except ValueError as exc:
+        raise PfcxlError(f"offset '{args.offset}' is not a number (decimal or 0x hex)") from exc
     with appliance.Client(_dir(args, topo)) as client:
         w = client.call("where", offset=offset)
     out.print(f"pool offset {w['offset']:#x}: module {w['module']} at module offset {w['module_offset']:#x}; "

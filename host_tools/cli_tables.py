@@ -44,7 +44,7 @@ def _table_bytes(name: str, kind: str | None) -> bytes:
         with open(name, "rb") as f:
             data = f.read(MAX_TABLE_BYTES + 1)
     except OSError as exc:
-        raise PfcxlError(f"cannot read {name}: {exc.strerror}") from None
+        raise PfcxlError(f"cannot read {name}: {exc.strerror}") from exc
     if len(data) > MAX_TABLE_BYTES:
         raise PfcxlError(f"{name}: larger than {human(MAX_TABLE_BYTES)}, the most a CEDT or CDAT can "
                          "hold; not decoded")

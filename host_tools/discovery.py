@@ -36,7 +36,7 @@ def discover(vm) -> dict:
     try:
         return json.loads(out[start:])
     except (ValueError, json.JSONDecodeError) as exc:
-        raise VMError(f"pfcxl-discover printed something that is not JSON ({exc}):\n{out[:2000]}") from None
+        raise VMError(f"pfcxl-discover printed something that is not JSON ({exc}):\n{out[:2000]}") from exc
 
 
 def _by(items: list[dict], key: str) -> dict[str, dict]:

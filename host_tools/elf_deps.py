@@ -39,7 +39,7 @@ def module_bytes(path: Path) -> bytes:
         try:
             return lzma.decompress(data)
         except lzma.LZMAError as exc:
-            raise ImageError(f"module {path} is not valid xz: {exc}") from None
+            raise ImageError(f"module {path} is not valid xz: {exc}") from exc
     return data
 
 
@@ -48,7 +48,7 @@ def modinfo(elf_bytes: bytes, origin: str = "<module>") -> dict[str, list[str]]:
     try:
         section = ELFFile(io.BytesIO(elf_bytes)).get_section_by_name(".modinfo")
     except ELFError as exc:
-        raise ImageError(f"{origin} is not an ELF kernel module: {exc}") from None
+        raise ImageError(f"{origin} is not an ELF kernel module: {exc}") from exc
     if section is None:
         raise ImageError(f"{origin} has no .modinfo section")
     info: dict[str, list[str]] = {}
@@ -168,7 +168,7 @@ def _dynamic_info(path: Path) -> tuple[str | None, list[str], list[str]]:
                             runpath.extend(value.split(":"))
             return interp, needed, runpath
     except (ELFError, OSError) as exc:
-        raise ImageError(f"cannot read ELF file {path}: {exc}") from None
+        raise ImageError(f"cannot read ELF file {path}: {exc}") from exc
 
 
 def interpreter(path: Path) -> str | None:

@@ -175,7 +175,7 @@ def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = 
         return _build(topo, progress, acpi_tables, kind)
     except OSError as exc:   # typically a read-only or full PFCXL_CACHE
         raise ImageError(f"building the guest image: {exc.filename or cache.images_dir()}: {exc.strerror} "
-                         f"(the image cache is {cache.images_dir()}: PFCXL_CACHE must be writable)") from None
+                         f"(the image cache is {cache.images_dir()}: PFCXL_CACHE must be writable)") from exc
 
 
 def _build(topo: Topology, progress, acpi_tables: dict[str, bytes] | None, kind: str) -> BootImage:

@@ -34,10 +34,10 @@ def run(argv: Sequence[str], *, what: str, error: type[PfcxlError] = PfcxlError,
     """Run a short command to completion; return stdout; raise `error` naming the step on failure."""
     try:
         done = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise error(f"{what}: {argv[0]} not found (run 'make setup')") from None
-    except subprocess.TimeoutExpired:
-        raise error(f"{what}: {argv[0]} did not finish within {timeout:.0f}s") from None
+    except FileNotFoundError as exc:
+        raise error(f"{what}: {argv[0]} not found (run 'make setup')") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise error(f"{what}: {argv[0]} did not finish within {timeout:.0f}s") from exc
     if done.returncode != 0:
         detail = _tail(done.stderr or done.stdout)
         raise error(f"{what}: {describe_exit(argv, done.returncode)}"
@@ -86,8 +86,8 @@ def spawn(argv: Sequence[str], *, log: Path, fds: dict[int, int] | None = None) 
             return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     close_fds=False, start_new_session=True,
                                     preexec_fn=_child_descriptors(dict(fds or {})))
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
             raise VMError(f"{argv[0]} not found: run 'make setup' (installs QEMU 10 from "
-                          "bookworm-backports)") from None
+                          "bookworm-backports)") from exc
         except PermissionError as exc:
-            raise VMError(f"cannot execute {argv[0]}: {exc}") from None
+            raise VMError(f"cannot execute {argv[0]}: {exc}") from exc

@@ -35,9 +35,9 @@ class Calibration:
 def target_ms(workload: inputs.Workload) -> float:
     try:
         return workload.paper["ttft_ms"]["appliance"][SESSIONS]
-    except KeyError:
+    except KeyError as exc:
         raise ServingError(f"{workload.name}: paper.ttft_ms.appliance.{SESSIONS}: missing (the calibration "
-                           "point: the paper's TTFT with the appliance at 50 sessions)") from None
+                           "point: the paper's TTFT with the appliance at 50 sessions)") from exc
 
 
 def fit(workload: inputs.Workload, *, seed: int = 1, progress=None) -> Calibration:
@@ -71,7 +71,7 @@ def load(path: Path = CALIBRATION) -> Calibration:
     try:
         return Calibration(**{k: doc[k] for k in Calibration.__dataclass_fields__})
     except KeyError as exc:
-        raise ServingError(f"{path.name}: {exc.args[0]}: missing; re-run '{COMMAND}'") from None
+        raise ServingError(f"{path.name}: {exc.args[0]}: missing; re-run '{COMMAND}'") from exc
 
 
 def save(cal: Calibration, gpu: inputs.Gpu, path: Path = CALIBRATION) -> None:

@@ -133,12 +133,12 @@ def read_toml(path: Path) -> dict:
     """A TOML file's tables; ServingError naming the file if it is missing or malformed."""
     try:
         return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ServingError(f"{path}: no such file") from None
+    except FileNotFoundError as exc:
+        raise ServingError(f"{path}: no such file") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise ServingError(f"{path.name}: not valid TOML: {exc}") from None
+        raise ServingError(f"{path.name}: not valid TOML: {exc}") from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise ServingError(f"{path}: cannot read: {exc}") from None
+        raise ServingError(f"{path}: cannot read: {exc}") from exc
 
 
 def _fields(doc: dict, source: str, where: str, required: dict, optional: dict | None = None,

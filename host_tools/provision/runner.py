@@ -52,7 +52,7 @@ class Setup:
             proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, errors="replace")
         except OSError as e:
-            raise StepError(f"`{shlex.join(cmd)}` could not start: {e}") from None
+            raise StepError(f"`{shlex.join(cmd)}` could not start: {e}") from e
         if log:
             self._log(f"\n$ {shlex.join(cmd)}  (cwd={cwd or os.getcwd()}, exit {proc.returncode}, "
                       f"{time.monotonic() - started:.1f} s)\n{proc.stdout}{proc.stderr}")

@@ -75,3 +75,14 @@ def test_help_figures_come_from_the_model():
     text = " ".join(run_help("run").split())
     read, write = fabric_model.idle_ns("pf", False), fabric_model.idle_ns("pf", True)
     assert f"{read} ns read, {write} ns write" in text
+
+
+def test_errors_keep_their_cause():
+    """An error raised while handling another names it as its cause (`raise ... from err`), so
+    --debug shows the whole chain: no `from None` in the code."""
+    import pfcxl
+    repo = pfcxl.__path__[0].rsplit("/", 1)[0]
+    done = subprocess.run(["grep", "-rn", "--include=*.py", r") from None\|raise .* from None",
+                           *(f"{repo}/{d}" for d in ("device", "firmware_tables", "guest", "host_tools",
+                                                      "pfcxl", "serving"))], capture_output=True, text=True)
+    assert done.stdout == "", done.stdout
