@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import fabric_kernel
 from .address_map import interleave
 from .fabric_model import PS_PER_NS, FabricModel, service_ps
 from .fabric_queues import HbmCache, serve_split
@@ -105,11 +106,15 @@ class EngineResult:
         return float(np.count_nonzero((lat >= lo_ns * PS_PER_NS) & (lat <= hi_ns * PS_PER_NS)) / max(len(lat), 1))
 
 
-def locate(hpa: np.ndarray, base_hpa: int, granularity: int, modules: int) -> tuple[np.ndarray, np.ndarray]:
-    """(module, offset inside the module) of each address, as pool.where() interleaves them."""
+def _offsets(hpa: np.ndarray, base_hpa: int) -> np.ndarray:
     if len(hpa) and int(hpa.min()) < base_hpa:
         raise ValueError(f"an access at {int(hpa.min()):#x} lies below the appliance's base {base_hpa:#x}")
-    return interleave((hpa - np.uint64(base_hpa)).astype(np.int64), granularity, modules)
+    return (hpa - np.uint64(base_hpa)).astype(np.int64)
+
+
+def locate(hpa: np.ndarray, base_hpa: int, granularity: int, modules: int) -> tuple[np.ndarray, np.ndarray]:
+    """(module, offset inside the module) of each address, as pool.where() interleaves them."""
+    return interleave(_offsets(hpa, base_hpa), granularity, modules)
 
 
 def _divmod(x: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -119,19 +124,28 @@ def _divmod(x: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
     return np.divmod(x, d)
 
 
+def jitter_bits(model: FabricModel, reads: int, writes: int, seed: int) -> list[tuple[np.ndarray, int]]:
+    """The random draws behind draw_jitter: per direction (reads, then writes), 16 random bits per
+    pair of accesses and the direction's J (ns)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for count, j in ((reads, model.jitter_read_ns), (writes, model.jitter_write_ns)):
+        pairs = (count + 1) // 2
+        out.append((rng.bit_generator.random_raw(pairs // 4 + 1).view(np.uint16)[:pairs], j))
+    return out
+
+
 def draw_jitter(model: FabricModel, write: np.ndarray, seed: int, split=None) -> np.ndarray:
     """Per-access jitter (ps, int32), seeded: the k-th pair of reads (and of writes), in trace
     order, gets +v and -v with v uniform in 0..J ns (J by direction) and a random sign; an
     unpaired last access gets 0. Every direction's jitters are thus exactly symmetric, so a
-    trace's idle median stays on the paper's figure. `split`: (reads, writes) indices if known."""
+    trace's idle median stays on the paper's figure. `split`: (reads, writes) indices if known.
+    (The compiled kernel draws the same values from the same jitter_bits.)"""
     write = np.asarray(write, bool)
     jitter = np.zeros(len(write), np.int32)
-    rng = np.random.default_rng(seed)
     ir, iw = split if split is not None else (np.flatnonzero(~write), np.flatnonzero(write))
-    for idx, j in ((ir, model.jitter_read_ns), (iw, model.jitter_write_ns)):
+    for idx, (raw, j) in zip((ir, iw), jitter_bits(model, len(ir), len(iw), seed)):
         count = len(idx)
-        pairs = (count + 1) // 2
-        raw = rng.bit_generator.random_raw(pairs // 4 + 1).view(np.uint16)[:pairs]   # 16 random bits each
         x = (raw % (2 * (j + 1))).astype(np.int32)
         v = (x >> 1) * (1 - 2 * (x & 1)) * PS_PER_NS
         vals = np.empty(count, np.int32)
@@ -168,11 +182,12 @@ class _Accesses:
 
 
 def _prepare(model: FabricModel, trace: np.ndarray, ns_per_insn: float, base_hpa: int, granularity: int,
-             seed: int, chunk: int) -> _Accesses:
+             seed: int, chunk: int, kernel: bool = False) -> _Accesses:
     """Decode the trace: whole-array passes where they need no temporaries, a chunk at a time
-    otherwise (trace-sized temporaries cost more in page faults than in arithmetic)."""
+    otherwise (trace-sized temporaries cost more in page faults than in arithmetic). Queue
+    numbers are u16 for numpy's radix sorts, int32 for the kernel."""
     n = len(trace)
-    small = np.uint16 if model.hosts * model.modules < 1 << 16 else np.int64
+    small = np.int32 if kernel else np.uint16 if model.hosts * model.modules < 1 << 16 else np.int64
     host = np.array(trace["host"], dtype=small)
     if n and int(host.max()) >= model.hosts:
         raise ValueError(f"host {int(host.max())} in the trace; {model.name} has {model.hosts} hosts")
@@ -181,8 +196,12 @@ def _prepare(model: FabricModel, trace: np.ndarray, ns_per_insn: float, base_hpa
     stamp = _stamps(trace["insn"], ns_per_insn * PS_PER_NS)
     module = np.empty(n, small)
     jittery = bool(model.jitter_read_ns or model.jitter_write_ns)
-    ir, iw = np.flatnonzero(~write), np.flatnonzero(write)
-    jitter = draw_jitter(model, write, seed, (ir, iw)) if jittery else np.zeros(n, np.int32)
+    if kernel:                                              # the kernel needs no index lists
+        ir = iw = None
+        jitter = fabric_kernel.jitter(model, write, seed) if jittery else np.zeros(n, np.int32)
+    else:
+        ir, iw = np.flatnonzero(~write), np.flatnonzero(write)
+        jitter = draw_jitter(model, write, seed, (ir, iw)) if jittery else np.zeros(n, np.int32)
     lines = model.cache_lines
     slot = key = None
     slots = model.modules * lines
@@ -196,6 +215,10 @@ def _prepare(model: FabricModel, trace: np.ndarray, ns_per_insn: float, base_hpa
         slot = np.empty(n, np.uint32 if slots <= 1 << 26 else np.int64)
     for lo in range(0, n, chunk):
         sl = slice(lo, min(lo + chunk, n))
+        if slot is None:                                    # the module alone
+            m = _divmod(_divmod(_offsets(trace["hpa"][sl], base_hpa), granularity)[0], model.modules)[1]
+            module[sl] = m
+            continue
         m, moff = locate(trace["hpa"][sl], base_hpa, granularity, model.modules)
         module[sl] = m
         if slot is not None:
@@ -297,16 +320,52 @@ def _idle_latency(model: FabricModel, write, size, jitter) -> np.ndarray:
     return lat
 
 
+def _kernel_network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phases: bool):
+    """_network() in the compiled kernel: the same results."""
+    n = len(issue)
+    srt = None if n < 2 or bool(np.all(issue[1:] >= issue[:-1])) else np.argsort(issue, kind="stable")
+    cols = [issue, acc.host, acc.module, acc.size, acc.write, acc.jitter]
+    cache = acc.cache
+    if srt is not None:                                     # number accesses in issue order
+        cols = [x[srt] for x in cols]
+        cache = cache if cache is None else (cache[0][srt], cache[1][srt], *cache[2:])
+    complete, hit, totals, ph = fabric_kernel.network(model, *cols, cache, phases)
+    if phases:
+        at_memory, mem_done = ph
+        ph = np.stack([at_memory - cols[0], mem_done - at_memory, complete - mem_done], axis=1)
+    if srt is not None:
+        back = np.empty_like(srt)
+        back[srt] = np.arange(n)
+        complete, hit = complete[back], hit[back]
+        ph = ph[back] if phases else None
+    return complete, hit, totals, ph
+
+
 def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, dependent: bool = False,
         base_hpa: int = 0, granularity: int = 4096, seed: int = 0, phases: bool = False,
-        max_iterations: int = 200, chunk: int = CHUNK, workers: int = WORKERS) -> EngineResult:
+        max_iterations: int = 200, chunk: int = CHUNK, workers: int = WORKERS, kernel: bool = True) -> EngineResult:
     """Time every access of `trace` on `model`. See the module docstring for the rules. `chunk`
     (accesses solved together, for cache locality) and `workers` (threads per stage) change the
-    speed, never the result."""
-    acc = _prepare(model, trace, ns_per_insn, base_hpa, granularity, seed, chunk)
+    speed, never the result. `kernel` (default) solves in the compiled kernel (fabric_kernel);
+    False runs the numpy solver, the same results more slowly (dependent issue by iteration)."""
+    kernel = kernel and fabric_kernel.usable(model)
+    acc = _prepare(model, trace, ns_per_insn, base_hpa, granularity, seed, chunk, kernel)
     n, stamp, write = len(trace), acc.stamp, acc.write
     args = (phases, chunk, workers)
-    if not dependent:
+    if kernel:
+        rounds = 1
+        if not dependent:
+            issue = stamp
+            complete, hit, totals, ph = _kernel_network(model, acc, issue, phases)
+        else:
+            vcpu = acc.host.astype(np.int64) * 256 + trace["vcpu"]
+            issue, complete, hit, totals = fabric_kernel.chase(model, stamp, vcpu, acc.host, acc.module, acc.size,
+                                                               write, acc.jitter, acc.cache)
+            if phases:                                      # the schedule is known: time its phases
+                complete, hit, totals, ph = _kernel_network(model, acc, issue, phases)
+            else:
+                ph = None
+    elif not dependent:
         issue, rounds = stamp, 1
         complete, hit, totals, ph = _network(model, acc, issue, *args)
     else:

@@ -270,8 +270,9 @@ def random_trace(rng, n, hosts, spread_ps):
     return tr
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "numpy"])
 @pytest.mark.parametrize("case", range(12))
-def test_engine_equals_the_event_driven_reference(case):
+def test_engine_equals_the_event_driven_reference(case, kernel):
     rng = np.random.default_rng(100 + case)
     small = fm.pf_appliance(fm.Appliance(4, 1 << 30, 64 * 8, 4, 4096, 1 << 30, 0, "memfd"))
     model = [small, small.without_jitter(), fm.electrical_pool(8, 4), pf()][case % 4]
@@ -279,7 +280,7 @@ def test_engine_equals_the_event_driven_reference(case):
     tr = random_trace(rng, 400, model.hosts, [20_000, 300_000, 3_000_000][case % 3])
     kw = dict(ns_per_insn=[1.0, 0.5, PS][case % 3] if not dependent else 0.25, dependent=dependent,
               granularity=4096, seed=case)
-    results = [fe.run(model, tr, base_hpa=0x1000_0000, chunk=chunk, **kw) for chunk in (1 << 17, 64, 7)]
+    results = [fe.run(model, tr, base_hpa=0x1000_0000, chunk=chunk, kernel=kernel, **kw) for chunk in (1 << 17, 64, 7)]
     tr["hpa"] -= 0x1000_0000
     lat, issue, hit, stats = reference(model, tr, **kw)
     for r in results:                          # solved at once, and in batches of 64 and of 7
@@ -297,8 +298,9 @@ def test_batching_and_threads_never_change_the_result(model):
     # mixed sizes at a load that overloads the electrical switch links: arrivals far from issue
     # order, deferred accesses and the sorted fallback all get exercised
     tr = wl.mixed(APP, 30_000, seed=3, host_gbs=60.0)
-    runs = [fe.run(model, tr, ns_per_insn=PS, granularity=APP.granularity, seed=1, chunk=c, workers=w)
+    runs = [fe.run(model, tr, ns_per_insn=PS, granularity=APP.granularity, seed=1, chunk=c, workers=w, kernel=False)
             for c, w in ((fe.CHUNK, 1), (1000, 1), (97, 1), (1000, 2))]
+    runs.append(fe.run(model, tr, ns_per_insn=PS, granularity=APP.granularity, seed=1))   # the compiled kernel
     for r in runs[1:]:
         assert np.array_equal(r.latency_ps, runs[0].latency_ps) and np.array_equal(r.hit, runs[0].hit)
         for name, st in r.stages.items():
