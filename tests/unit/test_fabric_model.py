@@ -152,6 +152,22 @@ def test_pointer_chase_on_an_idle_fabric(model, lo, hi):
     assert np.all(gaps == 5_000)
 
 
+@pytest.mark.parametrize("model", [pf(), pf(cache=False), fm.electrical_pool(), fm.local_dram()],
+                         ids=["pf", "pf-no-cache", "electrical", "dram"])
+def test_dependent_issue_settles_for_16_hosts_of_20k_accesses(model):
+    # 16 hosts chasing through shared queues: the numpy solver's fixed-point iteration needs a
+    # round per collision in a row and gave up here on the electrical pool; the kernel's event
+    # heap solves it in one pass
+    tr = chase(20_000, hosts=16)
+    tr["hpa"] %= APP.shared if model.modules > 1 else 1 << 30
+    r = fe.run(model, tr, dependent=True, ns_per_insn=0.25, granularity=APP.granularity)
+    assert r.iterations == 1
+    for h in range(16):                         # every load waits for the previous one and its 20 instructions
+        mine = tr["host"] == h
+        assert np.all(np.diff(r.issue_ps[mine]) - r.latency_ps[mine][:-1] == 5_000)
+    assert r.percentiles("read")["p50"] >= model.idle_ns(False) - model.jitter_read_ns
+
+
 # --- HBM cache -----------------------------------------------------------------------------------
 
 def test_repeated_reads_hit_after_the_first_miss_and_writes_never_hit():
