@@ -14,7 +14,7 @@ import numpy as np
 from .fabric_model import FabricModel
 
 KERNEL = Path(__file__).resolve().parent / "kernel" / "fabric_network.c"
-CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=default")
+CFLAGS = ("-shared", "-fPIC", "-O3", "-Wall", "-Wextra", "-Werror", "-fvisibility=default")
 _KEYS = {"host": 0, "module": 1, "path": 2, "group": 3}
 _I64 = ctypes.POINTER(ctypes.c_int64)
 
@@ -41,12 +41,14 @@ def _library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(so))
     for fn in (lib.network, lib.chase, lib.jitter):
         fn.restype = ctypes.c_int
+    lib.decode.restype = ctypes.c_int64
     return lib
 
 
-def usable(model: FabricModel) -> bool:
-    """The kernel keeps one cache order per memory queue, so a cache needs the modules as queues."""
-    return not model.cache_lines or model.memory.key == "module"
+def usable(model: FabricModel, accesses: int) -> bool:
+    """The kernel keeps one cache order per memory queue, so a cache needs the modules as queues;
+    it numbers accesses in 32 bits."""
+    return (not model.cache_lines or model.memory.key == "module") and accesses < 1 << 31
 
 
 def _ptr(a: np.ndarray):
@@ -136,3 +138,21 @@ def jitter(model: FabricModel, write: np.ndarray, seed: int) -> np.ndarray:
     _library().jitter(ctypes.c_int64(len(write)), _ptr(write), _ptr(raw_r), _ptr(raw_w), ctypes.c_int32(j_r),
                       ctypes.c_int32(j_w), ctypes.c_int64(writes), _ptr(out))
     return out
+
+
+def decode(trace: np.ndarray, ns_per_insn_ps: float, base_hpa: int, granularity: int, modules: int):
+    """host, module, size, write and issue stamp (ps) of every record, as fabric_engine._prepare
+    computes them, in one pass. Returns them and the largest host (-1: an address below the base)."""
+    n = len(trace)
+    trace = np.ascontiguousarray(trace)
+    if trace.dtype.itemsize != 24:
+        raise ValueError(f"trace records are {trace.dtype.itemsize} bytes, not 24")
+    host, module, size = np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32)
+    write, stamp, most = np.empty(n, np.uint8), np.empty(n, np.int64), ctypes.c_uint64()
+    whole = int(ns_per_insn_ps) if ns_per_insn_ps == int(ns_per_insn_ps) else 0
+    top = _library().decode(ctypes.c_int64(n), _ptr(trace), ctypes.c_uint64(base_hpa), ctypes.c_int64(granularity),
+                            ctypes.c_int32(modules), ctypes.c_int64(whole), ctypes.c_double(ns_per_insn_ps),
+                            _ptr(host), _ptr(module), _ptr(size), _ptr(write), _ptr(stamp), ctypes.byref(most))
+    if whole and most.value >= (1 << 62) // max(whole, 1):        # would overflow: in floating point
+        stamp = np.rint(trace["insn"].astype(np.float64) * ns_per_insn_ps).astype(np.int64)
+    return host, module, size.view(np.uint32), write.view(bool), stamp, int(top)

@@ -9,6 +9,7 @@
  * chase() serves dependent issue with one event heap (an access issues when the previous access
  * of its vCPU completes), so it needs no fixed-point iteration.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,18 +113,14 @@ static inline void depart(const struct model *m, const struct stage *st, const s
     st->busy[q] += s;
 }
 
-/* Serve one batch `b` (number order; each arrives no later than anything after the batch):
- * bucket by queue, stably, then each bucket in arrival order. `out` and `start` are scratch. */
-static void serve_batch(const struct model *m, const struct stage *st, const struct access *a, struct pair *b,
-                        int64_t len, struct pair *out, int64_t *start, int32_t *q, int64_t *t, int64_t *last,
+/* Serve one batch `b` of `len` accesses (number order; each arrives no later than anything after
+ * the batch), `q` their queues, `start[j + 1]` how many go to queue j: bucket by queue, stably,
+ * then each bucket in arrival order. `out` is scratch. */
+static void serve_batch(const struct model *m, const struct stage *st, const struct access *a, const struct pair *b,
+                        const int32_t *q, int64_t len, struct pair *out, int64_t *start, int64_t *t, int64_t *last,
                         uint8_t *hit)
 {
     int64_t nq = st->queues;
-    memset(start, 0, (size_t)(nq + 1) * sizeof *start);
-    for (int64_t k = 0; k < len; k++) {
-        q[k] = queue_of(m, st, a, b[k].i);
-        start[q[k] + 1]++;
-    }
     for (int64_t j = 0; j < nq; j++)
         start[j + 1] += start[j];
     for (int64_t k = 0; k < len; k++)
@@ -135,25 +132,26 @@ static void serve_batch(const struct model *m, const struct stage *st, const str
     }
 }
 
-enum { BATCH = 4096 };
+enum { BATCH = 4096, PENDING = 4 * BATCH };
 #define ID(x) (ids ? ids[x] : (x))
 
-/* Serve the `len` accesses `ids` (ascending numbers; NULL: all of them) at stage `st`: t[i] is an arrival on entry,
- * a departure on return. `hit` (memory stage with a cache) gets each access's hit flag. When every
- * queue already sees its arrivals in number order, they are served in that order; otherwise batches of
- * about BATCH accesses keep the work in the CPU's caches; an access waits for a later batch while
- * a later-numbered access arrives before it. Far from number order, everything left is sorted. */
-static int serve(const struct model *m, struct stage *st, const struct access *a, const int64_t *ids,
+/* Serve the `len` accesses `ids` (ascending numbers; NULL: all of them) at stage `st`: t[i] is an
+ * arrival on entry, a departure on return. `hit` (memory stage with a cache) gets each access's hit
+ * flag. When every queue already sees its arrivals in number order, they are served in that order.
+ * Otherwise batches of about BATCH accesses keep the work in the CPU's caches: an access waits for a
+ * later batch while a later-numbered access arrives before it. With more than PENDING waiting (far
+ * from number order), everything left is sorted by arrival. */
+static int serve(const struct model *m, struct stage *st, const struct access *a, const int32_t *ids,
                  int64_t len, int64_t *t, uint8_t *hit)
 {
-    int64_t nq = st->queues, chunks = (len + BATCH - 1) / BATCH, cap = 6 * BATCH, pending = 0;
+    int64_t nq = st->queues, chunks = (len + BATCH - 1) / BATCH, cap = PENDING + BATCH, pending = 0;
     int64_t *last = malloc((size_t)nq * sizeof *last), *start = malloc((size_t)(nq + 1) * sizeof *start);
     int64_t *floor = malloc((size_t)(chunks + 1) * sizeof *floor), table[TABLE];
-    struct pair *cand = malloc((size_t)cap * sizeof *cand);
+    struct pair *wait = malloc((size_t)cap * sizeof *wait), *ready = malloc((size_t)cap * sizeof *ready);
     struct pair *out = malloc((size_t)cap * sizeof *out);
     int32_t *q = malloc((size_t)cap * sizeof *q);
     int rc = -1;
-    if (!last || !start || !floor || !cand || !out || !q)
+    if (!last || !start || !floor || !wait || !ready || !out || !q)
         goto done;
     for (int64_t j = 0; j < nq; j++)
         last[j] = INT64_MIN / 4;
@@ -179,39 +177,41 @@ static int serve(const struct model *m, struct stage *st, const struct access *a
     floor[chunks] = INT64_MAX;                          /* floor[k]: earliest arrival after chunk k */
     for (int64_t k = chunks - 1; k >= 0; k--) {
         int64_t lo = k * BATCH, f = floor[k + 1];
-        for (int64_t x = lo; x < len && x < lo + BATCH; x++)
+        for (x = lo; x < len && x < lo + BATCH; x++)
             f = t[ID(x)] < f ? t[ID(x)] : f;
         floor[k] = f;
     }
     for (int64_t k = 0; k < chunks; k++) {
-        int64_t lo = k * BATCH, hi = lo + BATCH < len ? lo + BATCH : len, n = pending, ready = 0;
-        for (int64_t x = lo; x < hi; x++)
-            cand[n++] = (struct pair){t[ID(x)], ID(x)};
-        if (n > cap - BATCH) {                          /* far from number order: sort the rest */
-            struct pair *all = realloc(cand, (size_t)(n + len - hi) * sizeof *cand);
+        int64_t lo = k * BATCH, hi = lo + BATCH < len ? lo + BATCH : len, fl = floor[k + 1], n = 0, kept = 0;
+        memset(start, 0, (size_t)(nq + 1) * sizeof *start);
+        for (x = 0; x < pending + hi - lo; x++) {       /* the waiting ones first: lower numbers */
+            struct pair p = x < pending ? wait[x] : (struct pair){t[ID(lo + x - pending)], ID(lo + x - pending)};
+            if (p.t <= fl) {
+                q[n] = queue_of(m, st, a, p.i);
+                start[q[n] + 1]++;
+                ready[n++] = p;
+            } else {
+                wait[kept++] = p;
+            }
+        }
+        pending = kept;
+        serve_batch(m, st, a, ready, q, n, out, start, t, last, hit);
+        if (pending > PENDING && hi < len) {            /* far from number order: sort the rest */
+            struct pair *all = realloc(wait, (size_t)(pending + len - hi) * sizeof *wait);
             if (!all)
                 goto done;
-            cand = all;
-            for (int64_t x = hi; x < len; x++)
-                cand[n++] = (struct pair){t[ID(x)], ID(x)};
-            qsort(cand, (size_t)n, sizeof *cand, pair_cmp);
-            for (int64_t x = 0; x < n; x++)
-                depart(m, st, a, queue_of(m, st, a, cand[x].i), cand[x].i, t, last, hit);
-            rc = 0;
-            goto done;
+            wait = all;
+            for (x = hi; x < len; x++)
+                wait[pending++] = (struct pair){t[ID(x)], ID(x)};
+            qsort(wait, (size_t)pending, sizeof *wait, pair_cmp);
+            for (x = 0; x < pending; x++)
+                depart(m, st, a, queue_of(m, st, a, wait[x].i), wait[x].i, t, last, hit);
+            break;
         }
-        pending = 0;                                    /* ready ones to the front, order kept */
-        for (int64_t x = 0; x < n; x++)
-            if (cand[x].t <= floor[k + 1])
-                out[ready++] = cand[x];
-            else
-                cand[pending++] = cand[x];
-        memcpy(cand + pending, out, (size_t)ready * sizeof *out);
-        serve_batch(m, st, a, cand + pending, ready, out, start, q, t, last, hit);
     }
     rc = 0;
 done:
-    free(last), free(start), free(floor), free(cand), free(out), free(q);
+    free(last), free(start), free(floor), free(wait), free(ready), free(out), free(q);
     return rc;
 }
 
@@ -222,7 +222,8 @@ int network(const struct model *m, int64_t n, const int64_t *issue, const int32_
             const int64_t *key, int64_t *complete, uint8_t *hit, int64_t *at_memory, int64_t *mem_done)
 {
     struct access a = {issue, host, module, size, write, jitter, slot, key};
-    int64_t *w = malloc((size_t)(n + 2) * sizeof *w), *r, nw = 0, nr = 0;   /* writes, then reads */
+    int32_t *w = malloc((size_t)(n + 2) * sizeof *w), *r;   /* writes, then reads (n < 2**31) */
+    int64_t nw = 0, nr = 0;
     int rc = -1;
     if (!w)
         goto out;
@@ -234,7 +235,7 @@ int network(const struct model *m, int64_t n, const int64_t *issue, const int32_
     const int64_t req[2] = {m->req_r, m->req_w}, resp[2] = {m->resp_r, m->resp_w};
     const int64_t mem[4] = {m->mem_r, m->mem_hit, m->mem_w, m->mem_w};
     for (int64_t i = 0; i < n; i++) {
-        w[nw] = r[nr] = i;
+        w[nw] = r[nr] = (int32_t)i;
         nw += write[i];
         nr += !write[i];
         complete[i] = issue[i];
@@ -384,4 +385,35 @@ void jitter(int64_t n, const uint8_t *write, const uint16_t *raw_read, const uin
         int32_t x = raw[d][kk >> 1] % span[d], v = (x >> 1) * (1 - 2 * (x & 1)) * 1000;
         out[i] = (kk & 1) ? -v : (kk == count[d] - 1) ? 0 : v;
     }
+}
+
+/* One trace record (trace_format.RECORD_FIELDS, 24 bytes). */
+struct record { uint64_t insn, hpa; uint32_t size; uint8_t write, vcpu; uint16_t host; };
+
+/* fabric_engine._prepare's per-access columns in one pass: queue numbers, sizes (at least 1),
+ * issue stamps (insn x factor, rounded to nearest) and the module, by address_map.interleave's
+ * rule on the offset from `base`. Returns the largest host, or -1 when an address lies below
+ * `base`; *max_insn gets the largest stamp for the caller's overflow check. */
+int64_t decode(int64_t n, const struct record *rec, uint64_t base, int64_t granularity, int32_t modules,
+               int64_t whole, double factor, int32_t *host, int32_t *module, int32_t *size, uint8_t *write,
+               int64_t *stamp, uint64_t *max_insn)
+{
+    int64_t top = 0;
+    uint64_t low = UINT64_MAX, most = 0;
+    int pow2 = !(granularity & (granularity - 1)) && !(modules & (modules - 1));
+    int shift = __builtin_ctzll((uint64_t)granularity);
+    for (int64_t i = 0; i < n; i++) {
+        const struct record *r = &rec[i];
+        uint64_t granule = pow2 ? (r->hpa - base) >> shift : (r->hpa - base) / (uint64_t)granularity;
+        low = r->hpa < low ? r->hpa : low;
+        most = r->insn > most ? r->insn : most;
+        host[i] = r->host;
+        top = r->host > top ? r->host : top;
+        module[i] = (int32_t)(pow2 ? granule & (uint64_t)(modules - 1) : granule % (uint64_t)modules);
+        size[i] = r->size ? (int32_t)r->size : 1;
+        write[i] = r->write != 0;
+        stamp[i] = whole ? (int64_t)r->insn * whole : (int64_t)rint((double)r->insn * factor);
+    }
+    *max_insn = most;
+    return n && low < base ? -1 : top;
 }

@@ -358,3 +358,20 @@ def test_context_rows():
     assert rows["PF appliance"].read_ns == 283 and 800 <= rows["electrical CXL switch pool"].read_ns <= 900
     r = fe.run(fm.local_dram(), one(False))
     assert r.latency_ps[0] == fc.LOCAL_DDR5_NS * 1000
+
+
+@pytest.mark.parametrize("modules, granularity", [(16, 4096), (3, 256), (12, 1024)])
+def test_kernel_decodes_records_like_the_numpy_path(modules, granularity):
+    from pfcxl.device import fabric_kernel
+    rng = np.random.default_rng(modules)
+    tr = np.zeros(5000, fe.trace_dtype())
+    tr["hpa"] = 0x8000 + rng.integers(0, 1 << 34, len(tr))
+    tr["insn"], tr["size"], tr["host"] = rng.integers(0, 1 << 40, len(tr)), rng.integers(0, 3, len(tr)), 5
+    for factor in (1000.0, 250.0, 0.3):
+        host, module, size, write, stamp, top = fabric_kernel.decode(tr, factor, 0x8000, granularity, modules)
+        assert np.array_equal(module, fe.locate(tr["hpa"], 0x8000, granularity, modules)[0]) and top == 5
+        assert np.array_equal(stamp, fe._stamps(tr["insn"], factor))
+        assert np.array_equal(size, np.maximum(tr["size"], 1))
+    tr["hpa"][7] = 0x8fff
+    with pytest.raises(ValueError, match="0x8fff lies below the appliance's base 0x9000"):
+        fe.run(fm.electrical_pool(16, modules), tr, base_hpa=0x9000, granularity=granularity)
