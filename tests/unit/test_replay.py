@@ -1,0 +1,97 @@
+"""Replay at a chosen offered load (device/fabric_replay.py, `pfcxl model replay`): streams keep
+their accesses and order; at load 1.0 every PF port carries its 25.6 GB/s while the electrical
+pool's shared switch link is the limit."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pfcxl.device import address_map, fabric_constants as fc, fabric_model as fm, fabric_replay as fr
+from pfcxl.device import fabric_workloads as wl, topology
+from pfcxl.host_tools import cli_model
+
+TOPO = topology.load(topology.resolve("pf-appliance"))
+APP = TOPO.appliance
+BASE = address_map.dax_placements(TOPO)[0].base
+PORT_GBS = fc.PF_PORT_BANDWIDTH_MBS / 1000
+
+
+def captured(hosts=4, size=64, n=20_000, linear=True, write=False):
+    """A stream the way a guest's capture looks: host h to module h, gaps of a few instructions."""
+    tr = wl.stream(APP, hosts, size, n, write=write, linear=linear, base_hpa=BASE)
+    rng = np.random.default_rng(size)
+    tr["insn"] = np.tile(np.cumsum(rng.integers(50, 150, n)), hosts)
+    return tr
+
+
+def test_respace_keeps_each_stream_and_sets_its_rate():
+    tr = captured(hosts=2, n=1000)
+    tr["write"][::3] = 1
+    for load in (0.25, 1.0):
+        out = fr.respace(tr, load=load)
+        for field in ("hpa", "size", "write", "host", "vcpu"):
+            assert np.array_equal(out[field], tr[field])
+        for h in range(2):
+            mine = out[tr["host"] == h]
+            assert np.all(np.diff(mine["insn"].astype(np.int64)) >= 0)          # order kept
+            span_ps = int(mine["insn"][-1] - mine["insn"][0])
+            expect = (mine["size"].sum() - mine["size"][-1]) / (load * PORT_GBS) * 1000
+            assert abs(span_ps - expect) <= 1
+    gaps = np.diff(tr["insn"][:1000].astype(np.int64))
+    assert np.array_equal(np.diff(fr.respace(tr, dilate=3.0)["insn"][:1000].astype(np.int64)), 3 * gaps * 1000)   # ps
+    with pytest.raises(ValueError, match="load -1: must be positive"):
+        fr.respace(tr, load=-1)
+
+
+@pytest.mark.parametrize("linear", [True, False], ids=["linear", "random"])
+@pytest.mark.parametrize("size", [32, 64, 128, 256, 512, 1024])
+def test_pf_ports_hold_25_6_gbs_at_full_load(size, linear):
+    # each host streams to its own module at load 1.0: every port is the limit, at 100%
+    tr = captured(size=size, n=max(20_000, 4_000_000 // size // 4), linear=linear)
+    r = fr.replay(fm.pf_appliance(APP, cache=False), tr, base_hpa=BASE, granularity=APP.granularity, load=1.0)
+    ports = fr.port_rates(r)["port_up"]
+    assert len(ports["queues"]) == 4
+    for gbs, util in zip(ports["gbs"], ports["utilisation"]):
+        assert abs(gbs - PORT_GBS) <= 0.02 * PORT_GBS and util >= 0.98
+    el = fr.replay(fm.electrical_pool(APP.ports, APP.modules), tr, base_hpa=BASE, granularity=APP.granularity,
+                   load=1.0)
+    switch = fr.port_rates(el)["switch_link_up"]        # 4 hosts behind one switch link
+    assert switch["utilisation"] == [pytest.approx(1.0, abs=0.02)]
+    assert max(fr.port_rates(el)["device_link_up"]["gbs"]) < 0.65 * PORT_GBS
+
+
+def test_the_electrical_knee_lies_where_the_switch_link_fills():
+    # 4 hosts share one 64 GB/s switch link: below 64/4/25.6 = 0.625 ports each, latency stays
+    # near idle; above it, the queue grows with the run
+    tr = captured(n=10_000)
+    model = fm.electrical_pool(APP.ports, APP.modules)
+    p50 = {load: fr.replay(model, tr, base_hpa=BASE, granularity=APP.granularity, load=load).percentiles("read")["p50"]
+           for load in (0.3, 0.55, 0.7, 1.0)}
+    idle = model.idle_ns(False)
+    assert p50[0.3] < idle + 20 and p50[0.55] < idle + 50
+    assert p50[0.7] > 3 * idle and p50[1.0] > 2 * p50[0.7]
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "model", "replay", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_command_replays_a_saved_trace_and_refuses_bad_files(tmp_path):
+    path = tmp_path / "trace.npy"
+    cli_model.save_trace(path, captured(n=5000))
+    done = cli(str(path), "--system", "pf", "--load", "1", "-t", "pf-appliance", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["system"] == "modelled PF appliance (DDR5 path)" and report["requests"] == 20_000
+    assert all(abs(g - PORT_GBS) < 0.03 * PORT_GBS for g in report["ports"]["port_up"]["gbs"])
+    np.save(tmp_path / "other.npy", np.zeros(3))
+    for bad, line in ((tmp_path / "missing.npy", "missing.npy: cannot read a trace"),
+                      (tmp_path / "other.npy", "other.npy: holds float64, not trace records")):
+        done = cli(str(bad), "--load", "1")
+        assert done.returncode == 9 and line in done.stderr and "Traceback" not in done.stderr
+    done = cli(str(path), "--load", "1")               # captured on pf-appliance, not on pf-nic
+    assert done.returncode == 9 and "cannot replay on pf-appliance" in done.stderr
