@@ -95,3 +95,51 @@ def test_the_command_replays_a_saved_trace_and_refuses_bad_files(tmp_path):
         assert done.returncode == 9 and line in done.stderr and "Traceback" not in done.stderr
     done = cli(str(path), "--load", "1")               # captured on pf-appliance, not on pf-nic
     assert done.returncode == 9 and "cannot replay on pf-appliance" in done.stderr
+
+
+def streams(same_module: bool, hosts=2):
+    """`hosts` hosts streaming 64-B reads, to module 0 or each to its own module."""
+    return wl.stream(APP, hosts, 64, 20_000, write=False, linear=True, base_hpa=BASE,
+                     module_of_host=(lambda h: 0) if same_module else (lambda h: h))
+
+
+def test_two_hosts_on_one_module_against_two_modules():
+    pf = fm.pf_appliance(APP, cache=False, jitter=False)
+    el = fm.electrical_pool(APP.ports, APP.modules, jitter=False)
+    load = 0.9
+
+    def play(model, tr):
+        return fr.replay(model, tr, base_hpa=BASE, granularity=APP.granularity, load=load)
+
+    run = {(m.name, same): play(m, streams(same)) for m in (pf, el) for same in (True, False)}
+    alone = {m.name: play(m, streams(False, hosts=1)) for m in (pf, el)}
+    p50 = {k: r.percentiles("read")["p50"] for k, r in run.items()}
+    p99 = {k: r.percentiles("read")["p99"] for k, r in run.items()}
+    # PF: every host has its own port to every module, and a module's DDR5 (409.6 GB/s) outruns
+    # two ports: a port carries one host (90%), and sharing the module adds under 0.2 ns
+    for same in (True, False):
+        assert run[(pf.name, same)].stages["port_up"].utilisation.max() == pytest.approx(load, abs=0.01)
+    assert p50[(pf.name, False)] == p99[(pf.name, False)] == alone[pf.name].percentiles("read")["p99"] == 283
+    assert 0 <= p99[(pf.name, True)] - p99[(pf.name, False)] < 0.2
+    # electrical: the two hosts share their switch's 64 GB/s link in both cases (it carries both
+    # streams, and each access waits there behind the other host's) ...
+    for same in (True, False):
+        assert run[(el.name, same)].stages["switch_link_up"].bytes.max() == 2 * 20_000 * 64
+    one = alone[el.name].stages["switch_link_up"].utilisation.max()
+    assert run[(el.name, False)].stages["switch_link_up"].utilisation.max() == pytest.approx(2 * one, rel=0.02)
+    assert p99[(el.name, False)] > alone[el.name].percentiles("read")["p99"]
+    # ... and on one module they also share its 25.6 GB/s device link: 2 x 90% of it, which
+    # overloads it, and latency grows by tens of microseconds over the run
+    assert run[(el.name, True)].stages["device_link_up"].utilisation.max() > 0.98
+    assert p50[(el.name, True)] > 10 * p50[(el.name, False)]
+
+
+def test_pf_latency_rises_once_the_shared_module_is_the_limit():
+    # sixteen hosts on one module at full load: 16 x 25.6 GB/s = the module's 409.6 GB/s
+    pf = fm.pf_appliance(APP, cache=False, jitter=False)
+    light = fr.replay(pf, streams(True, hosts=16), base_hpa=BASE, granularity=APP.granularity, load=0.5)
+    full = fr.replay(pf, streams(True, hosts=16), base_hpa=BASE, granularity=APP.granularity, load=1.0)
+    assert light.stages["module"].utilisation[0] == pytest.approx(0.5, abs=0.02)
+    assert full.stages["module"].utilisation[0] > 0.97
+    assert light.percentiles("read")["p50"] - pf.idle_ns(False) < 2
+    assert full.percentiles("read")["p50"] > light.percentiles("read")["p50"] + 50   # 283 -> about 400 ns
