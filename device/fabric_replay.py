@@ -76,3 +76,24 @@ def port_rates(result: fabric_engine.EngineResult) -> dict[str, dict]:
         out[name] = {"queues": used.tolist(), "gbs": st.achieved_gbs[used].tolist(),
                      "utilisation": st.utilisation[used].tolist(), "bandwidth_gbs": st.bandwidth_mbs / 1000}
     return out
+
+
+def curve(model: FabricModel, records: np.ndarray, loads, *, base_hpa: int, granularity: int,
+          ns_per_insn: float = 1.0) -> list[dict]:
+    """Latency against bandwidth, Intel MLC / Mess style: per offered load, the offered and the
+    achieved GB/s over all hosts and the read (else write) latency p50 and p99 in ns."""
+    hosts = len(np.unique(records["host"]))
+    total = int(np.maximum(records["size"], 1).sum())
+    points = []
+    for load in loads:
+        r = replay(model, records, base_hpa=base_hpa, granularity=granularity, ns_per_insn=ns_per_insn, load=load)
+        p = r.percentiles("read") if np.count_nonzero(~r.write) else r.percentiles("write")
+        points.append({"load": load, "offered_gbs": hosts * load * fc.PF_PORT_BANDWIDTH_MBS / 1000,
+                       "achieved_gbs": total / max(r.window_ps, 1) * 1000, "p50_ns": p["p50"], "p99_ns": p["p99"]})
+    return points
+
+
+def knee(points: list[dict], *, keep: float = 0.95) -> dict | None:
+    """The first point whose achieved bandwidth falls below `keep` of what was offered: where the
+    system stops carrying its load (None: it carried every load)."""
+    return next((p for p in points if p["achieved_gbs"] < keep * p["offered_gbs"]), None)

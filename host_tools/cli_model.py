@@ -62,6 +62,24 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON document")
     p.set_defaults(func=cmd_replay)
 
+    p = msub.add_parser("curve", help="latency against bandwidth per system (MLC/Mess style), saved as PNG",
+                        description="Replay TRACE at each offered load (as `model replay --load`) on the PF "
+                        "appliance, the electrical pool and local DRAM; print offered and achieved GB/s and read "
+                        "latency p50/p99 per load, the knee of each system (the first load it no longer carries: "
+                        "achieved below 95%% of offered), and save the curves as a PNG.")
+    p.add_argument("trace", type=Path, help=".npy file of trace records")
+    p.add_argument("--out", type=Path, default=Path("latency-bandwidth.png"), help="PNG to write")
+    p.add_argument("--loads", type=_loads, default=_loads("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1"),
+                   help="comma-separated offered loads in PF ports per host (default 0.1 to 1.1)")
+    p.add_argument("--topology", "-t", default="pf-nic", help="the topology the trace was captured on")
+    p.add_argument("--ns-per-insn", type=_positive, default=1.0, help="ns per instruction stamp (default 1)")
+    p.add_argument("--json", action="store_true", help="print the points as one JSON document")
+    p.set_defaults(func=cmd_curve)
+
+
+def _loads(text: str) -> list[float]:
+    return [_positive(x) for x in text.split(",")]
+
 
 def save_trace(path: Path, records: np.ndarray) -> None:
     """Write captured records as a .npy trace file (exactly at `path`)."""
@@ -83,15 +101,20 @@ def read_trace(path: Path) -> np.ndarray:
     return records
 
 
+def _placement(topo: topology.Topology) -> tuple[int, int]:
+    """(base HPA, interleave granularity) the trace's addresses were captured with."""
+    return (address_map.dax_placements(topo)[0].base if topo.regions else 0,
+            timing_report.appliance_for(topo).granularity)
+
+
 def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, load: float | None,
                   dilate: float | None, ns_per_insn: float = 1.0) -> dict:
     """Everything the printed report shows, as one document."""
-    app = timing_report.appliance_for(topo)
     key = SYSTEMS[system]
     model = timing_report.models(topo)[key]
-    base = address_map.dax_placements(topo)[0].base if topo.regions else 0
+    base, granularity = _placement(topo)
     try:
-        result = fabric_replay.replay(model, records, base_hpa=base, granularity=app.granularity,
+        result = fabric_replay.replay(model, records, base_hpa=base, granularity=granularity,
                                       ns_per_insn=ns_per_insn, load=load, dilate=dilate)
     except ValueError as exc:                       # an address or host the system does not have
         raise TimingError(f"cannot replay on {model.name}: {exc}") from None
@@ -131,4 +154,66 @@ def cmd_replay(args) -> int:
         sys.stdout.write(json.dumps(report, indent=1) + "\n")
     else:
         out.print(table(report))
+    return 0
+
+
+CURVE_SYSTEMS = ("pf", "electrical", "dram")
+
+
+def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float], ns_per_insn: float = 1.0) -> dict:
+    base, granularity = _placement(topo)
+    models = timing_report.models(topo)
+    out = {}
+    for system in CURVE_SYSTEMS:
+        key = SYSTEMS[system]
+        try:
+            points = fabric_replay.curve(models[key], records, loads, base_hpa=base, granularity=granularity,
+                                         ns_per_insn=ns_per_insn)
+        except ValueError as exc:
+            raise TimingError(f"cannot replay on {models[key].name}: {exc}") from None
+        out[system] = {"label": timing_report.LABELS[key], "points": points, "knee": fabric_replay.knee(points)}
+    return out
+
+
+def save_curve(report: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for system in report.values():
+        pts = system["points"]
+        ax.plot([p["achieved_gbs"] for p in pts], [p["p50_ns"] for p in pts], marker="o", label=system["label"])
+    ax.set_xlabel("achieved bandwidth, all hosts (GB/s, modelled)")
+    ax.set_ylabel("read latency p50 (ns, modelled)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.set_title("latency against bandwidth, replayed trace")
+    try:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    except OSError as exc:
+        raise TimingError(f"{path}: cannot write the plot: {exc.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def cmd_curve(args) -> int:
+    topo = topology.load(topology.resolve(args.topology))
+    report = curve_report(read_trace(args.trace), topo, args.loads, args.ns_per_insn)
+    save_curve(report, args.out)
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=1) + "\n")
+        return 0
+    for system in report.values():
+        t = Table(title=system["label"], title_justify="left")
+        for col in ("load", "offered GB/s", "achieved GB/s", "p50 ns", "p99 ns"):
+            t.add_column(col, justify="right")
+        for p in system["points"]:
+            t.add_row(f"{p['load']:g}", f"{p['offered_gbs']:.1f}", f"{p['achieved_gbs']:.1f}",
+                      f"{p['p50_ns']:.0f}", f"{p['p99_ns']:.0f}")
+        k = system["knee"]
+        t.caption = (f"knee: from load {k['load']:g} ({k['offered_gbs']:.1f} GB/s offered) it carries "
+                     f"{k['achieved_gbs']:.1f} GB/s" if k else "no knee: it carried every load")
+        out.print(t)
+    out.print(f"curve saved to {args.out}")
     return 0

@@ -143,3 +143,22 @@ def test_pf_latency_rises_once_the_shared_module_is_the_limit():
     assert full.stages["module"].utilisation[0] > 0.97
     assert light.percentiles("read")["p50"] - pf.idle_ns(False) < 2
     assert full.percentiles("read")["p50"] > light.percentiles("read")["p50"] + 50   # 283 -> about 400 ns
+
+
+def test_the_curve_command_saves_a_png_and_names_each_knee(tmp_path):
+    # the paper's bandwidth experiment: 16 hosts, each to its own module
+    path = tmp_path / "sixteen.npy"
+    cli_model.save_trace(path, captured(hosts=16, n=10_000))
+    png = tmp_path / "curve.png"
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "model", "curve", str(path), "-t",
+                           "pf-appliance", "--loads", "0.5,0.6,0.7,1.0", "--out", str(png), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["pf"]["knee"] is None and report["dram"]["knee"] is None
+    pf_full = report["pf"]["points"][-1]
+    assert pf_full["achieved_gbs"] == pytest.approx(16 * PORT_GBS, rel=0.02)     # every port full
+    # four electrical switch links of 64 GB/s carry at most 256 GB/s: from 0.625 ports per host on
+    assert report["electrical"]["knee"]["load"] == 0.7
+    assert report["electrical"]["points"][-1]["achieved_gbs"] == pytest.approx(4 * 64, rel=0.03)
