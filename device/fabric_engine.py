@@ -253,9 +253,9 @@ def _stamps(insn: np.ndarray, factor: float) -> np.ndarray:
 
 
 def _network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phases: bool, chunk: int, workers: int):
-    """One pass through the queueing network. Returns complete, hit, per-stage (bytes, busy), phases."""
+    """One pass through the queueing network. Returns complete, hit, phases, per-stage (bytes, busy)."""
     n = len(issue)
-    srt = None if n < 2 or bool(np.all(issue[1:] >= issue[:-1])) else np.argsort(issue, kind="stable")
+    srt = _issue_order(issue)
     host, write, size, module, jitter = acc.host, acc.write, acc.size, acc.module, acc.jitter
     if srt is not None:                                     # work in issue order; ties keep trace order
         issue, host, write, size, module, jitter = (x[srt] for x in (issue, host, write, size, module, jitter))
@@ -309,12 +309,21 @@ def _network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phases: bool
     complete += jitter
     ph = (np.stack([at_memory - issue, mem_done - at_memory, complete - mem_done], axis=1)
           if phases else None)
-    if srt is not None:
-        back = np.empty_like(srt)
-        back[srt] = np.arange(n)
-        complete, hit = complete[back], hit[back]
-        ph = ph[back] if phases else None
-    return complete, hit, totals, ph
+    return (*_trace_order(srt, complete, hit, ph), totals)
+
+
+def _issue_order(issue: np.ndarray) -> np.ndarray | None:
+    """The permutation that puts accesses in issue order (ties keep trace order); None if they are."""
+    return None if len(issue) < 2 or bool(np.all(issue[1:] >= issue[:-1])) else np.argsort(issue, kind="stable")
+
+
+def _trace_order(srt: np.ndarray | None, complete, hit, ph):
+    """complete, hit and phases (or None) back from issue order to trace order."""
+    if srt is None:
+        return complete, hit, ph
+    back = np.empty_like(srt)
+    back[srt] = np.arange(len(srt))
+    return complete[back], hit[back], None if ph is None else ph[back]
 
 
 def _idle_latency(model: FabricModel, write, size, jitter) -> np.ndarray:
@@ -330,8 +339,7 @@ def _idle_latency(model: FabricModel, write, size, jitter) -> np.ndarray:
 
 def _kernel_network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phases: bool):
     """_network() in the compiled kernel: the same results."""
-    n = len(issue)
-    srt = None if n < 2 or bool(np.all(issue[1:] >= issue[:-1])) else np.argsort(issue, kind="stable")
+    srt = _issue_order(issue)
     cols = [issue, acc.host, acc.module, acc.size, acc.write, acc.jitter]
     cache = acc.cache
     if srt is not None:                                     # number accesses in issue order
@@ -341,12 +349,7 @@ def _kernel_network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phase
     if phases:
         at_memory, mem_done = ph
         ph = np.stack([at_memory - cols[0], mem_done - at_memory, complete - mem_done], axis=1)
-    if srt is not None:
-        back = np.empty_like(srt)
-        back[srt] = np.arange(n)
-        complete, hit = complete[back], hit[back]
-        ph = ph[back] if phases else None
-    return complete, hit, totals, ph
+    return (*_trace_order(srt, complete, hit, ph), totals)
 
 
 def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, dependent: bool = False,
@@ -364,18 +367,18 @@ def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, depe
         rounds = 1
         if not dependent:
             issue = stamp
-            complete, hit, totals, ph = _kernel_network(model, acc, issue, phases)
+            complete, hit, ph, totals = _kernel_network(model, acc, issue, phases)
         else:
             vcpu = acc.host.astype(np.int64) * 256 + trace["vcpu"]
             issue, complete, hit, totals = fabric_kernel.chase(model, stamp, vcpu, acc.host, acc.module, acc.size,
                                                                write, acc.jitter, acc.cache)
             if phases:                                      # the schedule is known: time its phases
-                complete, hit, totals, ph = _kernel_network(model, acc, issue, phases)
+                complete, hit, ph, totals = _kernel_network(model, acc, issue, phases)
             else:
                 ph = None
     elif not dependent:
         issue, rounds = stamp, 1
-        complete, hit, totals, ph = _network(model, acc, issue, *args)
+        complete, hit, ph, totals = _network(model, acc, issue, *args)
     else:
         vcpu = acc.host.astype(np.int64) * 256 + trace["vcpu"]
         chain = np.lexsort((np.arange(n), stamp, vcpu))          # each vCPU's accesses in order
@@ -387,7 +390,7 @@ def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, depe
             before -= np.maximum.accumulate(np.where(first, before, 0))
             issue = np.empty(n, np.int64)
             issue[chain] = stamp[chain] + before
-            complete, hit, totals, ph = _network(model, acc, issue, *args)
+            complete, hit, ph, totals = _network(model, acc, issue, *args)
             new = complete - issue
             if np.array_equal(new, lat):
                 break

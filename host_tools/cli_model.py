@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from pfcxl.device import address_map, fabric_constants as fc, fabric_replay, top
 from pfcxl.device.fabric_engine import trace_dtype
 from pfcxl.errors import TimingError
 
-from . import timing_report
+from . import argtypes, timing_report
 from .ui import out
 
 SYSTEMS = {"pf": "pf", "pf_hbm": "pf_hbm", "electrical": "electrical", "dram": "local"}   # CLI -> report key
@@ -33,16 +32,6 @@ system modelled.
 Example: pfcxl model replay trace.npy --system electrical --load 0.8"""
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text}: must be a finite number above 0")
-    return value
-
-
 def add_parsers(sub) -> None:
     model = sub.add_parser("model", help="the fabric models offline: replay a captured trace at a chosen load")
     msub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
@@ -53,11 +42,11 @@ def add_parsers(sub) -> None:
                    help="pf (the PF appliance's DDR5 path, default), pf_hbm (with its HBM3E cache), "
                    "electrical (the switched pool), dram (local DDR5)")
     how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--load", type=_positive, help="offered load per host, in PF ports (1.0 = 25.6 GB/s)")
-    how.add_argument("--dilate", type=_positive, help="multiply the captured issue times by this factor")
+    how.add_argument("--load", type=argtypes.positive, help="offered load per host, in PF ports (1.0 = 25.6 GB/s)")
+    how.add_argument("--dilate", type=argtypes.positive, help="multiply the captured issue times by this factor")
     p.add_argument("--topology", "-t", default="pf-nic",
                    help="the topology the trace was captured on: its DAX base and appliance (default pf-nic)")
-    p.add_argument("--ns-per-insn", type=_positive, default=1.0,
+    p.add_argument("--ns-per-insn", type=argtypes.positive, default=1.0,
                    help="ns per instruction stamp of the captured trace (default 1)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON document")
     p.set_defaults(func=cmd_replay)
@@ -72,13 +61,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--loads", type=_loads, default=_loads("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1"),
                    help="comma-separated offered loads in PF ports per host (default 0.1 to 1.1)")
     p.add_argument("--topology", "-t", default="pf-nic", help="the topology the trace was captured on")
-    p.add_argument("--ns-per-insn", type=_positive, default=1.0, help="ns per instruction stamp (default 1)")
+    p.add_argument("--ns-per-insn", type=argtypes.positive, default=1.0, help="ns per instruction stamp (default 1)")
     p.add_argument("--json", action="store_true", help="print the points as one JSON document")
     p.set_defaults(func=cmd_curve)
 
 
 def _loads(text: str) -> list[float]:
-    return [_positive(x) for x in text.split(",")]
+    return [argtypes.positive(x) for x in text.split(",")]
 
 
 def save_trace(path: Path, records: np.ndarray) -> None:
