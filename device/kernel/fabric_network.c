@@ -5,7 +5,7 @@
  * Accesses are numbered 0..n-1; at a queue, ties in arrival go to the lower (issue, number).
  * network() serves independent issue stage by stage: per stage the accesses are bucketed by queue
  * (stable, so number order), each bucket is put in arrival order (insertion sort: arrivals are
- * nearly in order; a bucket far from it is sorted with qsort), then d = max(a, last) + s.
+ * nearly in order; a bucket far from it is sorted with qsort; a stage far from it, by radix), then d = max(a, last) + s.
  * chase() serves dependent issue with one event heap (an access issues when the previous access
  * of its vCPU completes), so it needs no fixed-point iteration.
  */
@@ -76,6 +76,39 @@ static int pair_cmp(const void *x, const void *y)
 static inline int before(const struct pair *p, const struct pair *q)
 {
     return p->t < q->t || (p->t == q->t && p->i < q->i);
+}
+
+/* Stable sort of `p` (in number order) by arrival, so ties stay in number order: least
+ * significant digit first, 11 bits at a time, over the span of the arrivals. 0, or -1 without
+ * memory. */
+static int radix_order(struct pair *p, int64_t len)
+{
+    if (len < 2)
+        return 0;
+    int64_t lo = p[0].t, hi = p[0].t;
+    for (int64_t k = 1; k < len; k++) {
+        lo = p[k].t < lo ? p[k].t : lo;
+        hi = p[k].t > hi ? p[k].t : hi;
+    }
+    struct pair *tmp = malloc((size_t)len * sizeof *tmp), *src = p, *dst = tmp;
+    if (!tmp)
+        return -1;
+    uint64_t span = (uint64_t)hi - (uint64_t)lo;
+    for (int shift = 0; shift < 64 && (span >> shift); shift += 11) {
+        int64_t count[2049] = {0};
+        for (int64_t k = 0; k < len; k++)
+            count[(((uint64_t)src[k].t - (uint64_t)lo) >> shift & 2047) + 1]++;
+        for (int d = 0; d < 2048; d++)
+            count[d + 1] += count[d];
+        for (int64_t k = 0; k < len; k++)
+            dst[count[((uint64_t)src[k].t - (uint64_t)lo) >> shift & 2047]++] = src[k];
+        struct pair *swap = src;
+        src = dst, dst = swap;
+    }
+    if (src != p)
+        memcpy(p, src, (size_t)len * sizeof *p);
+    free(tmp);
+    return 0;
 }
 
 /* Arrival order inside one bucket; `p` is in number order. */
@@ -203,7 +236,8 @@ static int serve(const struct model *m, struct stage *st, const struct access *a
             wait = all;
             for (x = hi; x < len; x++)
                 wait[pending++] = (struct pair){t[ID(x)], ID(x)};
-            qsort(wait, (size_t)pending, sizeof *wait, pair_cmp);
+            if (radix_order(wait, pending))     /* the waiting ones have the lower numbers */
+                goto done;
             for (x = 0; x < pending; x++)
                 depart(m, st, a, queue_of(m, st, a, wait[x].i), wait[x].i, t, last, hit);
             break;

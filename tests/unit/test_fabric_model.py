@@ -324,6 +324,16 @@ def test_batching_and_threads_never_change_the_result(model):
     assert model.cache_lines == 0 or runs[0].hit.any()
 
 
+def test_kernel_sorts_a_stage_far_from_issue_order_like_the_numpy_solver():
+    # an electrical pool overloaded for the whole run: its switch links' queues grow so far that
+    # the kernel stops batching and sorts the rest of a stage by arrival
+    tr = wl.mixed(APP, 200_000, seed=3, host_gbs=60.0)
+    model = fm.electrical_pool()
+    a, b = (fe.run(model, tr, ns_per_insn=PS, granularity=APP.granularity, seed=1, kernel=k) for k in (True, False))
+    assert np.array_equal(a.latency_ps, b.latency_ps)
+    assert a.stages["switch_link_up"].utilisation.max() > 0.99
+
+
 def test_fifo_kernel_on_huge_times_matches_a_plain_loop():
     from pfcxl.device import fabric_queues as fq
     rng = np.random.default_rng(8)
