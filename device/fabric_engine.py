@@ -1,16 +1,21 @@
 """Trace-driven timing engine: runs an access trace (trace_format.RECORD_FIELDS records) through a
 fabric_model.FabricModel and returns every access's latency plus per-queue bandwidth and
-utilisation. Vectorised with numpy: no Python loop runs per access.
+utilisation. Two solvers give identical results: the compiled kernel (fabric_kernel, C, the
+default: one loop per access and stage, over 20 million accesses per CPU second for the PF
+appliance without its cache, `python -m pfcxl.device.bench_engine`) and the numpy solver
+(`kernel=False`, the engine before the kernel, kept for comparison and for models the kernel does
+not take). Neither runs a Python loop per access.
 
 Issue times. An access's instruction stamp times `ns_per_insn` is its issue time (independent
 issue: the CPU never waits). With `dependent=True` every access of a vCPU (host, vcpu) waits for
 the previous one to complete, then for the instructions in between (a pointer chase):
-issue_i = stamp_i + sum of the latencies of that vCPU's earlier accesses. The engine finds that
-schedule by fixed-point iteration (issue times -> latencies -> issue times) until it is exact:
-every round makes exact at least everything up to the next queue collision between vCPUs, so one
-or a few chasing vCPUs settle in a few rounds, while many vCPUs chasing through shared queues
-need about as many rounds as there are collisions in a row (hundreds on a long trace: slow; the
-run stops with an error after `max_iterations`).
+issue_i = stamp_i + sum of the latencies of that vCPU's earlier accesses. The kernel finds that
+schedule in one pass, an event heap that issues each access when its predecessor completes (16
+hosts x 20k chasing accesses settle on every model). The numpy solver iterates to a fixed point
+(issue times -> latencies -> issue times) until it is exact: every round makes exact at least
+everything up to the next queue collision between vCPUs, so many vCPUs chasing through shared
+queues need about as many rounds as there are collisions in a row (it stops with an error after
+`max_iterations`).
 
 Queues. Each FIFO queue serves its arrivals in arrival order; ties go to the access issued first,
 then to the earlier trace record (fabric_queues solves them).
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import fabric_kernel
 from .address_map import interleave
 from .fabric_model import PS_PER_NS, FabricModel, service_ps
 from .fabric_queues import HbmCache, serve_split
@@ -105,11 +111,15 @@ class EngineResult:
         return float(np.count_nonzero((lat >= lo_ns * PS_PER_NS) & (lat <= hi_ns * PS_PER_NS)) / max(len(lat), 1))
 
 
-def locate(hpa: np.ndarray, base_hpa: int, granularity: int, modules: int) -> tuple[np.ndarray, np.ndarray]:
-    """(module, offset inside the module) of each address, as pool.where() interleaves them."""
+def _offsets(hpa: np.ndarray, base_hpa: int) -> np.ndarray:
     if len(hpa) and int(hpa.min()) < base_hpa:
         raise ValueError(f"an access at {int(hpa.min()):#x} lies below the appliance's base {base_hpa:#x}")
-    return interleave((hpa - np.uint64(base_hpa)).astype(np.int64), granularity, modules)
+    return (hpa - np.uint64(base_hpa)).astype(np.int64)
+
+
+def locate(hpa: np.ndarray, base_hpa: int, granularity: int, modules: int) -> tuple[np.ndarray, np.ndarray]:
+    """(module, offset inside the module) of each address, as pool.where() interleaves them."""
+    return interleave(_offsets(hpa, base_hpa), granularity, modules)
 
 
 def _divmod(x: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -119,19 +129,28 @@ def _divmod(x: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
     return np.divmod(x, d)
 
 
+def jitter_bits(model: FabricModel, reads: int, writes: int, seed: int) -> list[tuple[np.ndarray, int]]:
+    """The random draws behind draw_jitter: per direction (reads, then writes), 16 random bits per
+    pair of accesses and the direction's J (ns)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for count, j in ((reads, model.jitter_read_ns), (writes, model.jitter_write_ns)):
+        pairs = (count + 1) // 2
+        out.append((rng.bit_generator.random_raw(pairs // 4 + 1).view(np.uint16)[:pairs], j))
+    return out
+
+
 def draw_jitter(model: FabricModel, write: np.ndarray, seed: int, split=None) -> np.ndarray:
     """Per-access jitter (ps, int32), seeded: the k-th pair of reads (and of writes), in trace
     order, gets +v and -v with v uniform in 0..J ns (J by direction) and a random sign; an
     unpaired last access gets 0. Every direction's jitters are thus exactly symmetric, so a
-    trace's idle median stays on the paper's figure. `split`: (reads, writes) indices if known."""
+    trace's idle median stays on the paper's figure. `split`: (reads, writes) indices if known.
+    (The compiled kernel draws the same values from the same jitter_bits.)"""
     write = np.asarray(write, bool)
     jitter = np.zeros(len(write), np.int32)
-    rng = np.random.default_rng(seed)
     ir, iw = split if split is not None else (np.flatnonzero(~write), np.flatnonzero(write))
-    for idx, j in ((ir, model.jitter_read_ns), (iw, model.jitter_write_ns)):
+    for idx, (raw, j) in zip((ir, iw), jitter_bits(model, len(ir), len(iw), seed)):
         count = len(idx)
-        pairs = (count + 1) // 2
-        raw = rng.bit_generator.random_raw(pairs // 4 + 1).view(np.uint16)[:pairs]   # 16 random bits each
         x = (raw % (2 * (j + 1))).astype(np.int32)
         v = (x >> 1) * (1 - 2 * (x & 1)) * PS_PER_NS
         vals = np.empty(count, np.int32)
@@ -168,21 +187,33 @@ class _Accesses:
 
 
 def _prepare(model: FabricModel, trace: np.ndarray, ns_per_insn: float, base_hpa: int, granularity: int,
-             seed: int, chunk: int) -> _Accesses:
+             seed: int, chunk: int, kernel: bool = False) -> _Accesses:
     """Decode the trace: whole-array passes where they need no temporaries, a chunk at a time
-    otherwise (trace-sized temporaries cost more in page faults than in arithmetic)."""
+    otherwise (trace-sized temporaries cost more in page faults than in arithmetic). Queue
+    numbers are u16 for numpy's radix sorts, int32 for the kernel (which decodes in C)."""
     n = len(trace)
-    small = np.uint16 if model.hosts * model.modules < 1 << 16 else np.int64
-    host = np.array(trace["host"], dtype=small)
-    if n and int(host.max()) >= model.hosts:
-        raise ValueError(f"host {int(host.max())} in the trace; {model.name} has {model.hosts} hosts")
-    write = trace["write"] != 0
-    size = np.maximum(trace["size"], np.uint32(1))
-    stamp = _stamps(trace["insn"], ns_per_insn * PS_PER_NS)
-    module = np.empty(n, small)
+    if kernel:                                              # one pass in C, int32 queue numbers
+        host, module, size, write, stamp, top = fabric_kernel.decode(trace, ns_per_insn * PS_PER_NS, base_hpa,
+                                                                     granularity, model.modules)
+        if top < 0:
+            _offsets(trace["hpa"], base_hpa)                # names the address
+    else:
+        small = np.uint16 if model.hosts * model.modules < 1 << 16 else np.int64
+        host = np.array(trace["host"], dtype=small)
+        top = int(host.max()) if n else 0
+        write = trace["write"] != 0
+        size = np.maximum(trace["size"], np.uint32(1))
+        stamp = _stamps(trace["insn"], ns_per_insn * PS_PER_NS)
+        module = np.empty(n, small)
+    if top >= model.hosts:
+        raise ValueError(f"host {top} in the trace; {model.name} has {model.hosts} hosts")
     jittery = bool(model.jitter_read_ns or model.jitter_write_ns)
-    ir, iw = np.flatnonzero(~write), np.flatnonzero(write)
-    jitter = draw_jitter(model, write, seed, (ir, iw)) if jittery else np.zeros(n, np.int32)
+    if kernel:                                              # the kernel needs no index lists
+        ir = iw = None
+        jitter = fabric_kernel.jitter(model, write, seed) if jittery else np.zeros(n, np.int32)
+    else:
+        ir, iw = np.flatnonzero(~write), np.flatnonzero(write)
+        jitter = draw_jitter(model, write, seed, (ir, iw)) if jittery else np.zeros(n, np.int32)
     lines = model.cache_lines
     slot = key = None
     slots = model.modules * lines
@@ -194,7 +225,7 @@ def _prepare(model: FabricModel, trace: np.ndarray, ns_per_insn: float, base_hpa
             raise ValueError("cache tags and line counts too wide to pack")
         key = np.empty(n, np.int16 if wide <= 14 else np.int32 if wide <= 30 else np.int64)
         slot = np.empty(n, np.uint32 if slots <= 1 << 26 else np.int64)
-    for lo in range(0, n, chunk):
+    for lo in range(0, n if slot is not None or not kernel else 0, chunk):
         sl = slice(lo, min(lo + chunk, n))
         m, moff = locate(trace["hpa"][sl], base_hpa, granularity, model.modules)
         module[sl] = m
@@ -222,9 +253,9 @@ def _stamps(insn: np.ndarray, factor: float) -> np.ndarray:
 
 
 def _network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phases: bool, chunk: int, workers: int):
-    """One pass through the queueing network. Returns complete, hit, per-stage (bytes, busy), phases."""
+    """One pass through the queueing network. Returns complete, hit, phases, per-stage (bytes, busy)."""
     n = len(issue)
-    srt = None if n < 2 or bool(np.all(issue[1:] >= issue[:-1])) else np.argsort(issue, kind="stable")
+    srt = _issue_order(issue)
     host, write, size, module, jitter = acc.host, acc.write, acc.size, acc.module, acc.jitter
     if srt is not None:                                     # work in issue order; ties keep trace order
         issue, host, write, size, module, jitter = (x[srt] for x in (issue, host, write, size, module, jitter))
@@ -278,12 +309,21 @@ def _network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phases: bool
     complete += jitter
     ph = (np.stack([at_memory - issue, mem_done - at_memory, complete - mem_done], axis=1)
           if phases else None)
-    if srt is not None:
-        back = np.empty_like(srt)
-        back[srt] = np.arange(n)
-        complete, hit = complete[back], hit[back]
-        ph = ph[back] if phases else None
-    return complete, hit, totals, ph
+    return (*_trace_order(srt, complete, hit, ph), totals)
+
+
+def _issue_order(issue: np.ndarray) -> np.ndarray | None:
+    """The permutation that puts accesses in issue order (ties keep trace order); None if they are."""
+    return None if len(issue) < 2 or bool(np.all(issue[1:] >= issue[:-1])) else np.argsort(issue, kind="stable")
+
+
+def _trace_order(srt: np.ndarray | None, complete, hit, ph):
+    """complete, hit and phases (or None) back from issue order to trace order."""
+    if srt is None:
+        return complete, hit, ph
+    back = np.empty_like(srt)
+    back[srt] = np.arange(len(srt))
+    return complete[back], hit[back], None if ph is None else ph[back]
 
 
 def _idle_latency(model: FabricModel, write, size, jitter) -> np.ndarray:
@@ -297,18 +337,48 @@ def _idle_latency(model: FabricModel, write, size, jitter) -> np.ndarray:
     return lat
 
 
+def _kernel_network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phases: bool):
+    """_network() in the compiled kernel: the same results."""
+    srt = _issue_order(issue)
+    cols = [issue, acc.host, acc.module, acc.size, acc.write, acc.jitter]
+    cache = acc.cache
+    if srt is not None:                                     # number accesses in issue order
+        cols = [x[srt] for x in cols]
+        cache = cache if cache is None else (cache[0][srt], cache[1][srt], *cache[2:])
+    complete, hit, totals, ph = fabric_kernel.network(model, *cols, cache, phases)
+    if phases:
+        at_memory, mem_done = ph
+        ph = np.stack([at_memory - cols[0], mem_done - at_memory, complete - mem_done], axis=1)
+    return (*_trace_order(srt, complete, hit, ph), totals)
+
+
 def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, dependent: bool = False,
         base_hpa: int = 0, granularity: int = 4096, seed: int = 0, phases: bool = False,
-        max_iterations: int = 200, chunk: int = CHUNK, workers: int = WORKERS) -> EngineResult:
+        max_iterations: int = 200, chunk: int = CHUNK, workers: int = WORKERS, kernel: bool = True) -> EngineResult:
     """Time every access of `trace` on `model`. See the module docstring for the rules. `chunk`
     (accesses solved together, for cache locality) and `workers` (threads per stage) change the
-    speed, never the result."""
-    acc = _prepare(model, trace, ns_per_insn, base_hpa, granularity, seed, chunk)
+    speed, never the result. `kernel` (default) solves in the compiled kernel (fabric_kernel);
+    False runs the numpy solver, the same results more slowly (dependent issue by iteration)."""
+    kernel = kernel and fabric_kernel.usable(model, len(trace))
+    acc = _prepare(model, trace, ns_per_insn, base_hpa, granularity, seed, chunk, kernel)
     n, stamp, write = len(trace), acc.stamp, acc.write
     args = (phases, chunk, workers)
-    if not dependent:
+    if kernel:
+        rounds = 1
+        if not dependent:
+            issue = stamp
+            complete, hit, ph, totals = _kernel_network(model, acc, issue, phases)
+        else:
+            vcpu = acc.host.astype(np.int64) * 256 + trace["vcpu"]
+            issue, complete, hit, totals = fabric_kernel.chase(model, stamp, vcpu, acc.host, acc.module, acc.size,
+                                                               write, acc.jitter, acc.cache)
+            if phases:                                      # the schedule is known: time its phases
+                complete, hit, ph, totals = _kernel_network(model, acc, issue, phases)
+            else:
+                ph = None
+    elif not dependent:
         issue, rounds = stamp, 1
-        complete, hit, totals, ph = _network(model, acc, issue, *args)
+        complete, hit, ph, totals = _network(model, acc, issue, *args)
     else:
         vcpu = acc.host.astype(np.int64) * 256 + trace["vcpu"]
         chain = np.lexsort((np.arange(n), stamp, vcpu))          # each vCPU's accesses in order
@@ -320,7 +390,7 @@ def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, depe
             before -= np.maximum.accumulate(np.where(first, before, 0))
             issue = np.empty(n, np.int64)
             issue[chain] = stamp[chain] + before
-            complete, hit, totals, ph = _network(model, acc, issue, *args)
+            complete, hit, ph, totals = _network(model, acc, issue, *args)
             new = complete - issue
             if np.array_equal(new, lat):
                 break
@@ -330,4 +400,5 @@ def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, depe
                                "collisions between chasing vCPUs; shorten the trace or raise max_iterations")
     window = int(complete.max() - issue.min()) if n else 0
     stages = {st.name: StageStats(st.name, st.bandwidth_mbs, *totals[st.name], window) for st in model.stages}
-    return EngineResult(complete - issue, issue, write, hit, stages, window, rounds, ph)
+    complete -= issue                                       # the latencies, in place: no new pages
+    return EngineResult(complete, issue, write, hit, stages, window, rounds, ph)

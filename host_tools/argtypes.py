@@ -11,15 +11,24 @@ from pathlib import Path
 from pfcxl.errors import PfcxlError
 
 
-def seconds(text: str) -> float:
-    """A timeout or interval: a finite number of seconds above 0."""
+def _above_zero(text: str, unit: str) -> float:
     try:
         value = float(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from exc
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number{' of ' + unit if unit else ''}") from exc
     if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text} seconds: must be a finite number above 0")
+        raise argparse.ArgumentTypeError(f"{text}{' ' + unit if unit else ''}: must be a finite number above 0")
     return value
+
+
+def seconds(text: str) -> float:
+    """A timeout or interval: a finite number of seconds above 0."""
+    return _above_zero(text, "seconds")
+
+
+def positive(text: str) -> float:
+    """A load, a factor or a scale: a finite number above 0."""
+    return _above_zero(text, "")
 
 
 def count(text: str) -> int:

@@ -23,7 +23,8 @@ from pfcxl.firmware_tables import boot_policy, table_files
 
 from pfcxl.device import fabric_constants, fabric_model
 
-from . import argtypes, cli_appliance, cli_bench, cli_serving, cli_tables, discovery, image, qemu, terminal, timing, timing_report
+from . import (argtypes, cli_appliance, cli_bench, cli_model, cli_serving, cli_tables, discovery, image, qemu,
+               terminal, timing, timing_report)
 from .console import shell_command
 from .ui import err, out
 from pfcxl.machine import RUN_DIR_PLACEHOLDER, Machine
@@ -217,6 +218,8 @@ def cmd_run(args) -> int:
                 with err.status(f"modelling {len(records)} CXL requests on the PF and electrical fabrics"):
                     report = timing_report.model_trace(topo, records, dependent=args.issue == "dependent")
                 report["emulator"] = timing_report.emulator_cost(len(records), seconds)
+                if args.trace_out:                      # for pfcxl model replay
+                    cli_model.save_trace(Path(args.trace_out), records)
             else:
                 err.print(f"[dim]plugin ({args.timing}): {json.dumps(phase)}[/dim]", highlight=False)
     sys.stdout.write(result.output)
@@ -315,6 +318,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
         p.add_argument("--issue", choices=("dependent", "independent"), default="dependent",
                        help="trace: model each vCPU's requests as dependent (pointer chase) or independent")
         p.add_argument("--report", help="trace: also write the modelled report as JSON to this file")
+        p.add_argument("--trace-out", help="trace: also save the captured records (.npy) for pfcxl model replay")
         p.add_argument("--dry-run", action="store_true", help="print the whole plan (image, tables, files, "
                        "QEMU argv) and start nothing")
 
@@ -379,6 +383,7 @@ def parser() -> argparse.ArgumentParser:
     cli_appliance.add_parsers(sub, _common)
     cli_bench.add_parsers(sub)
     cli_serving.add_parsers(sub)
+    cli_model.add_parsers(sub)
 
     p = sub.add_parser("demo", help="boot and compare what the guest discovered with the topology's predictions")
     _common(p, boots=True)

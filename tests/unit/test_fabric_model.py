@@ -152,6 +152,22 @@ def test_pointer_chase_on_an_idle_fabric(model, lo, hi):
     assert np.all(gaps == 5_000)
 
 
+@pytest.mark.parametrize("model", [pf(), pf(cache=False), fm.electrical_pool(), fm.local_dram()],
+                         ids=["pf", "pf-no-cache", "electrical", "dram"])
+def test_dependent_issue_settles_for_16_hosts_of_20k_accesses(model):
+    # 16 hosts chasing through shared queues: the numpy solver's fixed-point iteration needs a
+    # round per collision in a row and gave up here on the electrical pool; the kernel's event
+    # heap solves it in one pass
+    tr = chase(20_000, hosts=16)
+    tr["hpa"] %= APP.shared if model.modules > 1 else 1 << 30
+    r = fe.run(model, tr, dependent=True, ns_per_insn=0.25, granularity=APP.granularity)
+    assert r.iterations == 1
+    for h in range(16):                         # every load waits for the previous one and its 20 instructions
+        mine = tr["host"] == h
+        assert np.all(np.diff(r.issue_ps[mine]) - r.latency_ps[mine][:-1] == 5_000)
+    assert r.percentiles("read")["p50"] >= model.idle_ns(False) - model.jitter_read_ns
+
+
 # --- HBM cache -----------------------------------------------------------------------------------
 
 def test_repeated_reads_hit_after_the_first_miss_and_writes_never_hit():
@@ -270,8 +286,9 @@ def random_trace(rng, n, hosts, spread_ps):
     return tr
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "numpy"])
 @pytest.mark.parametrize("case", range(12))
-def test_engine_equals_the_event_driven_reference(case):
+def test_engine_equals_the_event_driven_reference(case, kernel):
     rng = np.random.default_rng(100 + case)
     small = fm.pf_appliance(fm.Appliance(4, 1 << 30, 64 * 8, 4, 4096, 1 << 30, 0, "memfd"))
     model = [small, small.without_jitter(), fm.electrical_pool(8, 4), pf()][case % 4]
@@ -279,7 +296,7 @@ def test_engine_equals_the_event_driven_reference(case):
     tr = random_trace(rng, 400, model.hosts, [20_000, 300_000, 3_000_000][case % 3])
     kw = dict(ns_per_insn=[1.0, 0.5, PS][case % 3] if not dependent else 0.25, dependent=dependent,
               granularity=4096, seed=case)
-    results = [fe.run(model, tr, base_hpa=0x1000_0000, chunk=chunk, **kw) for chunk in (1 << 17, 64, 7)]
+    results = [fe.run(model, tr, base_hpa=0x1000_0000, chunk=chunk, kernel=kernel, **kw) for chunk in (1 << 17, 64, 7)]
     tr["hpa"] -= 0x1000_0000
     lat, issue, hit, stats = reference(model, tr, **kw)
     for r in results:                          # solved at once, and in batches of 64 and of 7
@@ -297,13 +314,24 @@ def test_batching_and_threads_never_change_the_result(model):
     # mixed sizes at a load that overloads the electrical switch links: arrivals far from issue
     # order, deferred accesses and the sorted fallback all get exercised
     tr = wl.mixed(APP, 30_000, seed=3, host_gbs=60.0)
-    runs = [fe.run(model, tr, ns_per_insn=PS, granularity=APP.granularity, seed=1, chunk=c, workers=w)
+    runs = [fe.run(model, tr, ns_per_insn=PS, granularity=APP.granularity, seed=1, chunk=c, workers=w, kernel=False)
             for c, w in ((fe.CHUNK, 1), (1000, 1), (97, 1), (1000, 2))]
+    runs.append(fe.run(model, tr, ns_per_insn=PS, granularity=APP.granularity, seed=1))   # the compiled kernel
     for r in runs[1:]:
         assert np.array_equal(r.latency_ps, runs[0].latency_ps) and np.array_equal(r.hit, runs[0].hit)
         for name, st in r.stages.items():
             assert np.array_equal(st.busy_ps, runs[0].stages[name].busy_ps)
     assert model.cache_lines == 0 or runs[0].hit.any()
+
+
+def test_kernel_sorts_a_stage_far_from_issue_order_like_the_numpy_solver():
+    # an electrical pool overloaded for the whole run: its switch links' queues grow so far that
+    # the kernel stops batching and sorts the rest of a stage by arrival
+    tr = wl.mixed(APP, 200_000, seed=3, host_gbs=60.0)
+    model = fm.electrical_pool()
+    a, b = (fe.run(model, tr, ns_per_insn=PS, granularity=APP.granularity, seed=1, kernel=k) for k in (True, False))
+    assert np.array_equal(a.latency_ps, b.latency_ps)
+    assert a.stages["switch_link_up"].utilisation.max() > 0.99
 
 
 def test_fifo_kernel_on_huge_times_matches_a_plain_loop():
@@ -340,3 +368,20 @@ def test_context_rows():
     assert rows["PF appliance"].read_ns == 283 and 800 <= rows["electrical CXL switch pool"].read_ns <= 900
     r = fe.run(fm.local_dram(), one(False))
     assert r.latency_ps[0] == fc.LOCAL_DDR5_NS * 1000
+
+
+@pytest.mark.parametrize("modules, granularity", [(16, 4096), (3, 256), (12, 1024)])
+def test_kernel_decodes_records_like_the_numpy_path(modules, granularity):
+    from pfcxl.device import fabric_kernel
+    rng = np.random.default_rng(modules)
+    tr = np.zeros(5000, fe.trace_dtype())
+    tr["hpa"] = 0x8000 + rng.integers(0, 1 << 34, len(tr))
+    tr["insn"], tr["size"], tr["host"] = rng.integers(0, 1 << 40, len(tr)), rng.integers(0, 3, len(tr)), 5
+    for factor in (1000.0, 250.0, 0.3):
+        host, module, size, write, stamp, top = fabric_kernel.decode(tr, factor, 0x8000, granularity, modules)
+        assert np.array_equal(module, fe.locate(tr["hpa"], 0x8000, granularity, modules)[0]) and top == 5
+        assert np.array_equal(stamp, fe._stamps(tr["insn"], factor))
+        assert np.array_equal(size, np.maximum(tr["size"], 1))
+    tr["hpa"][7] = 0x8fff
+    with pytest.raises(ValueError, match="0x8fff lies below the appliance's base 0x9000"):
+        fe.run(fm.electrical_pool(16, modules), tr, base_hpa=0x9000, granularity=granularity)
