@@ -25,7 +25,7 @@ from pfcxl.firmware_tables import boot_policy, table_files
 
 from pfcxl.device import fabric_constants
 
-from . import argtypes, cli_appliance, cli_bench, cli_serving, discovery, image, qemu, terminal, timing, timing_report
+from . import argtypes, cli_appliance, cli_bench, cli_kv, cli_serving, discovery, image, qemu, terminal, timing, timing_report
 from .console import shell_command
 from .ui import err, out
 from pfcxl.machine import RUN_DIR_PLACEHOLDER, Machine
@@ -401,6 +401,7 @@ def parser() -> argparse.ArgumentParser:
     cli_appliance.add_parsers(sub, _common)
     cli_bench.add_parsers(sub)
     cli_serving.add_parsers(sub)
+    cli_kv.add_parsers(sub)
 
     p = sub.add_parser("demo", help="boot and compare what the guest discovered with the topology's predictions")
     _common(p, boots=True)

@@ -129,6 +129,7 @@ class Mapping:
     """`path` mapped MAP_SHARED from offset 0, whole 2 MiB units (device-DAX needs that)."""
 
     def __init__(self, path: str, size: int | None = None) -> None:
+        self.path = path
         try:
             self.fd = os.open(path, os.O_RDWR)
         except OSError as exc:
@@ -178,7 +179,7 @@ class Store:
         sb = SUPER.unpack(m.mem)
         raw = bytes(m.mem[:SUPER.st.size])
         if sb["magic"] != MAGIC:
-            raise KVError(f"{m.size}-byte mapping holds no store (magic {sb['magic']!r}, want {MAGIC!r}); format it")
+            raise KVError(f"{m.path} holds no store (no {MAGIC.decode()} magic at byte 0); format it first")
         if sb["version"] != VERSION or zlib.crc32(raw[:-4]) != sb["crc"]:
             raise KVError(f"store superblock version {sb['version']} / crc {sb['crc']:#x} is not version {VERSION} "
                           "with a good crc")
@@ -324,9 +325,12 @@ class Store:
         struct.pack_into("<Q", self.m.mem, self._slot_at(self.host, slot) + RECORD.offset["last_use"], clock)
         self.own[slot]["last_use"] = clock
 
-    def _evict(self, slot: int) -> None:
+    def _withdraw(self, slot: int) -> None:
         self._set_state(slot, 0)        # before its space is reused: readers re-check the state
         del self.own[slot]
+
+    def _evict(self, slot: int) -> None:
+        self._withdraw(slot)
         self._set_header(evictions=self._header(self.host)["evictions"] + 1)
 
     def _place(self, length: int) -> tuple[int, int]:
@@ -419,7 +423,7 @@ class Store:
         """Withdraw our own record of `key` (others' records are theirs to drop)."""
         for host, slot, _ in self.find(key):
             if host == self.host:
-                self._evict(slot)
+                self._withdraw(slot)
                 return True
         return False
 
