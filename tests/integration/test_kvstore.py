@@ -1,0 +1,103 @@
+"""The KV block store across real guests on one appliance: every host loads every other host's
+blocks bit-exact (4, then 16 hosts), one winner for a contended key, a producer's QEMU killed
+mid-store exposes nothing, a full arena evicts, and the host reads the same store (pfcxl kv)."""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import pfcxl
+from pfcxl.device import appliance_rundir as rundir
+from pfcxl.device import topology
+from pfcxl.host_tools import cli, multihost
+from pfcxl.serving.chunks import chunk_bytes
+from pfcxl.serving.inputs import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "guest" / "python"))
+import pfcxl_kvstore as kv  # noqa: E402
+
+pytestmark = pytest.mark.integration
+MiB = 1 << 20
+
+
+def scaled_chunks(scale: int) -> str:
+    """LLaMA-8B and 405B chunk sizes (12 and 48 GB per 100K tokens) divided by `scale`."""
+    return ",".join(str(chunk_bytes(load_model(m).kv_bytes_per_token) // scale // 8 * 8)
+                    for m in ("llama-8b", "llama-405b"))
+
+
+def kv_cli(capsys, *argv):
+    status = cli.main(["kv", *argv])
+    return status, capsys.readouterr().out
+
+
+def run_everywhere(run_dir: Path, hosts: int, blocks: int, sizes: str, tmp_path: Path) -> list[dict]:
+    path = topology.resolve("pf-appliance")
+    results = multihost.run(topology.load(path), path, hosts,
+                            f"kvstore run /dev/dax0.0 --host {{host}} --hosts {{hosts}} --blocks {blocks} "
+                            f"--sizes {sizes} --timeout 900", run_dir=tmp_path / f"hosts{hosts}", appliance_dir=run_dir)
+    out = []
+    for r in results:
+        assert r.error is None and r.status == 0, (r.host, r.error, r.output[-2000:])
+        out.append(json.loads(next(l for l in r.output.splitlines() if l.startswith('{"tool":"kvstore"'))))
+    return out
+
+
+@pytest.mark.parametrize("hosts,blocks,scale", [(4, 6, 1024), (16, 2, 4096)])
+def test_every_host_loads_every_other_hosts_blocks(running_appliance, tmp_path, capsys, hosts, blocks, scale):
+    run_dir = running_appliance()
+    pool = rundir.shm_dir(run_dir) / "shared.pool"
+    assert kv_cli(capsys, "format", "--pool", str(pool), "--hosts", str(hosts), "--slots", "64")[0] == 0
+    sizes = scaled_chunks(scale)
+    results = run_everywhere(run_dir, hosts, blocks, sizes, tmp_path)
+    size_list = [int(s) for s in sizes.split(",")]
+    for r in results:
+        assert r["stored"] == blocks and r["loaded"] == hosts * blocks and r["missing"] == 0
+        assert r["mismatched"] == 0                                     # every byte of every block
+    assert sum(r["shared_won"] for r in results) == 1                   # one winner for the shared key
+    winner = next(r["host"] for r in results if r["shared_won"])
+    assert {r["shared_owner"] for r in results} == {winner}             # and everyone loaded its block whole
+    # the host sees the same store in the pool file
+    status, text = kv_cli(capsys, "verify", "--pool", str(pool), "--json")
+    assert status == 0 and json.loads(text) == {"good": hosts * blocks + 1, "bad": [], "claims": 0}
+    with kv.Store.open(str(pool)) as s:
+        for h in range(hosts):
+            for i in range(blocks):
+                assert len(s.get(f"h{h}/b{i}")) == size_list[i % len(size_list)]
+
+
+def test_a_producer_killed_mid_store_exposes_nothing_and_a_full_arena_evicts(tmp_path, capsys):
+    with pfcxl.Appliance("pf-appliance", run_dir=tmp_path / "appliance") as app:
+        pool = rundir.shm_dir(app.run_dir) / "shared.pool"
+        assert kv_cli(capsys, "format", "--pool", str(pool), "--hosts", "16", "--slots", "64")[0] == 0
+        with app.machine(host=0, ready_timeout=900) as h0, app.machine(host=1, ready_timeout=900) as h1:
+            started = h1.start_command("kvstore put /dev/dax0.0 --host 1 --key big --size 48M")
+            with kv.Store.open(str(pool)) as s:
+                deadline = time.monotonic() + 600
+                while not any(st & 1 for h, _, _, st in s.scan() if h == 1) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                os.kill(h1.pid, signal.SIGKILL)                           # in the middle of copying 48 MiB
+                assert any(st & 1 for h, _, _, st in s.scan() if h == 1)
+                assert s.get("big") is None and s.verify() == {"good": 0, "bad": [], "claims": 1}
+            del started
+            # the next writer of the key, on another host: host 1 stopped beating, so it goes on
+            put = json.loads(h0.check("kvstore put /dev/dax0.0 --host 0 --key big --size 1M"))
+            assert put["stored"] == 1
+            got = h0.run("kvstore get /dev/dax0.0 --key big --size 1M")
+            assert got.status == 0 and json.loads(got.output)["match"] == 1
+            # a full arena: host 0's is 1/16 of the pool; 16 MiB blocks overflow it
+            with kv.Store.open(str(pool)) as s:
+                fits = s.sb["arena_bytes"] // (16 * MiB)
+            for i in range(fits + 2):
+                h0.check(f"kvstore put /dev/dax0.0 --host 0 --key e{i} --size 16M")
+            status, text = kv_cli(capsys, "stats", "--pool", str(pool), "--json")
+            assert json.loads(text)["hosts"][0]["evictions"] >= 2
+            status, text = kv_cli(capsys, "verify", "--pool", str(pool), "--json")
+            report = json.loads(text)
+            assert status == 0 and report["bad"] == [] and report["claims"] == 1     # host 1's dead claim
+            assert json.loads(h0.check("kvstore verify /dev/dax0.0"))["bad"] == 0
