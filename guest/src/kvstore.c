@@ -9,12 +9,16 @@
 static const char HELP[] =
     "usage: kvstore ACTION DEV [options]\n"
     "  put     --host H --key K --size BYTES [--salt S]   store K's pattern block\n"
-    "  get     --key K [--size BYTES --salt S]            load K; with --size, check its pattern\n"
+    "  get     --key K [--size BYTES --salt S] [--poison-serial N]\n"
+    "          load K; with --size, check its pattern\n"
     "  run     --host H --hosts N --blocks B --sizes A,B,... [--timeout S]\n"
     "          store B blocks \"h<H>/b<i>\" (sizes in turn) and the contended key \"shared\"\n"
     "          (salted with H), wait until every host's blocks are there, load them all and\n"
     "          check every byte; \"shared\" must be one host's whole block\n"
-    "  verify                                             check every record and block\n"
+    "  verify  [--poison-serial N]                        check every record and block\n"
+    "--poison-serial N: also consult the poison list of the memdev with serial N (`cxl list -M -L`,\n"
+    "  tracefs mounted): a block overlapping a listed range is a miss (get) or bad (verify). The\n"
+    "  region must be that one device, so a device address is a DAX offset.\n"
     "  bench   --host H --blocks B --size BYTES           store then load B blocks, then drop them\n"
     "A block's bytes: 8-byte words of SplitMix64 seeded with the key's first 8 digest bytes\n"
     "(little-endian) xor salt*0x9E3779B97F4A7C15. Sizes are multiples of 8. Output: one JSON line.\n"
@@ -52,6 +56,62 @@ static void fill(uint64_t *buf, uint64_t len, const uint8_t d[16], uint64_t salt
         buf[i] = splitmix64(&seed);
 }
 
+/* ------------------------------------------------------------ the device's poison list */
+
+#define POISON_MAX 256
+static uint64_t g_poison[POISON_MAX][2]; /* device offset, length */
+static int g_npoison = -1;               /* -1: not consulted */
+
+/* The number after `"name"` and its colon at p (JSON whitespace allowed); *end past it. */
+static uint64_t json_number(char *p, const char *name, char **end)
+{
+    p += strlen(name) + 2;
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == ':')
+        p++;
+    return strtoull(p, end, 10);
+}
+
+/* The media errors `cxl list -M -L` reports for the memdev whose serial is `serial`. */
+static void load_poison(uint64_t serial)
+{
+    FILE *f = popen("cxl list -M -L 2>/dev/null", "r");
+    if (!f)
+        die("cannot run cxl list: %s", strerror(errno));
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    if (pclose(f) != 0)
+        die("cxl list -M -L failed (is tracefs mounted at /sys/kernel/tracing?)");
+    char *dev = text, *end;
+    while ((dev = strstr(dev, "\"serial\"")) && json_number(dev, "serial", &end) != serial)
+        dev = end;
+    if (!dev)
+        die("no memdev with serial %" PRIu64 " in cxl list", serial);
+    char *start = dev, *stop = strstr(dev, "\"memdev\""); /* this memdev's object only */
+    while (start > text && strncmp(start, "\"memdev\"", 8) != 0)
+        start--;
+    if (stop)
+        *stop = 0;
+    g_npoison = 0;
+    for (char *p = strstr(start, "\"media_errors\""); p && (p = strstr(p, "\"offset\"")); p = end) {
+        if (g_npoison == POISON_MAX)
+            die("more than %d poisoned ranges", POISON_MAX);
+        g_poison[g_npoison][0] = json_number(p, "offset", &end);
+        char *len = strstr(end, "\"length\"");
+        if (!len)
+            break;
+        g_poison[g_npoison++][1] = json_number(len, "length", &end);
+    }
+}
+
+static int poisoned(const struct kv_record *rec)
+{
+    for (int i = 0; i < g_npoison; i++)
+        if (g_poison[i][0] < rec->offset + rec->length && rec->offset < g_poison[i][0] + g_poison[i][1])
+            return 1;
+    return 0;
+}
+
 static void *alloc(uint64_t len)
 {
     void *p = malloc(len ? len : 1);
@@ -66,7 +126,7 @@ static int get(const uint8_t d[16], void **out, uint64_t *len)
     int h;
     uint32_t slot;
     struct kv_record rec;
-    if (!kv_find(&g_kv, d, &h, &slot, &rec))
+    if (!kv_find(&g_kv, d, &h, &slot, &rec) || poisoned(&rec))
         return 0;
     void *buf = alloc(rec.length);
     if (!kv_read(&g_kv, h, slot, &rec, buf)) {
@@ -215,21 +275,33 @@ static int cmd_verify(const char *dev)
                 claims++;
                 continue;
             }
-            int ok = kv_valid(&g_kv, h, i, &rec);
-            if (ok) {
+            const char *why = NULL;
+            if (!kv_valid(&g_kv, h, i, &rec))
+                why = "record fails its crc or points outside the arena";
+            else if (poisoned(&rec))
+                why = "poisoned (the device's poison list)";
+            else {
                 void *buf = alloc(rec.length);
-                ok = kv_read(&g_kv, h, i, &rec, buf) || kv_rec(&g_kv, h, i)->state != rec.state;
+                if (!kv_read(&g_kv, h, i, &rec, buf) && kv_rec(&g_kv, h, i)->state == rec.state)
+                    why = "block fails its crc";
                 free(buf);
             }
-            if (ok)
+            if (!why) {
                 good++;
-            else {
-                bad++;
-                fprintf(stderr, "kvstore: bad block: host %d slot %u\n", h, i);
+                continue;
             }
+            bad++;
+            fprintf(stderr, "kvstore: bad block: host %d slot %u key ", h, i);
+            for (int k = 0; k < 16; k++)
+                fprintf(stderr, "%02x", rec.key[k]);
+            fprintf(stderr, " offset %" PRIu64 " length %" PRIu64 ": %s\n", rec.offset, rec.length, why);
         }
     printf("{\"tool\":\"kvstore\",\"op\":\"verify\",\"good\":%" PRIu64 ",\"bad\":%" PRIu64
-           ",\"claims\":%" PRIu64 "}\n", good, bad, claims);
+           ",\"claims\":%" PRIu64 ",\"poison_ranges\":", good, bad, claims);
+    if (g_npoison < 0)
+        printf("null}\n"); /* not consulted */
+    else
+        printf("%d}\n", g_npoison);
     finish_output();
     return bad ? 1 : 0;
 }
@@ -277,6 +349,47 @@ static int cmd_bench(struct opt *o, const char *dev)
     return (stored == blocks && loaded == blocks) ? 0 : 1;
 }
 
+/* not inlined: main holds the sigsetjmp, and its locals must survive a longjmp */
+static __attribute__((noinline)) int cmd_put_get(const char *action, struct opt *o, const char *dev)
+{
+    need(&o[1]);
+    if (o[4].val)
+        load_poison(num(&o[4], 0, 0, 0, UINT64_MAX));
+    const uint64_t salt = num(&o[3], 0, 0, 0, UINT64_MAX);
+    if (!strcmp(action, "put")) {
+        need(&o[0]), need(&o[2]);
+        open_store(dev, (int)num(&o[0], 0, 0, 0, 255));
+        int r = put_pattern(o[1].val, size_of(&o[2]), salt);
+        printf("{\"tool\":\"kvstore\",\"op\":\"put\",\"key\":");
+        json_str(o[1].val);
+        printf(",\"stored\":%d}\n", r);
+        finish_output();
+        return 0;
+    }
+    open_store(dev, o[0].val ? (int)num(&o[0], 0, 0, 0, 255) : -1);
+    uint8_t d[16];
+    void *data = NULL;
+    uint64_t len = 0;
+    kv_digest(o[1].val, strlen(o[1].val), d);
+    int hit = get(d, &data, &len), host, bad_slot;
+    uint32_t slot;
+    struct kv_record rec;
+    int poison = !hit && kv_find(&g_kv, d, &host, &slot, &rec) && poisoned(&rec);
+    bad_slot = poison ? (int)slot : -1;
+    int match = hit && o[2].val ? (len == size_of(&o[2]) && is_pattern(o[1].val, data, len, salt)) : hit;
+    printf("{\"tool\":\"kvstore\",\"op\":\"get\",\"key\":");
+    json_str(o[1].val);
+    printf(",\"hit\":%d,\"length\":%" PRIu64 ",\"crc32\":\"0x%08" PRIx32 "\",\"match\":%d", hit,
+           len, hit ? kv_crc(data, len) : 0, match);
+    if (poison)
+        printf(",\"poisoned\":{\"host\":%d,\"slot\":%d,\"offset\":%" PRIu64 ",\"length\":%" PRIu64 "}",
+               host, bad_slot, rec.offset, rec.length);
+    printf("}\n");
+    free(data);
+    finish_output();
+    return match ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
@@ -303,39 +416,17 @@ int main(int argc, char **argv)
         return cmd_bench(o, dev);
     }
     if (!strcmp(action, "verify")) {
-        struct opt o[] = {{0, 0}};
+        struct opt o[] = {{"--poison-serial", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
+        if (o[0].val)
+            load_poison(num(&o[0], 0, 0, 0, UINT64_MAX));
         return cmd_verify(dev);
     }
     if (!strcmp(action, "put") || !strcmp(action, "get")) {
-        struct opt o[] = {{"--host", 0}, {"--key", 0}, {"--size", 0}, {"--salt", 0}, {0, 0}};
+        struct opt o[] = {{"--host", 0}, {"--key", 0}, {"--size", 0}, {"--salt", 0},
+                          {"--poison-serial", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
-        need(&o[1]);
-        const uint64_t salt = num(&o[3], 0, 0, 0, UINT64_MAX);
-        if (!strcmp(action, "put")) {
-            need(&o[0]), need(&o[2]);
-            open_store(dev, (int)num(&o[0], 0, 0, 0, 255));
-            int r = put_pattern(o[1].val, size_of(&o[2]), salt);
-            printf("{\"tool\":\"kvstore\",\"op\":\"put\",\"key\":");
-            json_str(o[1].val);
-            printf(",\"stored\":%d}\n", r);
-            finish_output();
-            return 0;
-        }
-        open_store(dev, o[0].val ? (int)num(&o[0], 0, 0, 0, 255) : -1);
-        uint8_t d[16];
-        void *data = NULL;
-        uint64_t len = 0;
-        kv_digest(o[1].val, strlen(o[1].val), d);
-        int hit = get(d, &data, &len);
-        int match = hit && o[2].val ? (len == size_of(&o[2]) && is_pattern(o[1].val, data, len, salt)) : hit;
-        printf("{\"tool\":\"kvstore\",\"op\":\"get\",\"key\":");
-        json_str(o[1].val);
-        printf(",\"hit\":%d,\"length\":%" PRIu64 ",\"crc32\":\"0x%08" PRIx32 "\",\"match\":%d}\n", hit,
-               len, hit ? kv_crc(data, len) : 0, match);
-        free(data);
-        finish_output();
-        return match ? 0 : 1;
+        return cmd_put_get(action, o, dev);
     }
     die("unknown action '%s' (put, get, run, verify, bench); see kvstore --help", action);
 }

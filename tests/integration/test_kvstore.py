@@ -101,3 +101,28 @@ def test_a_producer_killed_mid_store_exposes_nothing_and_a_full_arena_evicts(tmp
             report = json.loads(text)
             assert status == 0 and report["bad"] == [] and report["claims"] == 1     # host 1's dead claim
             assert json.loads(h0.check("kvstore verify /dev/dax0.0"))["bad"] == 0
+
+
+def test_poison_on_a_stored_block_is_a_miss_that_names_the_block(tmp_path, capsys):
+    serial = topology.load(topology.resolve("pf-appliance")).device("pool").serial
+    with pfcxl.Appliance("pf-appliance", run_dir=tmp_path / "appliance") as app:
+        pool = rundir.shm_dir(app.run_dir) / "shared.pool"
+        assert kv_cli(capsys, "format", "--pool", str(pool), "--hosts", "16", "--slots", "64")[0] == 0
+        with app.machine(host=0, ready_timeout=900) as h0:
+            for key in ("p0", "p1"):
+                h0.check(f"kvstore put /dev/dax0.0 --host 0 --key {key} --size 64K")
+            with kv.Store.open(str(pool)) as s:
+                (_, slot, rec), = s.find("p1")
+            # the region is the one device "pool": a DAX offset is its device address
+            h0.qmp("cxl-inject-poison", path="/machine/peripheral/pool", start=rec["offset"] + 4096, length=128)
+            h0.check("mount -t tracefs nodev /sys/kernel/tracing")
+            poisoned = h0.run(f"kvstore get /dev/dax0.0 --key p1 --size 64K --poison-serial {serial}")
+            got = json.loads(next(l for l in poisoned.output.splitlines() if l.startswith("{")))
+            assert poisoned.status == 1 and got["hit"] == 0 and got["match"] == 0
+            assert got["poisoned"] == {"host": 0, "slot": slot, "offset": rec["offset"], "length": 65536}
+            clean = h0.run(f"kvstore get /dev/dax0.0 --key p0 --size 64K --poison-serial {serial}")
+            assert clean.status == 0 and '"match":1' in clean.output
+            verify = h0.run(f"kvstore verify /dev/dax0.0 --poison-serial {serial}")
+            assert verify.status == 1
+            assert (f"kvstore: bad block: host 0 slot {slot} key {kv.key_digest('p1').hex()} offset {rec['offset']} "
+                    "length 65536: poisoned (the device's poison list)") in verify.output

@@ -74,7 +74,8 @@ def test_c_and_python_read_each_others_blocks(tool, pool):
     got, _ = kvstore(tool, "get", pool, "--key", "from-python")
     assert got["hit"] == 1 and got["length"] == 3003 and int(got["crc32"], 16) == __import__("zlib").crc32(
         b"\x01\x02\x03" * 1001)
-    assert kvstore(tool, "verify", pool)[0] == {"tool": "kvstore", "op": "verify", "good": 2, "bad": 0, "claims": 0}
+    assert kvstore(tool, "verify", pool)[0] == {"tool": "kvstore", "op": "verify", "good": 2, "bad": 0, "claims": 0,
+                                               "poison_ranges": None}
     with kv.Store.open(pool) as s:
         assert s.verify() == {"good": 2, "bad": [], "claims": 0}
 
@@ -110,3 +111,34 @@ def test_bad_input_is_one_line(tool, pool, tmp_path):
     assert err == f"kvstore: {blank} holds no store (no PFKVSTOR magic at byte 0); format it first\n"
     _, err = kvstore(tool, "put", pool, "--host", "0", "--key", "k", "--size", "12", status=2)
     assert err == "kvstore: --size 12 is not a multiple of 8\n"
+
+
+def test_a_block_on_the_devices_poison_list_is_a_miss_and_verify_names_it(tool, pool, tmp_path):
+    """`cxl` cannot run on the host: a stand-in prints what ndctl 81's `cxl list -M -L` printed in
+    the guest (PLATFORM.md), for two memdevs; only the one with the asked serial counts."""
+    with kv.Store.open(pool, host=0) as s:
+        s.put("clean", pattern("clean", 8192))
+        s.put("hit", pattern("hit", 8192))
+        (_, slot, rec), = s.find("hit")
+    listing = [{"memdev": "mem1", "serial": 7, "media_errors": [{"offset": 0, "length": 1 << 24}]},
+               {"memdev": "mem0", "ram_size": 1 << 30, "serial": 1346768897,
+                "media_errors": [{"offset": rec["offset"] + 4096, "length": 128, "source": "Injected"}]}]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "cxl").write_text(f"#!/bin/sh\ncat <<'END'\n{json.dumps(listing)}\nEND\n")
+    (fake / "cxl").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+
+    def tool_run(*args):
+        return subprocess.run([str(tool), *args], capture_output=True, text=True, timeout=60, env=env)
+
+    got = tool_run("get", pool, "--key", "hit", "--poison-serial", "1346768897")
+    assert got.returncode == 1 and json.loads(got.stdout)["hit"] == 0
+    assert json.loads(got.stdout)["poisoned"] == {"host": 0, "slot": slot, "offset": rec["offset"], "length": 8192}
+    assert tool_run("get", pool, "--key", "clean", "--poison-serial", "1346768897").returncode == 0
+    assert tool_run("get", pool, "--key", "hit").returncode == 0            # without the list: the bytes are fine
+    done = tool_run("verify", pool, "--poison-serial", "1346768897")
+    assert done.returncode == 1 and json.loads(done.stdout) == {"tool": "kvstore", "op": "verify", "good": 1, "bad": 1,
+                                                                "claims": 0, "poison_ranges": 1}
+    assert done.stderr == (f"kvstore: bad block: host 0 slot {slot} key {kv.key_digest('hit').hex()} offset "
+                           f"{rec['offset']} length 8192: poisoned (the device's poison list)\n")
