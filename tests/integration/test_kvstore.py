@@ -2,6 +2,7 @@
 blocks bit-exact (4, then 16 hosts), one winner for a contended key, a producer's QEMU killed
 mid-store exposes nothing, a full arena evicts, and the host reads the same store (pfcxl kv)."""
 
+import hashlib
 import json
 import os
 import signal
@@ -126,3 +127,45 @@ def test_poison_on_a_stored_block_is_a_miss_that_names_the_block(tmp_path, capsy
             assert verify.status == 1
             assert (f"kvstore: bad block: host 0 slot {slot} key {kv.key_digest('p1').hex()} offset {rec['offset']} "
                     "length 65536: poisoned (the device's poison list)") in verify.output
+
+
+GUEST_PY = r'''
+import hashlib, json, time, pfcxl_kvstore as kv, pfcxl_kvconnectors as conn
+with kv.Store.open("/dev/dax0.0", host=1) as s:
+    got = s.get("from-host")
+    hi = conn.HiCacheBackend(s)
+    ok = hi.batch_set(["g0", "g1"], [b"G" * 4096, b"H" * 4096])
+    blocks, size, payload = 8, 64 << 10, bytes(range(256)) * 256
+    t0 = time.perf_counter(); stored = sum(s.put(f"bench{i}", payload) for i in range(blocks))
+    t1 = time.perf_counter(); loaded = sum(s.get(f"bench{i}") == payload for i in range(blocks))
+    t2 = time.perf_counter()
+    for i in range(blocks):
+        s.remove(f"bench{i}")
+    print("KV " + json.dumps({"sha": got and hashlib.sha256(got).hexdigest(), "set": ok,
+          "exists": hi.batch_exists(["g0", "g1", "none"]), "stored": stored, "loaded": loaded,
+          "store_s": t1 - t0, "load_s": t2 - t1, "bytes": blocks * size}))
+'''
+
+
+def test_the_python_binding_in_the_debian_guest_shares_the_store_with_the_host(tmp_path, capsys):
+    with pfcxl.Appliance("pf-appliance", run_dir=tmp_path / "appliance") as app:
+        pool = rundir.shm_dir(app.run_dir) / "shared.pool"
+        assert kv_cli(capsys, "format", "--pool", str(pool), "--hosts", "16", "--slots", "64")[0] == 0
+        block = os.urandom(100_000)
+        with kv.Store.open(str(pool), host=0) as s:
+            assert s.put("from-host", block)
+        with app.machine(host=1, image="debian", ready_timeout=1200) as guest:
+            done = guest.run(["python3", "-c", GUEST_PY], timeout=1200)
+            assert done.status == 0, done.output[-3000:]
+            got = json.loads(next(l for l in done.output.splitlines() if l.startswith("KV "))[3:])
+            bench = json.loads(guest.check("kvstore bench /dev/dax0.0 --host 1 --blocks 8 --size 64K"))
+        print(f"\nguest python, CXL path: store {got['bytes'] / got['store_s'] / 1e6:.2f} MB/s, "
+              f"load {got['bytes'] / got['load_s'] / 1e6:.2f} MB/s; guest C: store "
+              f"{8 * 65536 / bench['store_ns'] * 1e3:.2f} MB/s, load {8 * 65536 / bench['load_ns'] * 1e3:.2f} MB/s",
+              file=sys.stderr)
+        assert got["sha"] == hashlib.sha256(block).hexdigest()           # bit-exact, host to guest
+        assert got["set"] and got["exists"] == 2 and got["stored"] == got["loaded"] == 8
+        assert bench["stored"] == bench["loaded"] == 8
+        with kv.Store.open(str(pool)) as s:                              # and guest to host
+            assert s.get("g0") == b"G" * 4096 and s.get("g1") == b"H" * 4096
+            assert s.verify() == {"good": 3, "bad": [], "claims": 0}
