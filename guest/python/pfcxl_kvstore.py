@@ -263,14 +263,14 @@ class Store:
         return rec
 
     def _slots_keyed(self, host: int, digest: bytes):
-        """Slots of `host` whose key field holds `digest` (one copy of the segment, then a search)."""
+        """Slots of `host` whose key field holds `digest` (mmap.find searches in place, no copy)."""
         base = self._slot_at(host, 0)
-        seg = bytes(self.m.mem[base:base + self.slots * LINE])
-        at = seg.find(digest)
+        end = base + self.slots * LINE
+        at = self.m.map.find(digest, base, end)
         while at >= 0:
-            if at % LINE == RECORD.offset["key"]:
-                yield at // LINE
-            at = seg.find(digest, at + 1)
+            if (at - base) % LINE == RECORD.offset["key"]:
+                yield (at - base) // LINE
+            at = self.m.map.find(digest, at + 1, end)
 
     def find(self, key) -> list[tuple[int, int, dict]]:
         """Every published, well-formed record of `key`: (host, slot, record)."""
