@@ -5,7 +5,6 @@ file (guest/python/pfcxl_kvstore.py), so host and guests see one store."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import time
@@ -18,21 +17,11 @@ from pfcxl.device.units import human, parse_size
 from pfcxl.errors import PfcxlError
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
-from . import appliance, argtypes, kv_model
+from . import appliance, argtypes, debian_image, kv_model
 from .ui import out
 
-STORE_MODULE = Path(__file__).resolve().parent.parent / "guest" / "python" / "pfcxl_kvstore.py"
 DEFAULT_APPLIANCE = "pf-appliance"
-
-
-def store_module():
-    spec = importlib.util.spec_from_file_location("pfcxl_kvstore", STORE_MODULE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-kv = store_module()
+kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 
 def pool_file(args) -> Path:

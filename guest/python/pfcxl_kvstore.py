@@ -14,19 +14,17 @@ host's segment and verify a record and its block before using them.
 from __future__ import annotations
 
 import hashlib
-import mmap
-import os
-import stat
 import struct
 import threading
 import time
 import zlib
 
+import pfcxl_guest
+
 MAGIC = b"PFKVSTOR"
 VERSION = 1
 LINE = 64
 PAGE = 4096
-ALIGN = 2 << 20          # device-DAX maps in multiples of its region align
 
 
 class KVError(Exception):
@@ -111,42 +109,24 @@ def _up(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-def _size(path: str, fd: int) -> int:
-    st = os.fstat(fd)
-    if stat.S_ISREG(st.st_mode):
-        return st.st_size
-    name = os.path.basename(os.path.realpath(path))
-    for candidate in (f"/sys/bus/dax/devices/{name}/size", f"/sys/class/dax/{name}/size"):
-        try:
-            with open(candidate) as f:
-                return int(f.read().strip(), 0)
-        except (OSError, ValueError):
-            continue
-    raise KVError(f"cannot find the size of {path} in /sys/bus/dax or /sys/class/dax")
-
-
 class Mapping:
-    """`path` mapped MAP_SHARED from offset 0, whole 2 MiB units (device-DAX needs that)."""
+    """`path` mapped MAP_SHARED from offset 0 in whole 2 MiB units (pfcxl_guest.Dax), as bytes."""
 
     def __init__(self, path: str, size: int | None = None) -> None:
         self.path = path
         try:
-            self.fd = os.open(path, os.O_RDWR)
+            self.dax = pfcxl_guest.Dax(path, size)
         except OSError as exc:
-            raise KVError(f"cannot open {path}: {exc.strerror}") from None
-        have = _size(path, self.fd)
-        self.size = min(have, size) if size else have
-        self.size -= self.size % ALIGN if self.size >= ALIGN else 0
-        if self.size < 2 * PAGE:
-            os.close(self.fd)
-            raise KVError(f"{path} is {have} bytes: too small for a store")
-        self.map = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            raise KVError(f"cannot open {path}: {exc.strerror or exc}") from None
+        if self.dax.size < 2 * PAGE:
+            self.dax.close()
+            raise KVError(f"{path} is {self.dax.size} bytes: too small for a store")
+        self.size, self.map = self.dax.size, self.dax.map
         self.mem = memoryview(self.map)
 
     def close(self) -> None:
         self.mem.release()
-        self.map.close()
-        os.close(self.fd)
+        self.dax.close()
 
 
 def format(path: str, hosts: int, slots: int, chunk_tokens: int, size: int | None = None) -> dict:

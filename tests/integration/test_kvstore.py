@@ -15,12 +15,11 @@ import pytest
 import pfcxl
 from pfcxl.device import appliance_rundir as rundir
 from pfcxl.device import topology
-from pfcxl.host_tools import cli, multihost
+from pfcxl.host_tools import cli, debian_image, multihost
 from pfcxl.serving.chunks import chunk_bytes
 from pfcxl.serving.inputs import load_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "guest" / "python"))
-import pfcxl_kvstore as kv  # noqa: E402
+kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20

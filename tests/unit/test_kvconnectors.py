@@ -3,27 +3,24 @@ their storage: a prefix lookup, loads of the hits, stores of the rest; two hosts
 
 import asyncio
 import hashlib
-import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "guest" / "python"))
-import pfcxl_kvconnectors as conn  # noqa: E402
-import pfcxl_kvstore as kv  # noqa: E402
+from pfcxl.host_tools import debian_image
+
+from .conftest import kv_pool
+
+conn = debian_image.import_guest_module("pfcxl_kvconnectors")
+kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 
 @pytest.fixture
 def two_hosts(tmp_path):
-    path = tmp_path / "pool"
-    path.write_bytes(b"")
-    os.truncate(path, 16 << 20)
-    kv.format(str(path), hosts=2, slots=128, chunk_tokens=KV_CHUNK_TOKENS)
-    a, b = kv.Store.open(str(path), host=0), kv.Store.open(str(path), host=1)
+    path = kv_pool(tmp_path, 16 << 20, hosts=2, slots=128)
+    a, b = kv.Store.open(path, host=0), kv.Store.open(path, host=1)
     yield a, b
     for s in (a, b):
         if not s.m.map.closed:

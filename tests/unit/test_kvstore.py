@@ -1,39 +1,21 @@
 """The KV block store (guest/python/pfcxl_kvstore.py) on a regular file: several Store objects, or
 several processes, stand for hosts mapping the same pool."""
 
-import importlib.util
 import multiprocessing
 import os
 import signal
-import struct
 import time
-from pathlib import Path
 
 import pytest
 
+from pfcxl.host_tools import debian_image
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes
 from pfcxl.serving.inputs import load_model
 
-MODULE = Path(__file__).resolve().parents[2] / "guest" / "python" / "pfcxl_kvstore.py"
+from .conftest import kv_pool as pool
 
-
-def load():
-    spec = importlib.util.spec_from_file_location("pfcxl_kvstore", MODULE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-kv = load()
+kv = debian_image.import_guest_module("pfcxl_kvstore")
 SCALE = 1024        # chunks scaled down 1024x: 8B's 32 MiB chunk is 32 KiB, 405B's 126 MiB is 126 KiB
-
-
-def pool(tmp_path, size=64 << 20, hosts=4, slots=256):
-    path = tmp_path / "pool"
-    path.write_bytes(b"")
-    os.truncate(path, size)
-    kv.format(str(path), hosts=hosts, slots=slots, chunk_tokens=KV_CHUNK_TOKENS)
-    return str(path)
 
 
 def block(seed: int, size: int) -> bytes:

@@ -7,17 +7,14 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from pfcxl.serving.chunks import KV_CHUNK_TOKENS
+from pfcxl.host_tools import debian_image
 
-from .conftest import compile_guest_tool
+from .conftest import compile_guest_tool, kv_pool
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "guest" / "python"))
-import pfcxl_kvstore as kv  # noqa: E402
+kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 GOLDEN = 0x9E3779B97F4A7C15
 MASK = (1 << 64) - 1
@@ -30,11 +27,7 @@ def tool(tmp_path_factory):
 
 @pytest.fixture
 def pool(tmp_path):
-    path = tmp_path / "pool"
-    path.write_bytes(b"")
-    os.truncate(path, 32 << 20)
-    kv.format(str(path), hosts=4, slots=64, chunk_tokens=KV_CHUNK_TOKENS)
-    return str(path)
+    return kv_pool(tmp_path, 32 << 20, hosts=4, slots=64)
 
 
 def pattern(key: str, size: int, salt: int = 0) -> bytes:
