@@ -262,44 +262,50 @@ static inline void kv_recover(struct kv *s)
     }
 }
 
-/* A free slot and extent of len bytes in our arena, evicting least recently used records. */
+/* A free slot and extent of len bytes in our arena, evicting least recently used records. The
+ * own segment is read once per attempt into local memory: on the CXL path every load of the
+ * device is an emulator callback, and first fit walks the records many times. */
 static inline int kv_place(struct kv *s, uint64_t len, uint32_t *slot, uint64_t *offset)
 {
     const uint64_t lo = kv_arena(s, s->host), hi = lo + s->sb.arena_bytes;
     if (len > hi - lo)
         return -1;
+    struct kv_record *snap = malloc(s->sb.slots * sizeof *snap);
+    uint8_t *live = malloc(s->sb.slots);
+    if (!snap || !live)
+        die("out of memory for %u index records", s->sb.slots);
     for (;;) {
         int64_t free_slot = -1, lru = -1;
         uint64_t lru_use = UINT64_MAX, at = lo;
-        struct kv_record rec;
-        /* first fit: walk the extents in offset order (a few hundred records: quadratic is fine) */
-        for (;;) {
+        for (uint32_t i = 0; i < s->sb.slots; i++) {
+            live[i] = (uint8_t)kv_valid(s, s->host, i, &snap[i]);
+            if (snap[i].state == 0 && free_slot < 0)
+                free_slot = i;
+            if (live[i] && snap[i].last_use < lru_use) {
+                lru_use = snap[i].last_use;
+                lru = i;
+            }
+        }
+        for (;;) { /* first fit: the next extent at or after `at`, in offset order */
             uint64_t next = hi, next_end = hi;
             for (uint32_t i = 0; i < s->sb.slots; i++)
-                if (kv_valid(s, s->host, i, &rec) && rec.offset >= at && rec.offset < next) {
-                    next = rec.offset;
-                    next_end = (rec.offset + rec.length + KV_LINE - 1) & ~(uint64_t)(KV_LINE - 1);
+                if (live[i] && snap[i].offset >= at && snap[i].offset < next) {
+                    next = snap[i].offset;
+                    next_end = (next + snap[i].length + KV_LINE - 1) & ~(uint64_t)(KV_LINE - 1);
                 }
             if (next - at >= len || next == hi)
                 break;
             at = next_end;
         }
-        for (uint32_t i = 0; i < s->sb.slots; i++) {
-            if (kv_rec(s, s->host, i)->state == 0) {
-                if (free_slot < 0)
-                    free_slot = i;
-            } else if (kv_valid(s, s->host, i, &rec) && rec.last_use < lru_use) {
-                lru_use = rec.last_use;
-                lru = i;
-            }
-        }
-        if (free_slot >= 0 && hi - at >= len) {
+        if ((free_slot >= 0 && hi - at >= len) || lru < 0) {
+            free(snap);
+            free(live);
+            if (free_slot < 0 || hi - at < len)
+                return -1;
             *slot = (uint32_t)free_slot;
             *offset = at;
             return 0;
         }
-        if (lru < 0)
-            return -1;
         kv_rec(s, s->host, (uint32_t)lru)->state = 0; /* before its space is reused */
         kv_fence(kv_rec(s, s->host, (uint32_t)lru));
         kv_hdr(s, s->host)->evictions++;
