@@ -112,7 +112,10 @@ def cmd_bench(args) -> int:
     with open_store(args, host=args.host) as s:
         keys = [f"bench/{os.getpid()}/{i}" for i in range(args.blocks)]
         t0 = time.perf_counter()
-        stored = sum(s.put(k, payload) for k in keys)
+        try:
+            stored = sum(s.put(k, payload) for k in keys)
+        except kv.KVError as exc:
+            raise PfcxlError(f"bench --size {args.size}: {exc}") from None
         t1 = time.perf_counter()
         loaded = sum(s.get(k) == payload for k in keys)
         t2 = time.perf_counter()

@@ -67,6 +67,9 @@ def test_bad_input_is_one_line(pool, capsys, tmp_path):
     run(capsys, "format", "--pool", pool, "--hosts", "2")
     status, _, err = run(capsys, "bench", "--pool", pool, "--host", "5")
     assert status == 1 and err.strip() == "pfcxl: error: host 5 is out of range (0 <= host < 2)"
+    status, _, err = run(capsys, "bench", "--pool", pool, "--size", "64M")
+    assert status == 1 and err.startswith("pfcxl: error: bench --size 67108864: block of 67108864 bytes does not "
+                                          "fit in an arena of ") and len(err.strip().splitlines()) == 1
     status, _, err = run(capsys, "stats", "--pool", str(tmp_path / "absent"))
     assert status == 1 and "cannot open" in err and len(err.strip().splitlines()) == 1
     status, _, err = run(capsys, "stats", "--run-dir", str(tmp_path / "nowhere"))
