@@ -156,6 +156,7 @@ class Store:
 
     def __init__(self, m: Mapping, host: int | None, stale_s: float) -> None:
         self.m, self.host, self.stale_s = m, host, stale_s
+        self.poisoned: list[tuple[int, int]] = []   # (offset, length) a reader must not use
         sb = SUPER.unpack(m.mem)
         raw = bytes(m.mem[:SUPER.st.size])
         if sb["magic"] != MAGIC:
@@ -222,9 +223,6 @@ class Store:
         struct.pack_into("<Q", self.m.mem, self._slot_at(self.host, slot), value)
         fence()
 
-    def record(self, host: int, slot: int) -> dict:
-        return RECORD.unpack(self.m.mem, self._slot_at(host, slot))
-
     def _beat(self) -> None:
         self._set_header(heartbeat=self._header(self.host)["heartbeat"] + 1)
 
@@ -261,11 +259,17 @@ class Store:
     def read_block(self, host: int, slot: int, rec: dict):
         """The block's bytes if they still match the record's crc and the record did not change
         while they were copied (the owner invalidates a record before reusing its space)."""
+        if self._poisoned(rec):
+            return None
         data = bytes(self.m.mem[rec["offset"]:rec["offset"] + rec["length"]])
         fence()
         if zlib.crc32(data) != rec["crc"] or self._state(host, slot) != rec["state"]:
             return None
         return data
+
+    def _poisoned(self, rec: dict) -> bool:
+        """On the device's poison list (pfcxl_poison.media_errors): the bytes may read fine but are lost."""
+        return any(o < rec["offset"] + rec["length"] and rec["offset"] < o + n for o, n in self.poisoned)
 
     def get(self, key):
         """The block stored under `key` (bytes), or None: missing, evicted, or failing its check."""
@@ -291,12 +295,10 @@ class Store:
     def _recover(self) -> None:
         """Claims left by a crash of this host are withdrawn; the published records are ours."""
         for s in range(self.slots):
-            st = self._state(self.host, s)
-            if st & 1:
-                self._set_state(s, 0)
-            elif st and self._valid(self.host, s) is not None:
-                self.own[s] = self.record(self.host, s)
-            elif st:
+            rec = self._valid(self.host, s)
+            if rec is not None:
+                self.own[s] = rec
+            elif self._state(self.host, s):          # a claim, or a record that fails its check
                 self._set_state(s, 0)
 
     def _touch(self, slot: int) -> None:
@@ -433,6 +435,8 @@ class Store:
                 rec = self._valid(h, s)
                 if rec is None:
                     bad.append(dict(host=h, slot=s, why="record fails its crc or points outside the arena"))
+                elif self._poisoned(rec):
+                    bad.append(dict(host=h, slot=s, key=rec["key"].hex(), why="poisoned (the device's poison list)"))
                 elif self.read_block(h, s, rec) is None and self._state(h, s) == rec["state"]:
                     bad.append(dict(host=h, slot=s, key=rec["key"].hex(), why="block fails its crc"))
                 else:

@@ -107,20 +107,12 @@ def test_bad_input_is_one_line(tool, pool, tmp_path):
 
 
 def test_a_block_on_the_devices_poison_list_is_a_miss_and_verify_names_it(tool, pool, tmp_path):
-    """`cxl` cannot run on the host: a stand-in prints what ndctl 81's `cxl list -M -L` printed in
-    the guest (PLATFORM.md), for two memdevs; only the one with the asked serial counts."""
+    """Only the memdev with the asked serial counts (the other's error covers everything)."""
     with kv.Store.open(pool, host=0) as s:
         s.put("clean", pattern("clean", 8192))
         s.put("hit", pattern("hit", 8192))
         (_, slot, rec), = s.find("hit")
-    listing = [{"memdev": "mem1", "serial": 7, "media_errors": [{"offset": 0, "length": 1 << 24}]},
-               {"memdev": "mem0", "ram_size": 1 << 30, "serial": 1346768897,
-                "media_errors": [{"offset": rec["offset"] + 4096, "length": 128, "source": "Injected"}]}]
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "cxl").write_text(f"#!/bin/sh\ncat <<'END'\n{json.dumps(listing)}\nEND\n")
-    (fake / "cxl").chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+    env = fake_cxl(tmp_path, rec)
 
     def tool_run(*args):
         return subprocess.run([str(tool), *args], capture_output=True, text=True, timeout=60, env=env)
@@ -135,3 +127,33 @@ def test_a_block_on_the_devices_poison_list_is_a_miss_and_verify_names_it(tool, 
                                                                 "claims": 0, "poison_ranges": 1}
     assert done.stderr == (f"kvstore: bad block: host 0 slot {slot} key {kv.key_digest('hit').hex()} offset "
                            f"{rec['offset']} length 8192: poisoned (the device's poison list)\n")
+
+
+def fake_cxl(tmp_path, rec) -> dict:
+    """`cxl` cannot run on the host: a stand-in prints what ndctl 81's `cxl list -M -L` printed in
+    the guest (PLATFORM.md) for two memdevs, the second with a media error on `rec`'s block; the
+    environment that finds it first on PATH."""
+    listing = [{"memdev": "mem1", "serial": 7, "media_errors": [{"offset": 0, "length": 1 << 24}]},
+               {"memdev": "mem0", "ram_size": 1 << 30, "serial": 1346768897,
+                "media_errors": [{"offset": rec["offset"] + 4096, "length": 128, "source": "Injected"}]}]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "cxl").write_text(f"#!/bin/sh\ncat <<'END'\n{json.dumps(listing)}\nEND\n")
+    (fake / "cxl").chmod(0o755)
+    return dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+
+
+def test_the_python_reader_consults_the_poison_list_too(pool, tmp_path, monkeypatch):
+    poison = debian_image.import_guest_module("pfcxl_poison")
+    with kv.Store.open(pool, host=0) as s:
+        s.put("clean", b"c" * 8192)
+        s.put("hit", b"h" * 8192)
+        (_, slot, rec), = s.find("hit")
+        monkeypatch.setenv("PATH", fake_cxl(tmp_path, rec)["PATH"])
+        s.poisoned = poison.media_errors(1346768897)
+        assert s.poisoned == [(rec["offset"] + 4096, 128)]
+        assert s.get("hit") is None and s.get("clean") == b"c" * 8192
+        assert s.verify()["bad"] == [dict(host=0, slot=slot, key=kv.key_digest("hit").hex(),
+                                          why="poisoned (the device's poison list)")]
+        with pytest.raises(OSError, match="no memdev with serial 5"):
+            poison.media_errors(5)
