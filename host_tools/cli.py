@@ -23,8 +23,8 @@ from pfcxl.firmware_tables import boot_policy, table_files
 
 from pfcxl.device import fabric_constants, fabric_model
 
-from . import (argtypes, cli_appliance, cli_bench, cli_model, cli_serving, cli_tables, discovery, image, qemu,
-               terminal, timing, timing_report)
+from . import (argtypes, cli_appliance, cli_bench, cli_kv, cli_model, cli_serving, cli_tables, discovery, image,
+               qemu, terminal, timing, timing_report)
 from .console import shell_command
 from .ui import err, out
 from pfcxl.machine import RUN_DIR_PLACEHOLDER, Machine
@@ -384,6 +384,7 @@ def parser() -> argparse.ArgumentParser:
     cli_bench.add_parsers(sub)
     cli_serving.add_parsers(sub)
     cli_model.add_parsers(sub)
+    cli_kv.add_parsers(sub)
 
     p = sub.add_parser("demo", help="boot and compare what the guest discovered with the topology's predictions")
     _common(p, boots=True)

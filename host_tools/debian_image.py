@@ -9,8 +9,10 @@ kind="debian")` turns it into archive entries.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import stat
+import sys
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -81,3 +83,11 @@ def python_module_entries() -> list[cpio.Entry]:
     dirs = [cpio.Entry.directory(d) for d in ("usr/lib/pfcxl", GUEST_PYTHON_DIR)]
     return dirs + [cpio.Entry.file(f"{GUEST_PYTHON_DIR}/{p.name}", p.read_bytes())
                    for p in sorted(GUEST_PYTHON.glob("*.py"))]
+
+
+def import_guest_module(name: str):
+    """guest/python/NAME.py imported on the host (standard library only; the guest modules import
+    each other by name, as on the guest's PYTHONPATH)."""
+    if str(GUEST_PYTHON) not in sys.path:
+        sys.path.append(str(GUEST_PYTHON))
+    return importlib.import_module(name)

@@ -77,7 +77,12 @@ def appliance_chunk_seconds(tier: Tier, chunk_bytes: int) -> float:
     """Time for one host to read one chunk laid out over the modules, all requests issued at once
     (one access per interleave granule, the way a DMA engine walks the chunk)."""
     model, appliance = appliance_fabric(tier)
-    g = appliance.granularity
+    return stream_seconds(model, chunk_bytes, appliance.granularity)
+
+
+def stream_seconds(model: fabric_model.FabricModel, chunk_bytes: int, g: int) -> float:
+    """Time for `model` to serve one host's read of `chunk_bytes`, one request per `g`-byte
+    granule, all issued at once."""
     count = -(-chunk_bytes // g)
     trace = np.zeros(count, fabric_engine.trace_dtype())
     trace["hpa"] = np.arange(count, dtype=np.uint64) * g

@@ -1,0 +1,189 @@
+"""`pfcxl kv format|stats|dump|verify|bench`: the KV block store (docs/kvstore.md) read and written
+on the host through the appliance's pool file, without a guest. The store code is the guest's own
+file (guest/python/pfcxl_kvstore.py), so host and guests see one store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from pfcxl.device import appliance_rundir, topology
+from pfcxl.device.units import human, parse_size
+from pfcxl.errors import PfcxlError
+from pfcxl.serving.chunks import KV_CHUNK_TOKENS
+
+from . import appliance, argtypes, debian_image, kv_model
+from .ui import out
+
+DEFAULT_APPLIANCE = "pf-appliance"
+kv = debian_image.import_guest_module("pfcxl_kvstore")
+
+
+def pool_file(args) -> Path:
+    """--pool, or the shared partition of the topology's appliance (its run directory)."""
+    if args.pool:
+        return Path(args.pool)
+    topo = topology.load(topology.resolve(args.topology or DEFAULT_APPLIANCE))
+    if topo.appliance is None:
+        raise PfcxlError(f"topology '{topo.name}' has no [appliance] section: give --pool FILE")
+    run_dir = Path(args.run_dir) if args.run_dir else appliance.default_dir(topo)
+    where = appliance_rundir.pool_dir(run_dir, topo.appliance.backing)
+    if where is None:
+        raise PfcxlError(f"appliance '{topo.name}' keeps its pool in memfds (backing memfd): the host cannot open "
+                         "it; use backing \"shm\" or \"directory\"")
+    path = where / "shared.pool"
+    if not path.exists():
+        raise PfcxlError(f"{path}: no pool there; start the appliance (pfcxl appliance start) or give --pool FILE")
+    return path
+
+
+def open_store(args, host=None):
+    try:
+        return kv.Store.open(str(pool_file(args)), host=host)
+    except kv.KVError as exc:
+        raise PfcxlError(str(exc)) from exc
+
+
+def cmd_format(args) -> int:
+    path = pool_file(args)
+    try:
+        if not args.force:
+            try:
+                kv.Store.open(str(path)).close()
+                raise PfcxlError(f"{path} already holds a store; --force formats it anew (every block is lost)")
+            except kv.KVError:
+                pass
+        sb = kv.format(str(path), hosts=args.hosts, slots=args.slots, chunk_tokens=KV_CHUNK_TOKENS,
+                       size=args.size)
+    except kv.KVError as exc:
+        raise PfcxlError(str(exc)) from exc
+    out.print(f"{path}: store for {sb['hosts']} hosts x {sb['slots']} slots, arenas of {human(sb['arena_bytes'])}, "
+              f"{sb['chunk_tokens']}-token chunks", highlight=False)
+    return 0
+
+
+def cmd_stats(args) -> int:
+    with open_store(args) as s:
+        st = s.stats()
+    if args.json:
+        print(json.dumps(st, indent=1))
+        return 0
+    t = Table(title=f"KV store: {st['blocks']} blocks, {human(st['bytes'])}")
+    for col in ("host", "blocks", "bytes", "evictions", "last sequence"):
+        t.add_column(col, justify="right")
+    for h in st["hosts"]:
+        t.add_row(str(h["host"]), str(h["blocks"]), str(h["bytes"]), str(h["evictions"]), str(h["sequence"]))
+    out.print(t)
+    return 0
+
+
+def cmd_dump(args) -> int:
+    with open_store(args) as s:
+        rows = [dict(host=h, slot=sl, state="claim" if state & 1 else "published", sequence=state >> 1,
+                     key=rec["key"].hex() if rec else None, offset=rec and rec["offset"],
+                     length=rec and rec["length"], crc=rec and f"{rec['crc']:#010x}")
+                for h, sl, rec, state in s.scan() if state]
+    for r in rows:
+        print(json.dumps(r))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    with open_store(args) as s:
+        report = s.verify()
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        out.print(f"{report['good']} blocks verified, {len(report['bad'])} bad, {report['claims']} unpublished claims")
+        for b in report["bad"]:
+            out.print(f"bad: host {b['host']} slot {b['slot']} key {b.get('key', '?')}: {b['why']}", highlight=False)
+    return 1 if report["bad"] else 0
+
+
+def cmd_bench(args) -> int:
+    """Store then load `--blocks` blocks of `--size` bytes as `--host`, timed on this machine's
+    clock; the blocks are removed afterwards."""
+    payload = os.urandom(args.size)
+    with open_store(args, host=args.host) as s:
+        keys = [f"bench/{os.getpid()}/{i}" for i in range(args.blocks)]
+        t0 = time.perf_counter()
+        try:
+            stored = sum(s.put(k, payload) for k in keys)
+        except kv.KVError as exc:
+            raise PfcxlError(f"bench --size {args.size}: {exc}") from exc
+        t1 = time.perf_counter()
+        loaded = sum(s.get(k) == payload for k in keys)
+        t2 = time.perf_counter()
+        for k in keys:
+            s.remove(k)
+    if stored != args.blocks or loaded != args.blocks:
+        raise PfcxlError(f"bench stored {stored} and loaded {loaded} of {args.blocks} blocks: the arena of host "
+                         f"{args.host} is too small for {args.blocks} x {args.size} bytes")
+    measured = dict(path="host (pool file)", blocks=args.blocks, block_bytes=args.size,
+                    store_blocks_s=args.blocks / (t1 - t0), store_gbs=args.blocks * args.size / (t1 - t0) / 1e9,
+                    load_blocks_s=args.blocks / (t2 - t1), load_gbs=args.blocks * args.size / (t2 - t1) / 1e9)
+    rows, assumption = kv_model.chunk_load_rows()
+    if args.json:
+        print(json.dumps(dict(measured=measured, modelled=rows, assumption=assumption), indent=1))
+        return 0
+    out.print(f"measured, {measured['path']}: store {measured['store_blocks_s']:.0f} blocks/s "
+              f"{measured['store_gbs']:.2f} GB/s, load {measured['load_blocks_s']:.0f} blocks/s "
+              f"{measured['load_gbs']:.2f} GB/s ({args.blocks} x {human(args.size)})", highlight=False)
+    t = Table(title=f"modelled load time per {KV_CHUNK_TOKENS}-token chunk (ms)")
+    for col in ("model", "chunk", "PF appliance", "electrical pool", "host DRAM", "recompute"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["model"], human(r["chunk_bytes"]), f"{r['pf_ms']:.3f}", f"{r['electrical_ms']:.3f}",
+                  f"{r['dram_ms']:.3f}", f"{r['recompute_ms']:.1f}")
+    out.print(t)
+    out.print(f"[dim]{assumption}[/dim]")
+    return 0
+
+
+def _size(text: str) -> int:
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be at least 1 byte")
+    return value
+
+
+def add_parsers(sub) -> None:
+    kp = sub.add_parser("kv", help="the KV block store in the appliance's pool, from the host",
+                        description="Read and write the KV block store (docs/kvstore.md) in the appliance's "
+                        "shared pool file, without a guest.")
+    ksub = kp.add_subparsers(dest="kv_cmd", metavar="ACTION", required=True)
+
+    def base(p):
+        p.add_argument("--pool", help="the store's file (default: the appliance's shared.pool)")
+        p.add_argument("--topology", "-t", help=f"appliance topology (default {DEFAULT_APPLIANCE})")
+        p.add_argument("--run-dir", help="the appliance's run directory")
+        return p
+
+    p = base(ksub.add_parser("format", help="write an empty store (hosts, slots, 256-token chunks)"))
+    p.add_argument("--hosts", type=argtypes.count, default=16, help="hosts with an arena (default 16)")
+    p.add_argument("--slots", type=argtypes.count, default=1024, help="index records per host (default 1024)")
+    p.add_argument("--size", type=_size, help="use only the first SIZE bytes (default: all)")
+    p.add_argument("--force", action="store_true", help="format over an existing store")
+    p.set_defaults(func=cmd_format)
+    p = base(ksub.add_parser("stats", help="blocks, bytes and evictions per host"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_stats)
+    base(ksub.add_parser("dump", help="every record, one JSON line each")).set_defaults(func=cmd_dump)
+    p = base(ksub.add_parser("verify", help="check every record and block; exit 1 if any is bad"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+    p = base(ksub.add_parser("bench", help="store and load blocks from the host (in --host's arena, which may "
+                             "evict its oldest blocks); modelled chunk load times"))
+    p.add_argument("--host", type=int, default=0, help="arena to use (default 0)")
+    p.add_argument("--blocks", type=argtypes.count, default=64)
+    p.add_argument("--size", type=_size, default=1 << 20, help="bytes per block (default 1M)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,76 @@
+"""`pfcxl kv` on a pool file: format, stats, dump, verify (a bad block named, exit 1), bench."""
+
+import json
+import os
+
+import pytest
+
+from pfcxl.host_tools import cli, cli_kv
+from pfcxl.serving.chunks import KV_CHUNK_TOKENS
+
+
+@pytest.fixture
+def pool(tmp_path):
+    path = tmp_path / "shared.pool"
+    path.write_bytes(b"")
+    os.truncate(path, 32 << 20)
+    return str(path)
+
+
+def run(capsys, *argv):
+    status = cli.main(["kv", *argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_format_stats_dump_verify_and_a_corrupted_block_named(pool, capsys):
+    assert run(capsys, "format", "--pool", pool, "--hosts", "4", "--slots", "32")[0] == 0
+    status, _, err = run(capsys, "format", "--pool", pool)
+    assert status == 1 and "already holds a store; --force" in err and len(err.strip().splitlines()) == 1
+    with cli_kv.kv.Store.open(pool, host=2) as s:
+        assert s.chunk_tokens == KV_CHUNK_TOKENS
+        s.put("a", b"x" * 5000)
+        s.put("b", b"y" * 7000)
+        (_, slot, rec), = s.find("b")
+    status, text, _ = run(capsys, "stats", "--pool", pool, "--json")
+    st = json.loads(text)
+    assert status == 0 and st["blocks"] == 2 and st["bytes"] == 12000 and st["hosts"][2]["blocks"] == 2
+    status, text, _ = run(capsys, "dump", "--pool", pool)
+    records = [json.loads(line) for line in text.splitlines()]
+    assert {(r["host"], r["length"], r["state"]) for r in records} == {(2, 5000, "published"), (2, 7000, "published")}
+    assert run(capsys, "verify", "--pool", pool)[0] == 0
+    with open(pool, "r+b") as f:                     # one byte of b's block flipped
+        f.seek(rec["offset"] + 10)
+        f.write(b"Z")
+    status, text, _ = run(capsys, "verify", "--pool", pool)
+    assert status == 1 and f"bad: host 2 slot {slot} key {rec['key'].hex()}: block fails its crc" in text
+
+
+def test_bench_measures_the_host_path_and_prints_the_modelled_table(pool, capsys):
+    run(capsys, "format", "--pool", pool, "--hosts", "2", "--slots", "64")
+    status, text, _ = run(capsys, "bench", "--pool", pool, "--host", "1", "--blocks", "8", "--size", "64K", "--json")
+    report = json.loads(text)
+    m = report["measured"]
+    assert status == 0 and m["blocks"] == 8 and m["block_bytes"] == 65536 and m["store_gbs"] > 0 and m["load_gbs"] > 0
+    rows = {r["model"]: r for r in report["modelled"]}
+    assert rows["llama-8b"]["chunk_bytes"] == 131072 * KV_CHUNK_TOKENS
+    for r in rows.values():      # the photonic appliance sits between host DRAM and the electrical pool
+        assert r["dram_ms"] < r["pf_ms"] < r["electrical_ms"] < r["recompute_ms"]
+    status, text, _ = run(capsys, "stats", "--pool", pool, "--json")
+    assert json.loads(text)["blocks"] == 0 and json.loads(text)["hosts"][1]["evictions"] == 0
+
+
+def test_bad_input_is_one_line(pool, capsys, tmp_path):
+    status, _, err = run(capsys, "stats", "--pool", pool)
+    assert status == 1 and err.strip() == f"pfcxl: error: {pool} holds no store (no PFKVSTOR magic at byte 0); " \
+                                          "format it first"
+    run(capsys, "format", "--pool", pool, "--hosts", "2")
+    status, _, err = run(capsys, "bench", "--pool", pool, "--host", "5")
+    assert status == 1 and err.strip() == "pfcxl: error: host 5 is out of range (0 <= host < 2)"
+    status, _, err = run(capsys, "bench", "--pool", pool, "--size", "64M")
+    assert status == 1 and err.startswith("pfcxl: error: bench --size 67108864: block of 67108864 bytes does not "
+                                          "fit in an arena of ") and len(err.strip().splitlines()) == 1
+    status, _, err = run(capsys, "stats", "--pool", str(tmp_path / "absent"))
+    assert status == 1 and "cannot open" in err and len(err.strip().splitlines()) == 1
+    status, _, err = run(capsys, "stats", "--run-dir", str(tmp_path / "nowhere"))
+    assert status == 1 and "no pool there" in err and len(err.strip().splitlines()) == 1

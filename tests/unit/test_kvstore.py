@@ -1,0 +1,167 @@
+"""The KV block store (guest/python/pfcxl_kvstore.py) on a regular file: several Store objects, or
+several processes, stand for hosts mapping the same pool."""
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from pfcxl.host_tools import debian_image
+from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes
+from pfcxl.serving.inputs import load_model
+
+from .conftest import kv_pool as pool
+
+kv = debian_image.import_guest_module("pfcxl_kvstore")
+SCALE = 1024        # chunks scaled down 1024x: 8B's 32 MiB chunk is 32 KiB, 405B's 126 MiB is 126 KiB
+
+
+def block(seed: int, size: int) -> bytes:
+    return bytes((seed * 131 + i * 7) & 0xFF for i in range(256)) * (size // 256) + bytes(size % 256)
+
+
+def test_every_host_reads_every_other_hosts_blocks_bit_exact(tmp_path):
+    path = pool(tmp_path)
+    sizes = [chunk_bytes(load_model(m).kv_bytes_per_token) // SCALE for m in ("llama-8b", "llama-405b")]
+    stores = [kv.Store.open(path, host=h) for h in range(4)]
+    try:
+        tokens = list(range(4 * KV_CHUNK_TOKENS))
+        stored = {}
+        for h, s in enumerate(stores):
+            for i, key in enumerate(kv.chunk_keys([t + 10000 * h for t in tokens], s.chunk_tokens)):
+                data = block(h * 16 + i, sizes[i % 2])
+                assert s.put(key, data)
+                stored[key] = (h, data)
+        assert len(stored) == 16
+        for h, s in enumerate(stores):
+            for key, (owner, data) in stored.items():
+                assert s.get(key) == data, (h, owner)
+        assert kv.Store.open(path).verify() == {"good": 16, "bad": [], "claims": 0}
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_chunk_keys_are_prefix_hashes_of_whole_chunks():
+    a = kv.chunk_keys(list(range(600)), 256)
+    b = kv.chunk_keys(list(range(512)) + [7] * 88, 256)
+    c = kv.chunk_keys([1] + list(range(1, 600)), 256)
+    assert len(a) == 2 and a == b                        # the partial tail has no key
+    assert c[0] != a[0] and c[1] != a[1]                 # a changed first token changes every later key
+
+
+def test_a_store_that_is_not_formatted_is_one_clear_error(tmp_path):
+    path = tmp_path / "blank"
+    path.write_bytes(bytes(4 << 20))
+    with pytest.raises(kv.KVError, match="holds no store"):
+        kv.Store.open(str(path), host=0)
+    p = pool(tmp_path, hosts=2)
+    with pytest.raises(kv.KVError, match=r"host 2 is out of range \(0 <= host < 2\)"):
+        kv.Store.open(p, host=2)
+
+
+def test_a_full_arena_evicts_least_recently_used_blocks_and_verifies_clean(tmp_path):
+    path = pool(tmp_path, size=4 << 20, hosts=2, slots=64)
+    with kv.Store.open(path, host=0) as s:
+        per_arena = s.sb["arena_bytes"] // (64 << 10)
+        assert s.put("keep", block(0, 64 << 10)) and s.put("old", block(1, 64 << 10))
+        for i in range(3 * per_arena):
+            assert s.get("keep") == block(0, 64 << 10)        # used: stays
+            assert s.put(f"k{i}", block(i + 2, 64 << 10))
+        assert s.get("old") is None and s.get("keep") == block(0, 64 << 10)
+        st = s.stats()
+        assert st["hosts"][0]["evictions"] >= 2 * per_arena and st["hosts"][0]["blocks"] <= per_arena
+        report = s.verify()
+        assert report["bad"] == [] and report["good"] == st["blocks"]
+
+
+def test_a_corrupted_block_is_a_miss_and_verify_names_it(tmp_path):
+    path = pool(tmp_path, hosts=2)
+    with kv.Store.open(path, host=1) as s:
+        s.put("victim", block(3, 8192))
+        s.put("fine", block(4, 8192))
+        (host, slot, rec), = s.find("victim")
+        s.m.mem[rec["offset"] + 100] ^= 0xFF                    # what poison or a torn copy would leave
+        assert s.get("victim") is None and s.get("fine") == block(4, 8192)
+        assert s.verify()["bad"] == [dict(host=1, slot=slot, key=kv.key_digest("victim").hex(),
+                                         why="block fails its crc")]
+
+
+# ---------------------------------------------------------------- several processes
+
+ROUNDS, PRODUCERS, CONTENDED = 20, 6, 64 << 10
+
+
+def _producer(path, host, start, results):
+    with kv.Store.open(path, host=host, stale_s=2.0) as s:
+        for r in range(ROUNDS):
+            while time.monotonic() < start + 0.05 * r:       # every producer starts round r at once
+                pass
+            results.put((r, host, s.put(f"contended-{r}", block(100 + host, CONTENDED))))
+
+
+def _reader(path, start, stop, results):
+    whole = {block(100 + h, CONTENDED): h for h in range(PRODUCERS)}
+    seen = {}
+    with kv.Store.open(path) as s:
+        while time.monotonic() < start:
+            pass
+        while not stop.is_set():
+            r = int((time.monotonic() - start) / 0.05) % ROUNDS
+            data = s.get(f"contended-{r}")
+            if data is not None:
+                seen.setdefault(r, set()).add(whole.get(data, "torn"))
+    results.put(seen)
+
+
+def test_concurrent_producers_of_one_key_have_exactly_one_winner_and_readers_never_see_a_torn_block(tmp_path):
+    path = pool(tmp_path, hosts=8)
+    ctx = multiprocessing.get_context("fork")
+    results, seen, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+    start = time.monotonic() + 0.5
+    readers = [ctx.Process(target=_reader, args=(path, start, stop, seen)) for _ in range(2)]
+    producers = [ctx.Process(target=_producer, args=(path, h, start, results)) for h in range(PRODUCERS)]
+    for p in readers + producers:
+        p.start()
+    outcome = [results.get(timeout=120) for _ in range(ROUNDS * PRODUCERS)]
+    stop.set()
+    views = [seen.get(timeout=60) for _ in readers]
+    for p in readers + producers:
+        p.join(timeout=60)
+    with kv.Store.open(path) as s:
+        for r in range(ROUNDS):
+            winners = [h for rr, h, won in outcome if rr == r and won]
+            assert len(winners) == 1, (r, winners)
+            (owner, _, _), = s.find(f"contended-{r}")
+            assert owner == winners[0] and s.get(f"contended-{r}") == block(100 + owner, CONTENDED)
+            for view in views:                           # only the winner's whole block, ever
+                assert view.get(r, set()) <= {winners[0]}, (r, view.get(r))
+
+
+def _slow_producer(path):
+    with kv.Store.open(path, host=1, stale_s=1.0) as s:
+        s.put("crash", block(9, 256 << 20))
+
+
+def test_kill_9_in_the_middle_of_a_store_exposes_nothing_and_the_next_writer_succeeds(tmp_path):
+    path = pool(tmp_path, size=600 << 20, hosts=2, slots=16)
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_slow_producer, args=(path,))
+    child.start()
+    with kv.Store.open(path, host=0, stale_s=1.0) as s:
+        claimed = lambda: any(state & 1 for h, _, _, state in s.scan() if h == 1)
+        deadline = time.monotonic() + 60
+        while not claimed() and time.monotonic() < deadline:
+            pass
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        assert claimed()                                  # killed while its claim stood
+        assert s.get("crash") is None
+        assert s.verify() == {"good": 0, "bad": [], "claims": 1}
+        assert s.put("crash", block(9, 1 << 20))          # host 1 stopped beating: its claim is stale
+        assert s.get("crash") == block(9, 1 << 20)
+    with kv.Store.open(path, host=1) as again:            # host 1 back: its claim is withdrawn
+        assert again.verify() == {"good": 1, "bad": [], "claims": 0}
+        assert not again.put("crash", block(9, 1 << 20))  # stored already, by host 0

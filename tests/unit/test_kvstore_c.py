@@ -1,0 +1,159 @@
+"""The C core (guest/include/pfcxl_kvstore.h, through the guest tool `kvstore`) and the Python
+binding are one store: blocks put by either are read bit-exact by the other, on a pool file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+
+import pytest
+
+from pfcxl.host_tools import debian_image
+
+from .conftest import compile_guest_tool, kv_pool
+
+kv = debian_image.import_guest_module("pfcxl_kvstore")
+
+GOLDEN = 0x9E3779B97F4A7C15
+MASK = (1 << 64) - 1
+
+
+@pytest.fixture(scope="module")
+def tool(tmp_path_factory):
+    return compile_guest_tool("kvstore", tmp_path_factory.mktemp("kvstore"))
+
+
+@pytest.fixture
+def pool(tmp_path):
+    return kv_pool(tmp_path, 32 << 20, hosts=4, slots=64)
+
+
+def pattern(key: str, size: int, salt: int = 0) -> bytes:
+    """The tool's block for `key` (its --help): SplitMix64 words from the digest's first 8 bytes."""
+    state = int.from_bytes(kv.key_digest(key)[:8], "little") ^ (salt * GOLDEN & MASK)
+    words = []
+    for _ in range(size // 8):
+        state = (state + GOLDEN) & MASK
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        words.append((z ^ (z >> 31)).to_bytes(8, "little"))
+    return b"".join(words)
+
+
+def kvstore(tool, *args, status=0):
+    done = subprocess.run([str(tool), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == status, done.stderr
+    return json.loads(done.stdout) if done.stdout else None, done.stderr
+
+
+@pytest.mark.parametrize("key", ["", "h0/b1", "x" * 127, "y" * 128, "z" * 129, "w" * 300])
+def test_the_c_digest_is_blake2b_128(tool, pool, key):
+    with kv.Store.open(pool, host=1) as s:
+        s.put(key, pattern(key, 64))
+    got, _ = kvstore(tool, "get", pool, "--key", key, "--size", "64")
+    assert got["hit"] == 1 and got["match"] == 1          # found by the C digest, and the same bytes
+    assert hashlib.blake2b(key.encode(), digest_size=16).digest() == kv.key_digest(key)
+
+
+def test_c_and_python_read_each_others_blocks(tool, pool):
+    kvstore(tool, "put", pool, "--host", "2", "--key", "from-c", "--size", "40000")
+    with kv.Store.open(pool, host=3) as s:
+        assert s.get("from-c") == pattern("from-c", 40000)
+        s.put("from-python", b"\x01\x02\x03" * 1001)               # an odd length: the crc's byte tail
+        assert not s.put("from-c", b"other")                       # already stored, by the C side
+    got, _ = kvstore(tool, "get", pool, "--key", "from-python")
+    assert got["hit"] == 1 and got["length"] == 3003 and int(got["crc32"], 16) == __import__("zlib").crc32(
+        b"\x01\x02\x03" * 1001)
+    assert kvstore(tool, "verify", pool)[0] == {"tool": "kvstore", "op": "verify", "good": 2, "bad": 0, "claims": 0,
+                                               "poison_ranges": None}
+    with kv.Store.open(pool) as s:
+        assert s.verify() == {"good": 2, "bad": [], "claims": 0}
+
+
+def test_run_on_one_host_stores_loads_and_wins_the_shared_key(tool, pool):
+    got, _ = kvstore(tool, "run", pool, "--host", "0", "--hosts", "1", "--blocks", "6", "--sizes", "4096,16384")
+    assert got["stored"] == 6 and got["loaded"] == 6 and got["mismatched"] == 0 and got["missing"] == 0
+    assert got["shared_won"] == 1 and got["shared_owner"] == 0
+    with kv.Store.open(pool) as s:
+        assert s.get("h0/b5") == pattern("h0/b5", 16384) and s.get("shared") == pattern("shared", 4096, salt=1)
+
+
+def test_c_eviction_keeps_the_store_clean(tool, pool):
+    with kv.Store.open(pool) as s:
+        arena = s.sb["arena_bytes"]
+    blocks = 3 * arena // (1 << 20)
+    got, _ = kvstore(tool, "bench", pool, "--host", "1", "--blocks", "4", "--size", "1M")
+    assert got["stored"] == 4 and got["loaded"] == 4
+    for i in range(blocks):
+        kvstore(tool, "put", pool, "--host", "1", "--key", f"e{i}", "--size", "1M")
+    with kv.Store.open(pool) as s:
+        st = s.stats()["hosts"][1]
+        assert st["evictions"] >= blocks - arena // (1 << 20) and st["bytes"] <= arena
+        assert s.verify()["bad"] == [] and s.get(f"e{blocks - 1}") == pattern(f"e{blocks - 1}", 1 << 20)
+
+
+def test_bad_input_is_one_line(tool, pool, tmp_path):
+    _, err = kvstore(tool, "put", pool, "--host", "7", "--key", "k", "--size", "8", status=2)
+    assert err == f"kvstore: {pool} host 7 is out of range (0 <= host < 4)\n"
+    blank = tmp_path / "blank"
+    blank.write_bytes(bytes(4 << 20))
+    _, err = kvstore(tool, "verify", str(blank), status=2)
+    assert err == f"kvstore: {blank} holds no store (no PFKVSTOR magic at byte 0); format it first\n"
+    _, err = kvstore(tool, "put", pool, "--host", "0", "--key", "k", "--size", "12", status=2)
+    assert err == "kvstore: --size 12 is not a multiple of 8\n"
+
+
+def test_a_block_on_the_devices_poison_list_is_a_miss_and_verify_names_it(tool, pool, tmp_path):
+    """Only the memdev with the asked serial counts (the other's error covers everything)."""
+    with kv.Store.open(pool, host=0) as s:
+        s.put("clean", pattern("clean", 8192))
+        s.put("hit", pattern("hit", 8192))
+        (_, slot, rec), = s.find("hit")
+    env = fake_cxl(tmp_path, rec)
+
+    def tool_run(*args):
+        return subprocess.run([str(tool), *args], capture_output=True, text=True, timeout=60, env=env)
+
+    got = tool_run("get", pool, "--key", "hit", "--poison-serial", "1346768897")
+    assert got.returncode == 1 and json.loads(got.stdout)["hit"] == 0
+    assert json.loads(got.stdout)["poisoned"] == {"host": 0, "slot": slot, "offset": rec["offset"], "length": 8192}
+    assert tool_run("get", pool, "--key", "clean", "--poison-serial", "1346768897").returncode == 0
+    assert tool_run("get", pool, "--key", "hit").returncode == 0            # without the list: the bytes are fine
+    done = tool_run("verify", pool, "--poison-serial", "1346768897")
+    assert done.returncode == 1 and json.loads(done.stdout) == {"tool": "kvstore", "op": "verify", "good": 1, "bad": 1,
+                                                                "claims": 0, "poison_ranges": 1}
+    assert done.stderr == (f"kvstore: bad block: host 0 slot {slot} key {kv.key_digest('hit').hex()} offset "
+                           f"{rec['offset']} length 8192: poisoned (the device's poison list)\n")
+
+
+def fake_cxl(tmp_path, rec) -> dict:
+    """`cxl` cannot run on the host: a stand-in prints what ndctl 81's `cxl list -M -L` printed in
+    the guest (PLATFORM.md) for two memdevs, the second with a media error on `rec`'s block; the
+    environment that finds it first on PATH."""
+    listing = [{"memdev": "mem1", "serial": 7, "media_errors": [{"offset": 0, "length": 1 << 24}]},
+               {"memdev": "mem0", "ram_size": 1 << 30, "serial": 1346768897,
+                "media_errors": [{"offset": rec["offset"] + 4096, "length": 128, "source": "Injected"}]}]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "cxl").write_text(f"#!/bin/sh\ncat <<'END'\n{json.dumps(listing)}\nEND\n")
+    (fake / "cxl").chmod(0o755)
+    return dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+
+
+def test_the_python_reader_consults_the_poison_list_too(pool, tmp_path, monkeypatch):
+    poison = debian_image.import_guest_module("pfcxl_poison")
+    with kv.Store.open(pool, host=0) as s:
+        s.put("clean", b"c" * 8192)
+        s.put("hit", b"h" * 8192)
+        (_, slot, rec), = s.find("hit")
+        monkeypatch.setenv("PATH", fake_cxl(tmp_path, rec)["PATH"])
+        s.poisoned = poison.media_errors(1346768897)
+        assert s.poisoned == [(rec["offset"] + 4096, 128)]
+        assert s.get("hit") is None and s.get("clean") == b"c" * 8192
+        assert s.verify()["bad"] == [dict(host=0, slot=slot, key=kv.key_digest("hit").hex(),
+                                          why="poisoned (the device's poison list)")]
+        with pytest.raises(OSError, match="no memdev with serial 5"):
+            poison.media_errors(5)
