@@ -63,6 +63,7 @@ def _machine(args, **overrides) -> Machine:
     options = dict(timing=args.timing, image=args.image, host=args.host, appliance=args.appliance_dir,
                    run_dir=args.run_dir, keep=args.keep, cedt=args.cedt, append=args.append,
                    ready_timeout=args.timeout, inject_profile=args.inject_profile, baseline_ns=args.baseline_ns,
+                   data_path=args.data_path,
                    progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"))
     options.update(overrides)
     return Machine(args.topology, **options)
@@ -318,6 +319,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
         p.add_argument("--run-dir", help="directory for backing files and logs (kept; reused by a later "
                        "boot, so memory contents persist)")
         p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
+        argtypes.add_data_path(p)
         p.add_argument("--timeout", type=argtypes.seconds, default=300,
                        help="seconds to wait for the guest to become ready (default 300)")
         p.add_argument("--append", default="", help="extra kernel command line")

@@ -1,0 +1,71 @@
+"""The direct data path (pfcxl.device.data_path): the device's very backing file as an NVDIMM
+devdax device next to the CXL region; bytes written through one path read back through the other
+and in the backing file on the host."""
+
+import zlib
+
+import pytest
+
+from pfcxl.device import address_map
+from pfcxl.device.units import MiB
+from pfcxl.guest import pattern
+from pfcxl.host_tools import qemu
+
+from .conftest import daxio, load
+
+pytestmark = pytest.mark.integration
+
+SIZE = 4 * MiB
+
+
+def _devices(ready: dict) -> tuple[dict, dict]:
+    """The CXL and the direct entry of a pf-nic guest's PFCXL-READY dax list."""
+    by_kind = {d["kind"]: d for d in ready["dax"]}
+    assert set(by_kind) == {"cxl", "direct"} and len(ready["dax"]) == 2, ready
+    return by_kind["cxl"], by_kind["direct"]
+
+
+def test_both_paths_and_the_backing_file_hold_the_same_bytes(boot, tmp_path):
+    topo = load("pf-nic")
+    run_dir = tmp_path / "run"
+    vm = boot("pf-nic", run_dir=run_dir, data_path="both")
+    cxl, direct = _devices(vm.ready)
+    [placement] = address_map.direct_placements(topo)
+    assert direct["device"] == "pfnic0" and direct["path"].startswith("/dev/dax")
+    # the info block's 2 MiB come first; the rest of the device, to a 2 MiB boundary, is the data
+    assert direct["offset"] == 2 * MiB and direct["size"] == placement.size - 2 * MiB
+    base = direct["offset"]     # pf-nic's region is one device: region offset = device offset
+
+    # CXL -> direct: a pattern written through the region reads back through the direct device
+    wrote = daxio(vm, f"fill {cxl['path']} --offset {base + 8 * MiB} --size {SIZE} --seed 5")
+    assert wrote["status"] == 0
+    seen = daxio(vm, f"crc {direct['path']} --offset {8 * MiB} --size {SIZE}")
+    assert seen["status"] == 0 and seen["crc32"] == wrote["crc32"]
+
+    # direct -> CXL
+    wrote = daxio(vm, f"fill {direct['path']} --offset {16 * MiB} --size {SIZE} --seed 6")
+    seen = daxio(vm, f"crc {cxl['path']} --offset {base + 16 * MiB} --size {SIZE}")
+    assert wrote["status"] == seen["status"] == 0 and seen["crc32"] == wrote["crc32"]
+    vm.close()
+
+    # the host: both patterns in the backing file, at device offset base + the direct offset
+    with open(qemu.backing_paths(topo, run_dir)["pfnic0"], "rb") as f:
+        f.seek(base + 8 * MiB)
+        assert f.read(SIZE) == pattern.pattern_bytes(5, base + 8 * MiB, SIZE)
+        f.seek(base + 16 * MiB)
+        assert f.read(SIZE) == pattern.pattern_bytes(6, 16 * MiB, SIZE)
+    assert zlib.crc32(pattern.pattern_bytes(6, 16 * MiB, SIZE)) == int(wrote["crc32"], 16)
+
+
+def test_direct_only_has_no_cxl_region_and_finds_its_namespace_again(boot, tmp_path):
+    run_dir = tmp_path / "run"
+    first = boot("pf-nic", run_dir=run_dir, vm_name="first", data_path="direct")
+    assert first.ready["regions"] == []
+    [direct] = first.ready["dax"]
+    assert direct["kind"] == "direct"
+    assert daxio(first, f"fill {direct['path']} --size {SIZE} --seed 9")["status"] == 0
+    first.close()
+    # a second boot on the same memory reuses the namespace its info block describes: same data
+    second = boot("pf-nic", run_dir=run_dir, vm_name="second", data_path="direct")
+    assert second.ready["dax"] == [direct]
+    assert daxio(second, f"verify {direct['path']} --size {SIZE} --seed 9")["mismatches"] == 0
