@@ -6,12 +6,13 @@ import zlib
 
 import pytest
 
-from pfcxl.device import address_map
+from pfcxl.device import address_map, data_path
+from pfcxl.device import appliance_rundir as rundir
 from pfcxl.device.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools import qemu
+from pfcxl.host_tools import appliance, qemu
 
-from .conftest import daxio, load
+from .conftest import boot_on_appliance, daxio, load
 
 pytestmark = pytest.mark.integration
 
@@ -69,3 +70,31 @@ def test_direct_only_has_no_cxl_region_and_finds_its_namespace_again(boot, tmp_p
     second = boot("pf-nic", run_dir=run_dir, vm_name="second", data_path="direct")
     assert second.ready["dax"] == [direct]
     assert daxio(second, f"verify {direct['path']} --size {SIZE} --seed 9")["mismatches"] == 0
+
+
+def test_a_second_host_on_the_appliance_and_the_pool_see_the_direct_writes(running_appliance, boot):
+    """Host 0 writes the shared pool through its direct device, host 1 reads it through its CXL
+    region and writes back through its own direct device, and the pool file holds both."""
+    topo = data_path.with_data_path(load("pf-appliance"), "both")
+    run_dir = running_appliance()
+    with appliance.Client(run_dir) as c0, appliance.Client(run_dir) as c1:
+        vm0, att0 = boot_on_appliance(boot, c0, 0, topo)
+        vm1, att1 = boot_on_appliance(boot, c1, 1, topo)
+        direct0 = next(d for d in vm0.ready["dax"] if d["kind"] == "direct" and d["device"] == "pool")
+        direct1 = next(d for d in vm1.ready["dax"] if d["kind"] == "direct" and d["device"] == "pool")
+        cxl1 = next(d for d in vm1.ready["dax"] if d["kind"] == "cxl" and d["region"] == "region0")
+        assert direct0["offset"] == direct1["offset"] == 2 * MiB
+        base = direct0["offset"]    # the pool region is the one "pool" device: region offset = device offset
+
+        wrote = daxio(vm0, f"fill {direct0['path']} --offset {8 * MiB} --size {SIZE} --seed 21")
+        seen = daxio(vm1, f"crc {cxl1['path']} --offset {base + 8 * MiB} --size {SIZE}")
+        assert wrote["status"] == seen["status"] == 0 and seen["crc32"] == wrote["crc32"]
+        wrote = daxio(vm1, f"fill {direct1['path']} --offset {16 * MiB} --size {SIZE} --seed 22")
+        seen = daxio(vm0, f"verify {direct0['path']} --offset {16 * MiB} --size {SIZE} --seed 22")
+        assert wrote["status"] == 0 and seen["mismatches"] == 0
+
+        shared = att0.region("shared")
+        with open(rundir.shm_dir(run_dir) / "shared.pool", "rb") as pool:
+            for offset, seed in ((8 * MiB, 21), (16 * MiB, 22)):
+                pool.seek(shared.pool_offset + base + offset)
+                assert pool.read(SIZE) == pattern.pattern_bytes(seed, offset, SIZE)
