@@ -4,19 +4,21 @@ and in the backing file on the host."""
 
 import zlib
 
+import numpy as np
 import pytest
 
 from pfcxl.device import address_map, data_path
 from pfcxl.device import appliance_rundir as rundir
 from pfcxl.device.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools import appliance, qemu
+from pfcxl.host_tools import appliance, calibration, qemu, timing
 
 from .conftest import boot_on_appliance, daxio, load
 
 pytestmark = pytest.mark.integration
 
 SIZE = 4 * MiB
+READS, WRITES = 1000, 500
 
 
 def _devices(ready: dict) -> tuple[dict, dict]:
@@ -98,3 +100,37 @@ def test_a_second_host_on_the_appliance_and_the_pool_see_the_direct_writes(runni
             for offset, seed in ((8 * MiB, 21), (16 * MiB, 22)):
                 pool.seek(shared.pool_offset + base + offset)
                 assert pool.read(SIZE) == pattern.pattern_bytes(seed, offset, SIZE)
+
+
+@pytest.mark.parametrize("path", ["both", "direct"])
+def test_plugin_counts_and_traces_the_direct_device_exactly(boot, path):
+    """cxl_touch's K loads and W stores on the direct device: the plugin, told the direct window's
+    physical range, counts exactly them and traces their very lines."""
+    topo = data_path.with_data_path(load("pf-nic"), path)
+    [placement] = address_map.direct_placements(topo)
+    vm = boot(topo, vm_name=f"trace-{path}", timing=timing.TimingConfig("trace"))
+    [direct] = [d for d in vm.ready["dax"] if d["kind"] == "direct"]
+    base = placement.base + direct["offset"]     # the direct device's byte 0
+    done = vm.run(f"cxl_touch --dax {direct['path']} --reads {READS} --writes {WRITES} --seed 4", timeout=900)
+    assert done.status == 0, done.output
+    touch = calibration.guest_json(done.output, "cxl_touch")
+    phase = vm.timing.wait_phases(1)[0]
+    records = vm.timing.stop()
+    assert (phase["reads"], phase["writes"], phase["records"]) == (READS, WRITES, READS + WRITES)
+    assert len(records) == READS + WRITES
+    hpa = records["hpa"].astype(np.int64)
+    assert ((hpa >= base) & (hpa < placement.base + placement.size)).all()
+    reads, writes = records[records["write"] == 0], records[records["write"] == 1]
+    assert int((reads["hpa"] - base).sum()) == touch["read_offsets_sum"]
+    assert int((writes["hpa"] - base).sum()) == touch["write_offsets_sum"]
+
+
+def test_count_mode_counts_both_paths_in_one_phase(boot):
+    vm = boot(data_path.with_data_path(load("pf-nic"), "both"), vm_name="count", timing=timing.TimingConfig("count"))
+    by_kind = {d["kind"]: d["path"] for d in vm.ready["dax"]}
+    vm.check("pfcxl_mark start")
+    for kind, (reads, writes) in (("cxl", (300, 200)), ("direct", (700, 100))):
+        vm.check(f"cxl_touch --dax {by_kind[kind]} --reads {reads} --writes {writes} --no-mark")
+    vm.check("pfcxl_mark stop")
+    phase = vm.timing.wait_phases(1)[0]
+    assert (phase["reads"], phase["writes"]) == (300 + 700, 200 + 100)
