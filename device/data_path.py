@@ -18,9 +18,12 @@ import dataclasses
 from pfcxl.errors import TopologyError
 
 from .topology_model import Topology
-from .units import human
+from .units import MiB, human
 
 DATA_PATHS = ("cxl", "direct", "both")
+# Where direct byte 0 lies in its device: init's `ndctl create-namespace --map=mem --align=2M`
+# puts the namespace's info block at 4 KiB and the data at the next 2 MiB boundary.
+DIRECT_OFFSET = 2 * MiB
 
 
 def has_direct(topo: Topology) -> bool:

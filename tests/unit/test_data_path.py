@@ -72,15 +72,22 @@ def test_guest_table_data_path_is_read_and_checked(tmp_path):
         topology.load(bad)
 
 
+def _small_room(tmp_path) -> str:
+    """two-hb-interleave (2 x 512 MiB) with 512 MiB of hotplug room."""
+    path = tmp_path / "small-room.toml"
+    path.write_text(topology.resolve("two-hb-interleave").read_text().replace('maxmem = "2G"', 'maxmem = "1536M"'))
+    return str(path)
+
+
 @pytest.mark.parametrize("name,path,message", [
-    ("pf-appliance", "direct", "--data-path direct on topology 'pf-appliance': 'direct' plugs 2 device(s) of "
-     "1280 MiB as NVDIMMs, more than the hotplug room guest.maxmem - guest.memory = 512 MiB"),
+    (None, "direct", "--data-path direct on topology 'two-hb-interleave': 'direct' plugs 2 device(s) of "
+     "1 GiB as NVDIMMs, more than the hotplug room guest.maxmem - guest.memory = 512 MiB"),
     (str(PMEM), "both", "--data-path both on topology 'pmem': 'both' maps volatile memory only, but device "
      "'pmem0' is persistent"),
 ])
-def test_what_qemu_cannot_map_is_refused_before_boot(name, path, message):
+def test_what_qemu_cannot_map_is_refused_before_boot(tmp_path, name, path, message):
     with pytest.raises(TopologyError) as info:
-        Machine(name, data_path=path)
+        Machine(name or _small_room(tmp_path), data_path=path)
     assert message in str(info.value)
 
 
@@ -97,11 +104,24 @@ def test_no_hotplug_room_and_too_few_slots(tmp_path):
         topology.load(slots)
 
 
-def test_cli_error_is_one_line_and_qemu_args_shows_the_nvdimm():
+def test_cli_error_is_one_line_and_qemu_args_shows_the_nvdimm(tmp_path):
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True, text=True)
-    bad = cli("qemu-args", "-t", "pf-appliance", "--data-path", "direct")
+    bad = cli("qemu-args", "-t", _small_room(tmp_path), "--data-path", "direct")
     assert bad.returncode == TopologyError.exit_code and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
     good = cli("qemu-args", "--data-path", "both", "--lines")
     assert good.returncode == 0 and "nvdimm,memdev=direct-pfnic0,id=direct-nvdimm-pfnic0" in good.stdout
+
+
+def test_the_benchmark_scripts_pool_holds_four_slices_on_the_direct_device(tmp_path):
+    from pfcxl.host_tools import data_path_bench as dpb
+    text = topology.resolve("pf-appliance").read_text()
+    for old, new in dpb.POOL_EDITS:
+        assert text.count(old) == 1
+        text = text.replace(old, new)
+    (tmp_path / "pool.toml").write_text(text)
+    topo = data_path.with_data_path(topology.load(tmp_path / "pool.toml"), "direct")
+    pool = address_map.direct_placements(topo)[0]
+    # slices: flags, then slices from the next 2 MiB boundary, in the direct device's bytes
+    assert 2 * MiB + dpb.HOSTS * dpb.SLICE <= pool.size - data_path.DIRECT_OFFSET
