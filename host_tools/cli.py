@@ -110,9 +110,10 @@ def _print_plan(machine: Machine, command: str | None = None) -> int:
     return 0
 
 
-def _timed_command(command: str) -> str:
-    """Bracket a command with the plugin's phase markers; keep its exit status."""
-    return f"pfcxl_mark start; {command}; rc=$?; pfcxl_mark stop; (exit $rc)"
+def _timed_command(command: str, ready: dict) -> str:
+    """Bracket a command with the phase markers on the first DAX device; keep its exit status."""
+    dax = next((f" --dax {d['path']}" for d in ready.get("dax", [])), "")
+    return f"pfcxl_mark start{dax}; {command}; rc=$?; pfcxl_mark stop{dax}; (exit $rc)"
 
 
 # --------------------------------------------------------------------------- commands
@@ -212,7 +213,7 @@ def cmd_run(args) -> int:
             result = vm.run(command, timeout=args.command_timeout)
         else:
             start = time.monotonic()
-            result = vm.run(_timed_command(command), timeout=args.command_timeout)
+            result = vm.run(_timed_command(command, vm.ready), timeout=args.command_timeout)
             seconds = time.monotonic() - start
             phase = session.wait_phases(1)[-1]
             records = session.stop()

@@ -2,6 +2,7 @@
 devdax device next to the CXL region; bytes written through one path read back through the other
 and in the backing file on the host."""
 
+import re
 import zlib
 
 import numpy as np
@@ -13,7 +14,7 @@ from pfcxl.device.units import MiB
 from pfcxl.guest import pattern
 from pfcxl.host_tools import appliance, calibration, qemu, timing
 
-from .conftest import boot_on_appliance, daxio, load
+from .conftest import boot_on_appliance, daxio, load, pfcxl_cli
 
 pytestmark = pytest.mark.integration
 
@@ -134,3 +135,14 @@ def test_count_mode_counts_both_paths_in_one_phase(boot):
     vm.check("pfcxl_mark stop")
     phase = vm.timing.wait_phases(1)[0]
     assert (phase["reads"], phase["writes"]) == (300 + 700, 200 + 100)
+
+
+def test_run_with_timing_counts_on_a_direct_only_guest():
+    """`pfcxl run --timing count` brackets the command with markers on the guest's DAX device,
+    which for a direct-only guest is the direct one."""
+    done = pfcxl_cli("run", "--data-path", "direct", "--timing", "count", "--",
+                     "cxl_touch --dax /dev/$(ls /sys/bus/dax/devices) --reads 300 --writes 200 --no-mark", timeout=1200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the phase's totals, before "records" (rich may wrap the line on stderr)
+    totals = re.search(r'\],\s*"reads":\s*(\d+),\s*"writes":\s*(\d+),', done.stderr.replace("\n", ""))
+    assert totals and totals.groups() == ("300", "200"), done.stderr[-2000:]
