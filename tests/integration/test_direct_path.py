@@ -146,3 +146,16 @@ def test_run_with_timing_counts_on_a_direct_only_guest():
     # the phase's totals, before "records" (rich may wrap the line on stderr)
     totals = re.search(r'\],\s*"reads":\s*(\d+),\s*"writes":\s*(\d+),', done.stderr.replace("\n", ""))
     assert totals and totals.groups() == ("300", "200"), done.stderr[-2000:]
+
+
+def test_multihost_cli_gives_every_host_its_direct_devices(tmp_path):
+    """`pfcxl multihost --data-path direct`: each host's NVDIMMs sit where address_map predicts."""
+    topo = data_path.with_data_path(load("pf-appliance"), "direct")
+    want = sorted(f"{p.base:#x}" for p in address_map.direct_placements(topo))
+    done = pfcxl_cli("multihost", "-n", "2", "--data-path", "direct", "--",
+                     "cat /sys/bus/nd/devices/region*/resource", timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    hosts = done.stdout.split("== host ")[1:]
+    assert len(hosts) == 2
+    for output in hosts:
+        assert sorted(output.split()[5:]) == want, output
