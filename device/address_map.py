@@ -24,16 +24,33 @@ def _round_up(value: int, align: int) -> int:
     return (value + align - 1) // align * align
 
 
-def cxl_base(topo: Topology) -> int:
-    """Where q35 starts the CXL host bridge registers and windows (after RAM and hotplug space)."""
+def _above_4g_end(topo: Topology) -> int:
     ram = topo.guest.memory
     lowmem = LOWMEM_SPLIT if ram >= LOWMEM_LIMIT else LOWMEM_LIMIT
-    above = max(ram - lowmem, 0)
-    above_end = FOUR_GIB + above
-    if topo.guest.maxmem > ram:
-        return (_round_up(above_end, CXL_BASE_ALIGN) + (topo.guest.maxmem - ram)
-                + topo.guest.slots * HOTPLUG_SLOT_SIZE)
-    return above_end
+    return FOUR_GIB + max(ram - lowmem, 0)
+
+
+def device_memory_base(topo: Topology) -> int:
+    """Where q35's DIMM hotplug area starts (hw/i386/pc.c: RAM above 4 GiB, rounded up to 1 GiB)."""
+    return _round_up(_above_4g_end(topo), CXL_BASE_ALIGN)
+
+
+def cxl_base(topo: Topology) -> int:
+    """Where q35 starts the CXL host bridge registers and windows (after RAM and hotplug space)."""
+    if topo.guest.hotplug_room:
+        return device_memory_base(topo) + (topo.guest.maxmem - topo.guest.memory) + topo.guest.slots * HOTPLUG_SLOT_SIZE
+    return _above_4g_end(topo)
+
+
+def direct_placements(topo: Topology) -> list[Placement]:
+    """The direct path's NVDIMMs, one per device in device order (name: the device id). QEMU
+    plugs each at the lowest free address of the hotplug area, aligned to its backend's page
+    size; every device is a whole number of 256 MiB, so they follow each other without gaps."""
+    base, out = device_memory_base(topo), []
+    for d in topo.devices:
+        out.append(Placement(d.id, d.id, base, d.capacity, 1, d.capacity))
+        base += d.capacity
+    return out
 
 
 @dataclass(frozen=True)

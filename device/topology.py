@@ -8,7 +8,7 @@ File shape (see device/topologies/*.toml for complete examples):
     name = "pf-nic"                      # optional, defaults to the file's stem
     description = "..."
     timing = "pf"                        # optional: CDAT/HMAT timing profile (fabric_constants)
-    [guest]       memory, maxmem, slots, cpus, cmdline
+    [guest]       memory, maxmem, slots, cpus, cmdline, data_path (cxl, direct or both)
     [[host_bridge]]  id, bus_nr
     [[root_port]]    id, host_bridge, port, chassis, slot
     [[switch]]       id, root_port, downstream = [{id, port, chassis, slot}, ...]
@@ -29,13 +29,12 @@ from pathlib import Path
 
 from pfcxl.errors import TopologyError
 
-from . import fabric_constants, topology_limits
-from . import qemu_facts
+from . import data_path, fabric_constants, qemu_facts, topology_limits
 from .topology_model import (Appliance, Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch,
                              Topology, Window)
 from .topology_appliance import check_appliance_devices, read_appliance
 from .topology_reader import REQUIRED, Problems, Table, entries, read_list, string_list
-from .topology_rules import (BACKEND_PREFIX, LSA_PREFIX, MAX_GRANULARITY, MAX_RESTRICTIONS, MAX_WINDOW_TARGETS,
+from .topology_rules import (BACKEND_PREFIX, DIRECT_PREFIX, LSA_PREFIX, MAX_GRANULARITY, MAX_RESTRICTIONS, MAX_WINDOW_TARGETS,
                              MIN_GRANULARITY, REGION_ALIGN, REGION_MODES, VALID_WAYS, WINDOW_ARITHMETIC,
                              check)
 from .units import GiB, MiB, human
@@ -43,7 +42,7 @@ from .units import GiB, MiB, human
 TOPOLOGY_DIR = Path(__file__).parent / "topologies"
 DEFAULT_TOPOLOGY = "pf-nic"
 __all__ = [
-    "BACKEND_PREFIX", "DEFAULT_TOPOLOGY", "LSA_PREFIX", "MAX_GRANULARITY", "MAX_RESTRICTIONS", "MAX_WINDOW_TARGETS",
+    "BACKEND_PREFIX", "DEFAULT_TOPOLOGY", "DIRECT_PREFIX", "LSA_PREFIX", "MAX_GRANULARITY", "MAX_RESTRICTIONS", "MAX_WINDOW_TARGETS",
     "MIN_GRANULARITY", "REGION_ALIGN", "REGION_MODES", "TOPOLOGY_DIR", "VALID_WAYS", "WINDOW_ARITHMETIC",
     "Appliance", "Device", "DownstreamPort", "Guest", "HostBridge", "Region", "RootPort", "Switch", "Topology",
     "TopologyError", "Window", "from_dict", "load", "resolve", "shipped_topologies",
@@ -56,7 +55,7 @@ _SECTIONS = ("guest", "host_bridge", "root_port", "switch", "device", "window", 
 def _read_guest(problems: Problems, doc: dict) -> Guest | None:
     t = Table(problems, "guest", doc.get("guest", {}), {
         "memory": ("size", 1 * GiB), "maxmem": ("size", 2 * GiB), "slots": (int, 4),
-        "cpus": (int, 1), "cmdline": (str, ""),
+        "cpus": (int, 1), "cmdline": (str, ""), "data_path": (str, "cxl"),
     })
     if not t.ok:
         return None
@@ -71,7 +70,9 @@ def _read_guest(problems: Problems, doc: dict) -> Guest | None:
         problems.add("guest.slots", f"{t['slots']} must be between 1 and 256")
     if not 1 <= t["cpus"] <= 64:
         problems.add("guest.cpus", f"{t['cpus']} must be between 1 and 64")
-    return Guest(t["memory"], t["maxmem"], t["slots"], t["cpus"], t["cmdline"])
+    if t["data_path"] not in data_path.DATA_PATHS:
+        problems.add("guest.data_path", f"'{t['data_path']}' is not one of {', '.join(data_path.DATA_PATHS)}")
+    return Guest(t["memory"], t["maxmem"], t["slots"], t["cpus"], t["cmdline"], t["data_path"])
 
 
 def load(path: str | Path) -> Topology:
@@ -210,6 +211,8 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
                     appliance)
     topology_limits.check_address_space(problems, topo)
     topology_limits.check_interrupt_vectors(problems, topo)
+    for message in data_path.problems(topo):
+        problems.add("guest.data_path", message)
     problems.raise_if_any()
     return topo
 

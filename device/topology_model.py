@@ -24,6 +24,7 @@ class Guest:
     slots: int
     cpus: int
     cmdline: str
+    data_path: str = "cxl"          # cxl, direct or both (device/data_path.py)
 
     @property
     def hotplug_room(self) -> bool:

@@ -28,6 +28,7 @@ WINDOW_ARITHMETIC = ("modulo", "xor")
 MAX_RESTRICTIONS = RESTRICTION_MASK          # CFMWS restriction bits 0-5 (CXL 3.1)
 BACKEND_PREFIX = "backend-"                 # memory-backend ids: backend-<device id>
 LSA_PREFIX = "lsa-backend-"                 # label storage area backends: lsa-backend-<device id>
+DIRECT_PREFIX = "direct-"                   # the direct path's NVDIMM backends: direct-<device id>
 _QEMU_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
 
 

@@ -8,6 +8,7 @@ import math
 import tempfile
 from pathlib import Path
 
+from pfcxl.device.data_path import DATA_PATHS
 from pfcxl.errors import PfcxlError
 
 
@@ -52,3 +53,12 @@ def writable_dir(path: Path, option: str, mode: int = 0o700) -> None:
         raise PfcxlError(f"{option} {path}: exists and is not a directory") from exc
     except OSError as exc:
         raise PfcxlError(f"{option} {path}: cannot write there: {exc.strerror}") from exc
+
+
+
+def add_data_path(p: argparse.ArgumentParser) -> None:
+    """--data-path for every command that boots (pfcxl.device.data_path)."""
+    p.add_argument("--data-path", choices=DATA_PATHS,
+                   help="how the guest reaches the memory: cxl (the CXL region, emulated I/O), direct (the "
+                   "same bytes as an NVDIMM devdax device at guest-RAM speed) or both (default: the "
+                   "topology's [guest] data_path, itself cxl by default)")

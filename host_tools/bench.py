@@ -1,7 +1,8 @@
 """`pfcxl bench`: run the guest benchmark suite and keep every result, whatever fails.
 
 A suite is a list of benchmark runs (guest/src/idle_latency, loaded_latency, bandwidth), each
-on the CXL DAX device or on anonymous memory (the local-DRAM row). Each run's JSON is saved as
+on the CXL DAX device or on anonymous memory (the local-DRAM row); on_data_paths() moves the CXL
+runs to the direct device, or repeats them there, as the guest's data path says. Each run's JSON is saved as
 soon as it arrives; a benchmark that crashes or hangs is recorded as an error naming it, the
 guest is rebooted if it has to be, and the suite goes on.
 """
@@ -12,11 +13,12 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from pfcxl import __version__
+from pfcxl.device import data_path
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
 
@@ -27,7 +29,8 @@ from . import cache
 class BenchSpec:
     name: str            # unique in the suite: "idle_latency/cxl"
     command: str         # {dax} is replaced by the DAX device
-    system: str          # "cxl" (the emulated appliance memory) or "local" (guest DRAM)
+    system: str          # "cxl" (the emulated appliance memory), "direct" (the same memory on the
+                         # direct path) or "local" (guest DRAM)
     timeout: float = 300
 
 
@@ -81,6 +84,31 @@ def load_suite(name_or_path: str) -> list[BenchSpec]:
     return specs
 
 
+def on_data_paths(specs: list[BenchSpec], topo: Topology) -> list[BenchSpec]:
+    """The suite for the topology's data path: each CXL run stays if the guest has a CXL region,
+    and is repeated on the (first) direct device, named .../direct, if it has a direct path."""
+    out = []
+    for spec in specs:
+        if spec.system != "cxl":
+            out.append(spec)
+            continue
+        if data_path.has_cxl(topo):
+            out.append(spec)
+        if data_path.has_direct(topo):
+            stem = spec.name[:-len("/cxl")] if spec.name.endswith("/cxl") else spec.name
+            out.append(replace(spec, name=f"{stem}/direct", system="direct"))
+    return out
+
+
+def devices(ready: dict, default: str = "/dev/dax0.0") -> dict[str, str]:
+    """System -> the DAX device its runs use, from the guest's PFCXL-READY record: the first of
+    each kind (`default` for cxl when the record lists none)."""
+    out = {"cxl": default}
+    for dax in reversed(ready.get("dax", [])):
+        out[dax["kind"]] = dax["path"]
+    return out
+
+
 def environment(topo: Topology, *, suite: str, image: str, timing: str | None) -> dict:
     manifest = cache.read_manifest()
     cpu = "unknown"
@@ -91,7 +119,7 @@ def environment(topo: Topology, *, suite: str, image: str, timing: str | None) -
         pass
     return {"pfcxl": __version__, "qemu": manifest.get("qemu_version"), "kernel": manifest.get("kernel_release"),
             "ndctl": manifest.get("ndctl_version"), "topology": topo.name, "timing_profile": topo.timing,
-            "timing_mode": timing or "none", "suite": suite, "image": image, "host_cpu": cpu,
+            "timing_mode": timing or "none", "data_path": topo.guest.data_path, "suite": suite, "image": image, "host_cpu": cpu,
             "host_cpus": os.cpu_count(), "host": platform.node(), "guest_cpus": topo.guest.cpus,
             "accelerator": "tcg",
             "note": "measured figures are guest wall-clock under QEMU TCG: emulator time, not fabric latency"}
@@ -140,7 +168,7 @@ def run_suite(specs: list[BenchSpec], results: Results, *, boot: Callable, dax: 
             say(f"[{i}/{len(specs)}] {spec.name}")
             if vm is None:
                 vm = boot()
-            command = spec.command.replace("{dax}", dax)
+            command = spec.command.replace("{dax}", devices(vm.ready, dax).get(spec.system, dax))
             start = time.monotonic()
             result = BenchResult(spec.name, spec.system, command, "error", 0.0)
             try:

@@ -2,7 +2,9 @@
 
 Every table carries the same labelled columns: measured in emulator (guest wall-clock under
 TCG: emulator overhead, not fabric latency), modelled PF appliance, modelled electrical switch
-pool, and local DRAM (measured in the same emulator, for scale).
+pool, and local DRAM (measured in the same emulator, for scale). A run on the direct path
+(`--data-path direct|both`) adds a column measured on the direct device, the same bytes as
+guest RAM.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .timing_report import LABELS, QUANTILES, modelled_system, models
 
 MEASURED = "measured in emulator (CXL)"
 LOCAL = "local DRAM (measured in emulator)"
+DIRECT = "direct device (measured in emulator)"
 PF, EL = LABELS["pf"], LABELS["electrical"]
 
 
@@ -69,8 +72,9 @@ def _modelled_caption(run: dict | None, topo_name: str) -> str:
 def tables(results: dict) -> list[Table]:
     runs, env = _runs(results), results["environment"]
     out = []
+    direct_runs = any(name.endswith("/direct") for name in runs)
     t = Table(title="idle latency (pointer chase, 64 B lines)", title_justify="left")
-    for col in ("", MEASURED, PF, EL, LOCAL):
+    for col in ("", MEASURED, PF, EL, LOCAL) + ((DIRECT,) if direct_runs else ()):
         t.add_column(col, justify="right")
     cxl, local = runs.get("idle_latency/cxl"), runs.get("idle_latency/local")
     for op, per in (("read", "ns_per_load"), ("write", "ns_per_store")):
@@ -80,7 +84,7 @@ def tables(results: dict) -> list[Table]:
         t.add_row(op, measured(cxl),
                   _modelled(cxl, "pf", op) if cxl and cxl.get("modelled") else _idle(env["topology"], "pf", op),
                   _modelled(cxl, "electrical", op) if cxl and cxl.get("modelled") else _idle(env["topology"], "electrical", op),
-                  measured(local))
+                  measured(local), *((measured(runs.get("idle_latency/direct")),) if direct_runs else ()))
     t.caption = _modelled_caption(cxl, env["topology"])
     out.append(t)
     t = Table(title="loaded latency (one chasing thread + traffic threads)", title_justify="left")
@@ -94,15 +98,18 @@ def tables(results: dict) -> list[Table]:
                   f"{lrow.get('bandwidth_MBps', 0):.1f}" if lrow else "-", f"{lrow.get('latency_ns', 0):.0f}" if lrow else "-")
     out.append(t)
     t = Table(title="bandwidth by transfer size", title_justify="left")
-    for col in ("pattern", "op", "size", "threads", f"{MEASURED} MB/s", f"{LOCAL} MB/s"):
+    systems = ("cxl", "local") + (("direct",) if direct_runs else ())
+    for col in ("pattern", "op", "size", "threads", f"{MEASURED} MB/s", f"{LOCAL} MB/s") + (
+            (f"{DIRECT} MB/s",) if direct_runs else ()):
         t.add_column(col, justify="right")
-    cxl_res = ((runs.get("bandwidth/cxl") or {}).get("data") or {}).get("results", [])
-    local_res = {(r["pattern"], r["op"], r["size"], r["threads"]): r
-                 for r in ((runs.get("bandwidth/local") or {}).get("data") or {}).get("results", [])}
-    for r in cxl_res:
-        lr = local_res.get((r["pattern"], r["op"], r["size"], r["threads"]))
-        t.add_row(r["pattern"], r["op"], str(r["size"]), str(r["threads"]), f"{r['MBps']:.1f}",
-                  f"{lr['MBps']:.1f}" if lr else "-")
+    by_system = {system: {(r["pattern"], r["op"], r["size"], r["threads"]): r
+                          for r in ((runs.get(f"bandwidth/{system}") or {}).get("data") or {}).get("results", [])}
+                 for system in systems}
+    # rows in the order the first path that ran lists them (a direct-only run has no CXL rows)
+    keys = next((list(rows) for rows in (by_system["cxl"], by_system.get("direct", {})) if rows), [])
+    for key in keys:
+        t.add_row(*(str(k) for k in key), *(f"{by_system[s][key]['MBps']:.1f}" if key in by_system[s] else "-"
+                                            for s in systems))
     bw = (runs.get("bandwidth/cxl") or {}).get("modelled", {})
     if bw:
         t.caption = (f"the whole bandwidth run's CXL requests: {PF} {bw['pf']['gbps']:.2f} GB/s, "
@@ -132,7 +139,8 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
         q = cxl.get("modelled", {}).get(key, {}).get("quantiles_ns")
         if q:
             ax.plot(q, [p / 100 for p in QUANTILES], label=LABELS[key])
-    for name, label in (("idle_latency/cxl", MEASURED), ("idle_latency/local", LOCAL)):
+    for name, label in (("idle_latency/cxl", MEASURED), ("idle_latency/local", LOCAL),
+                        ("idle_latency/direct", DIRECT)):
         d = ((runs.get(name) or {}).get("data") or {}).get("read")
         if d:
             ax.plot([d["p50_ns"], d["p99_ns"], d["p999_ns"]], [0.5, 0.99, 0.999], "o--", label=f"{label} (batches)")
@@ -144,7 +152,8 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
     written.append(_save(fig, out_dir / "latency_cdf.png"))
     # 2. loaded latency against bandwidth
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, label in (("loaded_latency/cxl", MEASURED), ("loaded_latency/local", LOCAL)):
+    for name, label in (("loaded_latency/cxl", MEASURED), ("loaded_latency/local", LOCAL),
+                        ("loaded_latency/direct", DIRECT)):
         rows = ((runs.get(name) or {}).get("data") or {}).get("rows", [])
         if rows:
             ax.plot([r["bandwidth_MBps"] for r in rows], [r["latency_ns"] for r in rows], "o-", label=label)
@@ -155,7 +164,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
     written.append(_save(fig, out_dir / "loaded_latency.png"))
     # 3. bandwidth by transfer size
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, label in (("bandwidth/cxl", MEASURED), ("bandwidth/local", LOCAL)):
+    for name, label in (("bandwidth/cxl", MEASURED), ("bandwidth/local", LOCAL), ("bandwidth/direct", DIRECT)):
         res = ((runs.get(name) or {}).get("data") or {}).get("results", [])
         for key in sorted({(r["pattern"], r["op"]) for r in res if r["threads"] == 1}):
             pts = sorted((r["size"], r["MBps"]) for r in res if (r["pattern"], r["op"]) == key and r["threads"] == 1)

@@ -62,6 +62,7 @@ def _machine(args, **overrides) -> Machine:
     options = dict(timing=args.timing, image=args.image, host=args.host, appliance=args.appliance_dir,
                    run_dir=args.run_dir, keep=args.keep, cedt=args.cedt, append=args.append,
                    ready_timeout=args.timeout, inject_profile=args.inject_profile, baseline_ns=args.baseline_ns,
+                   data_path=args.data_path,
                    progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"))
     options.update(overrides)
     return Machine(args.topology, **options)
@@ -108,9 +109,10 @@ def _print_plan(machine: Machine, command: str | None = None) -> int:
     return 0
 
 
-def _timed_command(command: str) -> str:
-    """Bracket a command with the plugin's phase markers; keep its exit status."""
-    return f"pfcxl_mark start; {command}; rc=$?; pfcxl_mark stop; (exit $rc)"
+def _timed_command(command: str, ready: dict) -> str:
+    """Bracket a command with the phase markers on the first DAX device; keep its exit status."""
+    dax = next((f" --dax {d['path']}" for d in ready.get("dax", [])), "")
+    return f"pfcxl_mark start{dax}; {command}; rc=$?; pfcxl_mark stop{dax}; (exit $rc)"
 
 
 # --------------------------------------------------------------------------- commands
@@ -210,7 +212,7 @@ def cmd_run(args) -> int:
             result = vm.run(command, timeout=args.command_timeout)
         else:
             start = time.monotonic()
-            result = vm.run(_timed_command(command), timeout=args.command_timeout)
+            result = vm.run(_timed_command(command, vm.ready), timeout=args.command_timeout)
             seconds = time.monotonic() - start
             phase = session.wait_phases(1)[-1]
             records = session.stop()
@@ -299,6 +301,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
         p.add_argument("--run-dir", help="directory for backing files and logs (kept; reused by a later "
                        "boot, so memory contents persist)")
         p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
+        argtypes.add_data_path(p)
         p.add_argument("--timeout", type=argtypes.seconds, default=300,
                        help="seconds to wait for the guest to become ready (default 300)")
         p.add_argument("--append", default="", help="extra kernel command line")

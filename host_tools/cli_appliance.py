@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from pfcxl.device import topology
+from pfcxl.device import data_path, topology
 from pfcxl.device.units import human
 from pfcxl.errors import PfcxlError
 
@@ -104,6 +104,7 @@ def cmd_multihost(args) -> int:
     if not args.command:
         raise PfcxlError("pfcxl multihost: give a command after --, e.g. pfcxl multihost -n 4 -- cxl list")
     topo, path = _topology(args)
+    topo = data_path.with_data_path(topo, args.data_path)
     start = time.monotonic()
 
     def host_done(r: multihost.HostResult) -> None:
@@ -161,6 +162,7 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--topology", "-t", help=f"default {DEFAULT_APPLIANCE}")
     p.add_argument("--appliance-dir", help="run directory of a running appliance to use")
     p.add_argument("--timeout", type=argtypes.seconds, default=900, help="seconds for all guests to be ready (default 900)")
+    argtypes.add_data_path(p)
     p.add_argument("--command-timeout", type=argtypes.seconds, default=900, help="seconds for the command (default 900)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command for each guest")
     p.set_defaults(func=cmd_multihost)

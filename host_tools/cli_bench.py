@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from pfcxl.device import topology
+from pfcxl.device import data_path, topology
 from pfcxl.errors import PfcxlError
 
 from . import argtypes, bench, bench_report, image, timing_report
@@ -26,11 +26,11 @@ def cmd_bench(args) -> int:
         return 0
     if args.items:
         raise PfcxlError(f"unexpected '{' '.join(args.items)}' (did you mean: pfcxl bench compare A B?)")
-    topo = topology.load(topology.resolve(args.topology))
+    topo = data_path.with_data_path(topology.load(topology.resolve(args.topology)), args.data_path)
     if any(d.appliance for d in topo.devices):
         raise PfcxlError(f"bench boots its own guest; topology '{topo.name}' needs the appliance "
                          "(use pf-nic, electrical-switch or two-hb-interleave)")
-    specs = bench.load_suite(args.suite)
+    specs = bench.on_data_paths(bench.load_suite(args.suite), topo)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out or Path("results") / f"{stamp}-{topo.name}")
     results = bench.Results(out_dir, bench.environment(topo, suite=args.suite, image=args.image, timing=args.timing))
@@ -78,7 +78,9 @@ def add_parsers(sub) -> None:
                        "device and on local memory, save results/<time>-<topology>/results.json and PNG plots, "
                        "print tables with labelled columns (measured in emulator, modelled PF appliance, "
                        "modelled electrical switch pool, local DRAM). With --timing trace every CXL run's "
-                       "accesses are captured by the TCG plugin and fed to the fabric models.\n"
+                       "accesses are captured by the TCG plugin and fed to the fabric models. With "
+                       "--data-path direct the CXL runs go to the direct device, with both they run on "
+                       "each, in a column per path.\n"
                        "pfcxl bench compare A B: compare two results files.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("items", nargs="*", metavar="compare A B")
@@ -86,6 +88,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--suite", default="quick", help="quick (default, a minute or two), full, or a JSON suite file")
     p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox")
     p.add_argument("--timing", choices=("trace",), help="capture every CXL access and model it")
+    argtypes.add_data_path(p)
     p.add_argument("--out", help="results directory (default results/<time>-<topology>)")
     p.add_argument("--timeout", type=argtypes.seconds, default=300, help="seconds for the guest to become ready")
     p.set_defaults(func=cmd_bench)

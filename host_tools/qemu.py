@@ -13,7 +13,8 @@ from pathlib import Path
 
 import jinja2
 
-from pfcxl.device.topology import BACKEND_PREFIX, LSA_PREFIX, Topology
+from pfcxl.device import data_path
+from pfcxl.device.topology import BACKEND_PREFIX, DIRECT_PREFIX, LSA_PREFIX, Topology
 from pfcxl.device.units import MiB
 from pfcxl.errors import VMError
 
@@ -116,7 +117,7 @@ def argv(topo: Topology, boot: BootFiles, backing: dict[str, Path | str], *, con
                                  initrd=boot.initrd, cmdline=boot.cmdline, backing=backing,
                                  lsa_backing={d.id: lsa_path(backing[d.id]) for d in topo.devices if d.lsa},
                                  console_fd=console_fd, qmp_fd=qmp_fd, backend_prefix=BACKEND_PREFIX,
-                                 lsa_prefix=LSA_PREFIX,
+                                 lsa_prefix=LSA_PREFIX, direct=data_path.has_direct(topo), direct_prefix=DIRECT_PREFIX,
                                  cdat=cdat or {}, numa_args=numa_args or []) + list(extra_args or [])
 
 

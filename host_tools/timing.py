@@ -15,7 +15,10 @@ Modes: count (per-vCPU request counters), trace (one record per cache-line reque
 
 Phases: the plugin records nothing until the guest stores 1 into the DOORBELL, the last 64-byte
 line of the first DAX device (guest/include/pfcxl_mark.h; `pfcxl_mark start|stop` in the
-guest), and stops at a store of 2. Its host physical address is doorbell_hpa(topo).
+guest), and stops at a store of 2. Its host physical address is doorbell_hpa(topo). With a direct
+path each direct device has its own doorbell (doorbell_hpas), and the plugin counts and traces
+accesses to the direct windows (address_map.direct_placements) like CXL ones: trace records
+then carry the direct window's guest physical address.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pfcxl.device import address_map, data_path
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TimingError
 
 from .qemu import qemu_opt
-from .timing_plugin import build_plugin, doorbell_hpa
+from .timing_plugin import build_plugin, doorbell_hpa, doorbell_hpas
 from .trace_ring import DEFAULT_CAPACITY, Drainer, Ring
 
 MODES = ("count", "trace", "inject")
@@ -75,7 +79,10 @@ def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfi
     log). Pure: a dry run prints these, a TimingSession boots with them."""
     opts = [qemu_opt(plugin), f"mode={config.mode}"]
     if config.doorbell:
-        opts.append(f"doorbell={doorbell_hpa(topo):#x}")
+        doorbell_hpa(topo)          # one line saying why there is none
+        opts += [f"doorbell={hpa:#x}" for hpa in doorbell_hpas(topo)]
+    if data_path.has_direct(topo):  # the direct path's accesses are guest RAM: known by address
+        opts += [f"direct={p.base:#x}:{p.size:#x}" for p in address_map.direct_placements(topo)]
     if config.mode == "trace":
         opts.append(f"ring={qemu_opt(ring_path(run_dir, name))}")
     if config.mode == "inject":

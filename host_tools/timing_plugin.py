@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pfcxl.device import address_map
+from pfcxl.device import address_map, data_path
 from pfcxl.device import trace_format as tf
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TimingError
@@ -29,11 +29,18 @@ def build_plugin(out_dir: Path | None = None) -> Path:
                           "pfcxl_plugin", ".so")
 
 
+def doorbell_hpas(topo: Topology) -> list[int]:
+    """Physical addresses of the marker lines, the last 64 bytes of a DAX device (the guest side,
+    guest/include/pfcxl_mark.h, stores to device offset size - 64): the first CXL DAX device's,
+    then each direct device's (its devdax namespace ends where its NVDIMM ends)."""
+    cxl = address_map.dax_placements(topo)[:1] if data_path.has_cxl(topo) else []
+    direct = address_map.direct_placements(topo) if data_path.has_direct(topo) else []
+    return [p.base + p.size - tf.LINE for p in cxl + direct]
+
+
 def doorbell_hpa(topo: Topology) -> int:
-    """Host physical address of the marker line: the last 64 bytes of the first DAX device
-    (the guest side, guest/include/pfcxl_mark.h, stores to device offset size - 64)."""
-    placements = address_map.dax_placements(topo)
-    if not placements:
+    """The first marker line (doorbell_hpas)."""
+    lines = doorbell_hpas(topo)
+    if not lines:
         raise TimingError(f"topology '{topo.name}' has no region, so no DAX device for the doorbell")
-    dax = placements[0]
-    return dax.base + dax.size - tf.LINE
+    return lines[0]

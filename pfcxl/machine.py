@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pfcxl.device import fabric_constants, fabric_model, topology as topology_mod
+from pfcxl.device import data_path as data_path_mod, fabric_constants, fabric_model, topology as topology_mod
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError, VMError
 from pfcxl.firmware_tables import boot_policy, generate
@@ -108,6 +108,8 @@ class Machine:
     guest's logs and files are called (default: "guest", or "guest-1", ... when other live guests
     share the run directory). prebuilt: the
     boot_image() of another Machine with the same topology and options, to skip the cache check.
+    data_path: "cxl", "direct" or "both" (default: the topology's [guest] data_path, itself cxl by
+    default); see pfcxl.device.data_path.
     """
 
     def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
@@ -116,8 +118,9 @@ class Machine:
                  run_dir: str | Path | None = None, keep: bool = False, cedt: str = "auto", append: str = "",
                  ready_timeout: float = 300, name: str | None = None, inject_profile: str = "pf",
                  baseline_ns: float | None = None, prebuilt: image_mod.BootImage | None = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, data_path: str | None = None) -> None:
         self.topology, self.topology_path = load_topology(topology)
+        self.topology = data_path_mod.with_data_path(self.topology, data_path)
         if cedt not in boot_policy.CEDT_MODES:
             raise PfcxlError(f"cedt '{cedt}' is not one of {', '.join(boot_policy.CEDT_MODES)}")
         if image not in image_mod.IMAGE_KINDS:

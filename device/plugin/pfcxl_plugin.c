@@ -1,6 +1,6 @@
 /*
- * pfcxl TCG plugin: sees every guest access to the CXL window and counts it, traces it into a
- * shared-memory ring, or delays the vCPU by a modelled latency.
+ * pfcxl TCG plugin: sees every guest access to the CXL window (and to the direct path's windows)
+ * and counts it, traces it into a shared-memory ring, or delays the vCPU by a modelled latency.
  *
  *   qemu-system-x86_64 ... -plugin /abs/pfcxl_plugin.so,mode=trace,ring=/path,doorbell=0x... \
  *                          -d plugin -D plugin.log
@@ -10,7 +10,11 @@
  *                             record per cache-line request into the ring; inject: also spin
  *   ring=PATH                 (trace) ring file created by the host (device/trace_format.py)
  *   doorbell=HPA              physical address of the marker line (the DAX device's last line);
- *                             without it, everything is recorded from boot on
+ *                             may be given once per DAX device (up to 32); without it,
+ *                             everything is recorded from boot on
+ *   direct=BASE:SIZE          a direct-path window (guest RAM, an NVDIMM over the same bytes as
+ *                             a CXL device; device/data_path.py): its accesses are requests too,
+ *                             recognised by physical address; up to 16
  *   read_ns=, write_ns=       (inject) modelled latency of one cache-line request; a list
  *                             A:B:... gives latency profiles 0, 1, ... (one value: profile 0)
  *   baseline_ns=              (inject) what the emulator already costs per request; the vCPU
@@ -53,6 +57,8 @@ PFCXL_EXPORT int qemu_plugin_version = PFCXL_PLUGIN_API_VERSION;
 #define CXL_REGION_NAME "cxl-fixed-memory-region"
 #define LINE 64ULL
 #define MAX_VCPUS 256   /* the record's vcpu field is one byte */
+#define MAX_DOORBELLS 32
+#define MAX_DIRECT 16
 
 /* ---------------------------------------------------------------- ring (trace_format.py) */
 
@@ -121,8 +127,10 @@ static struct vcpu vcpus[MAX_VCPUS];
 static unsigned n_vcpus;
 
 static enum mode mode = MODE_COUNT;
-static int have_doorbell;
-static uint64_t doorbell_line;
+static int have_doorbell;      /* how many doorbell lines */
+static uint64_t doorbell_lines[MAX_DOORBELLS];
+static int n_direct;
+static uint64_t direct_base[MAX_DIRECT], direct_end[MAX_DIRECT];
 static int in_phase;            /* read on every CXL access, written by the marker */
 static spinlock phase_lock;     /* serialises phase starts and ends */
 static uint64_t phases;
@@ -418,23 +426,44 @@ static int is_cxl(unsigned vcpu_index, const struct qemu_plugin_hwaddr *h, uint6
     return 1;
 }
 
+static int in_direct(uint64_t hpa)
+{
+    for (int i = 0; i < n_direct; i++)
+        if (hpa >= direct_base[i] && hpa < direct_end[i])
+            return 1;
+    return 0;
+}
+
+static int is_doorbell(uint64_t hpa)
+{
+    for (int i = 0; i < have_doorbell; i++)
+        if ((hpa & ~(LINE - 1)) == doorbell_lines[i])
+            return 1;
+    return 0;
+}
+
 static void on_mem(unsigned int vcpu_index, qemu_plugin_meminfo_t info, uint64_t vaddr,
                    void *userdata)
 {
     (void)userdata;
     struct qemu_plugin_hwaddr *h = qemu_plugin_get_hwaddr(info, vaddr);
-    if (!h || !qemu_plugin_hwaddr_is_io(h) || vcpu_index >= MAX_VCPUS)
+    if (!h || vcpu_index >= MAX_VCPUS)
+        return;
+    int io = qemu_plugin_hwaddr_is_io(h);
+    if (!io && !n_direct)
         return;   /* RAM: the fast, common case */
     uint64_t hpa = qemu_plugin_hwaddr_phys_addr(h);
+    if (!io && !in_direct(hpa))
+        return;   /* RAM outside the direct windows */
     int write = qemu_plugin_mem_is_store(info);
 
-    /* the doorbell is in the CXL window by construction: no name check needed for it */
-    if (have_doorbell && (hpa & ~(LINE - 1)) == doorbell_line) {
+    /* doorbells are in the CXL or a direct window by construction: no name check needed */
+    if (have_doorbell && is_doorbell(hpa)) {
         if (write)
             doorbell(info);
         return;
     }
-    if (!__atomic_load_n(&in_phase, __ATOMIC_ACQUIRE) || !is_cxl(vcpu_index, h, hpa))
+    if (!__atomic_load_n(&in_phase, __ATOMIC_ACQUIRE) || (io && !is_cxl(vcpu_index, h, hpa)))
         return;
     unsigned size = 1u << qemu_plugin_mem_size_shift(info);
 
@@ -573,12 +602,33 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
         } else if (!strcmp(key, "ring"))
             ring_path = val;
         else if (!strcmp(key, "doorbell")) {
-            bad = parse_u64(key, val, &doorbell_line);
-            if (!bad && doorbell_line % LINE) {
+            if (have_doorbell == MAX_DOORBELLS) {
+                fprintf(stderr, "pfcxl_plugin: more than %d doorbells\n", MAX_DOORBELLS);
+                return -1;
+            }
+            bad = parse_u64(key, val, &doorbell_lines[have_doorbell]);
+            if (!bad && doorbell_lines[have_doorbell] % LINE) {
                 fprintf(stderr, "pfcxl_plugin: doorbell=%s is not 64-byte aligned\n", val);
                 bad = 1;
             }
-            have_doorbell = 1;
+            have_doorbell++;
+        } else if (!strcmp(key, "direct")) {
+            char *colon = strchr(val, ':');
+            uint64_t size = 0;
+            if (n_direct == MAX_DIRECT || !colon) {
+                fprintf(stderr, "pfcxl_plugin: direct=%s: give BASE:SIZE, at most %d times\n", val,
+                        MAX_DIRECT);
+                return -1;
+            }
+            *colon = 0;
+            bad = parse_u64(key, val, &direct_base[n_direct]) || parse_u64(key, colon + 1, &size);
+            if (!bad && (!size || direct_base[n_direct] + size < direct_base[n_direct])) {
+                fprintf(stderr, "pfcxl_plugin: direct=%s:%s is an empty or wrapping range\n", val,
+                        colon + 1);
+                bad = 1;
+            }
+            direct_end[n_direct] = direct_base[n_direct] + size;
+            n_direct++;
         } else if (!strcmp(key, "read_ns"))
             bad = parse_ns(key, val, read_ns, &n_read_ns, 1);
         else if (!strcmp(key, "write_ns"))
@@ -588,8 +638,8 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
         else if (!strcmp(key, "ring_timeout_s"))
             bad = parse_u64(key, val, &timeout_s);
         else {
-            fprintf(stderr, "pfcxl_plugin: unknown argument '%s' (mode, ring, doorbell, read_ns, "
-                            "write_ns, baseline_ns, ring_timeout_s)\n", key);
+            fprintf(stderr, "pfcxl_plugin: unknown argument '%s' (mode, ring, doorbell, direct, "
+                            "read_ns, write_ns, baseline_ns, ring_timeout_s)\n", key);
             return -1;
         }
         if (bad)
@@ -643,6 +693,6 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
     say("{\"event\":\"start\",\"mode\":\"%s\",\"api\":[%d,%d],\"doorbell\":\"0x%" PRIx64 "\","
         "\"baseline_ns\":%.1f,\"tsc_per_ns\":%.4f,\"profiles\":[%s],\"capacity\":%" PRIu64
         "}\n", MODE_NAMES[mode], info->version.min, info->version.cur,
-        have_doorbell ? doorbell_line : 0, baseline_ns, tsc_per_ns, prof, ring_capacity);
+        have_doorbell ? doorbell_lines[0] : 0, baseline_ns, tsc_per_ns, prof, ring_capacity);
     return 0;
 }

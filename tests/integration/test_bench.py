@@ -73,3 +73,25 @@ def test_a_crash_and_a_hang_are_named_and_the_rest_is_kept(tmp_path):
     assert runs["hanger"]["status"] == "error" and "benchmark hanger" in runs["hanger"]["error"]
     assert "did not finish within 15s" in runs["hanger"]["error"]
     assert "crasher" in done.stdout and "hanger" in done.stdout                 # the table of failures
+
+
+def test_both_data_paths_run_the_suite_in_a_column_each(tmp_path):
+    suite = tmp_path / "suite.json"
+    command = "bandwidth --target {target} --pattern seq,random --op read,write --sizes 64,1024 --bytes 256K --span 4M"
+    suite.write_text(json.dumps([
+        {"name": "bandwidth/cxl", "system": "cxl", "timeout": 600, "command": command.format(target="{dax}")},
+        {"name": "bandwidth/local", "system": "local", "timeout": 600, "command": command.format(target="anon")}]))
+    out = tmp_path / "both"
+    done = pfcxl_cli("bench", "--suite", str(suite), "--data-path", "both", "--out", str(out), timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = results(out)
+    assert data["environment"]["data_path"] == "both"
+    runs = {r["name"]: r for r in data["results"]}
+    assert list(runs) == ["bandwidth/cxl", "bandwidth/direct", "bandwidth/local"]
+    assert all(r["status"] == "ok" for r in runs.values())
+    # the direct run used the direct device the guest reported, not the CXL one
+    assert runs["bandwidth/direct"]["command"] != runs["bandwidth/cxl"]["command"]
+    for name in ("bandwidth/cxl", "bandwidth/direct"):
+        rows = runs[name]["data"]["results"]
+        assert len(rows) == 8 and all(r["bytes_moved"] == r["bytes_requested"] for r in rows)
+    assert "direct device (measured in emulator) MB/s" in done.stdout

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.integration
 
 SHIPPED = [p.stem for p in topology.shipped_topologies()]
 TIMING_MODES = [None, "count", "trace", "inject"]
+# every timing mode on the CXL path, and the direct path with and without the CXL region
+CASES = [(mode, None) for mode in TIMING_MODES] + [("count", "both"), (None, "direct")]
 BASELINE_NS = "370"   # inject: given, so that the plan need not measure it
 
 
@@ -33,22 +35,23 @@ def launched_argv(pid: int) -> list[str]:
 def test_printed_argv_is_the_launched_argv(name, tmp_path):
     served = any(d.appliance for d in topology.load(topology.resolve(name)).devices)
     with Appliance(name, run_dir=tmp_path / "appliance") if served else _nothing() as app:
-        for mode in TIMING_MODES:
-            run_dir = tmp_path / f"run-{mode}"
+        for mode, path in CASES:
+            run_dir = tmp_path / f"run-{mode}-{path}"
             options = ["--run-dir", str(run_dir)] + (["--timing", mode] if mode else [])
             options += ["--baseline-ns", BASELINE_NS] if mode == "inject" else []
+            options += ["--data-path", path] if path else []
             printed = pfcxl_cli("qemu-args", name, "--lines", *options)
             assert printed.returncode == 0, printed.stderr
             assert not run_dir.exists()                   # printing writes nothing
             machine = Machine(name, run_dir=run_dir, timing=mode, baseline_ns=float(BASELINE_NS),
-                              appliance=app)
+                              appliance=app, data_path=path)
             try:
                 machine.launch()                          # QEMU started; no need to wait for the guest
                 argv = launched_argv(machine.pid)
                 assert machine.argv == argv
             finally:
                 machine.close()
-            assert printed.stdout.splitlines() == argv, f"{name}, timing {mode}"
+            assert printed.stdout.splitlines() == argv, f"{name}, timing {mode}, data path {path}"
             # every file the command line names exists where it said
             for word in argv:
                 for part in word.split(","):

@@ -51,6 +51,53 @@ def test_tables_carry_the_labelled_columns_and_the_failures():
     assert "hanger" in text and "did not finish within 15s" in text
 
 
+def _with_direct(results: dict, scale: float) -> dict:
+    """`results` plus a direct-path copy of each CXL run, its figures times `scale`."""
+    out = json.loads(json.dumps(results))
+    for run in [r for r in out["results"] if r["name"].endswith("/cxl")]:
+        copy = json.loads(json.dumps(run), parse_float=lambda x: float(x) * scale)
+        copy.update(name=run["name"].replace("/cxl", "/direct"), system="direct", modelled={})
+        out["results"].append(copy)
+    return out
+
+
+def _row(text: str, *first: str) -> list[str]:
+    """The cells of the table row whose first cells are `first` (one word each)."""
+    rows = ([c.strip() for c in line.strip().strip("│").split("│")] for line in text.splitlines())
+    return next(r for r in rows if r[:len(first)] == list(first))
+
+
+def test_a_direct_run_gets_its_own_column():
+    plain = render(bench_report.tables(sample()))
+    assert bench_report.DIRECT not in plain
+    text = render(bench_report.tables(_with_direct(sample(), 0.5)))
+    assert text.count(bench_report.DIRECT) == 2             # idle latency and bandwidth tables
+    assert _row(text, "read")[-1] == "350 ns"                 # 700 ns x 0.5 on the direct device
+    assert _row(text, "seq", "read", "1024")[-3:] == ["320.0", "320.0", "160.0"]   # CXL, local, direct MB/s
+
+
+def test_direct_only_results_list_the_direct_rows():
+    results = _with_direct(sample(), 2.0)
+    results["results"] = [r for r in results["results"] if not r["name"].endswith("/cxl")]
+    assert _row(render(bench_report.tables(results)), "seq", "read", "64")[-3:] == ["-", "20.0", "40.0"]
+
+
+def test_suite_on_data_paths_and_the_devices_each_path_uses():
+    from pfcxl.device import data_path, topology
+    pf_nic = topology.load(topology.resolve("pf-nic"))
+    suite = bench.load_suite("quick")
+    assert bench.on_data_paths(suite, pf_nic) == suite
+    both = [s.name for s in bench.on_data_paths(suite, data_path.with_data_path(pf_nic, "both"))]
+    assert both[:3] == ["idle_latency/cxl", "idle_latency/direct", "idle_latency/local"]
+    direct = bench.on_data_paths(suite, data_path.with_data_path(pf_nic, "direct"))
+    assert {s.system for s in direct} == {"direct", "local"}
+    assert [s.command for s in direct if s.system == "direct"] == [s.command for s in suite if s.system == "cxl"]
+    ready = {"dax": [{"path": "/dev/dax0.0", "kind": "cxl"}, {"path": "/dev/dax1.0", "kind": "direct"},
+                     {"path": "/dev/dax2.0", "kind": "direct"}]}
+    assert bench.devices(ready) == {"cxl": "/dev/dax0.0", "direct": "/dev/dax1.0"}
+    assert bench.devices({"regions": []}) == {"cxl": "/dev/dax0.0"}
+
+
 def test_without_a_trace_the_idle_model_is_shown_and_said_so():
     text = render(bench_report.tables(sample(modelled=False)))
     assert "283 ns (idle model)" in text and "224 ns (idle model)" in text

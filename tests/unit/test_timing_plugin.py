@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from pfcxl.device import address_map, topology
+from pfcxl.device import address_map, data_path, topology
 from pfcxl.device import trace_format as tf
 from pfcxl.errors import BuildError, VMError
 from pfcxl.host_tools import timing, timing_plugin, trace_ring
@@ -130,6 +130,9 @@ def test_plugin_loads_into_this_qemu(cache, tmp_path):
     ("mode=inject,read_ns=1:2,write_ns=1:2:3", "different numbers of profiles"),
     ("mode=inject,read_ns=-5", "non-negative"),
     ("mode=count,speed=9", "unknown argument 'speed'"),
+    ("mode=count,direct=0x100000000", "give BASE:SIZE"),
+    ("mode=count,direct=0x100000000:0", "empty or wrapping range"),
+    ("mode=count,direct=0x1:zz", "direct=zz is not a number"),
 ])
 def test_plugin_refuses_bad_arguments(cache, tmp_path, options, message):
     done = run_qemu_with_plugin(options, tmp_path / "plugin.log", 20)
@@ -253,6 +256,19 @@ def test_pf_nic_doorbell_value():
     # pf-nic: 1 GiB RAM, maxmem 2 GiB, 4 slots -> CXL base 4 + 1 + 4 GiB = 0x2_4000_0000, window
     # at 0x2_5000_0000, one 1 GiB region from its start: the last line is 0x2_8fff_ffc0.
     assert timing_plugin.doorbell_hpa(topology.load(topology.resolve("pf-nic"))) == 0x2_8FFF_FFC0
+
+
+def test_direct_path_doorbells_and_windows():
+    """With a direct path the plugin gets each direct device's window and doorbell (its NVDIMM's
+    last line; pf-nic's NVDIMM is 1 GiB at the 4 GiB hotplug base) after the CXL one, if any."""
+    pf_nic = topology.load(topology.resolve("pf-nic"))
+    both, direct = (data_path.with_data_path(pf_nic, p) for p in ("both", "direct"))
+    assert timing_plugin.doorbell_hpas(both) == [0x2_8FFF_FFC0, 0x1_3FFF_FFC0]
+    assert timing_plugin.doorbell_hpa(direct) == 0x1_3FFF_FFC0
+    opts = timing.plugin_args(Path("/p.so"), both, Path("/r"), timing.TimingConfig("count"))[1].split(",")
+    assert opts[1:] == ["mode=count", "doorbell=0x28fffffc0", "doorbell=0x13fffffc0", "direct=0x100000000:0x40000000"]
+    assert not any(o.startswith("direct=") for o in timing.plugin_args(
+        Path("/p.so"), pf_nic, Path("/r"), timing.TimingConfig("count"))[1].split(","))
 
 
 def test_qemu_args(cache, tmp_path):
