@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from pfcxl.device import address_map, data_path, topology
+from pfcxl.device.units import MiB
 from pfcxl.machine import Machine
 
 from . import multihost
@@ -32,7 +33,7 @@ BANDWIDTH = "bandwidth --target {target} --pattern seq,random --op read,write --
             "--threads {threads} --bytes {bytes} --span 64M"
 # bytes per row: the CXL path moves ~20 MB/s under TCG, the others 10 to 100 times more
 ROW_BYTES = {"cxl": "2M", "direct": "64M", "local": "64M"}
-HOSTS, SLICE = 4, 256 << 20
+HOSTS, SLICE = 4, 256 * MiB       # what each host writes and the others verify
 # pf-appliance with a shared pool that holds 4 slices of 256 MiB after the direct device's
 # info block and the slices' flag area: 1280 MiB (and the hotplug room for it)
 POOL_EDITS = (('shared = "1G"', 'shared = "1280M"'), ('volatile = "1G"', 'volatile = "1280M"'))

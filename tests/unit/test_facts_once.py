@@ -35,7 +35,7 @@ FACTS = [
      {"device/appliance_rundir.py"}),
     ("the trace ring's header layout", r"<QIIQQQQ|HEAD_OFFSET = ", {"device/trace_format.py"}),
     ("the 2 MiB device-DAX mapping alignment", r"2 << 20|2 \* MiB|2ULL << 20",
-     {"guest/include/pfcxl_mark.h"}),
+     {"guest/include/pfcxl_mark.h", "device/data_path.py"}),     # the guest's C and the host's side
     ("Linux's region and DAX names", r"f\"region\{|f\"dax\{|\"region%|\"dax%d\.0",
      {"device/topology_model.py"}),
     ("the interleave decoder", r"//\s*\w*granularity\w*\)\s*%|%\s*(ways|modules)\b|granule\s*%\s*\w+",
