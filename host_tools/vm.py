@@ -61,11 +61,12 @@ class VM:
 
     def __init__(self, topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
                  extra_cmdline: str = "", tables: TableSet | None = None,
-                 appliance_fds: dict[str, int] | None = None, extra_args: list[str] | None = None) -> None:
+                 appliance_fds: dict[str, int] | None = None, extra_args: list[str] | None = None,
+                 lean: bool = True) -> None:
         self.topo, self.image, self.name = topo, image, name
         self.extra_args = list(extra_args or [])   # appended to QEMU's argv (e.g. a TCG plugin)
         self.run_dir = Path(run_dir)
-        self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline)
+        self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline, lean)
         self.state = VMState.CREATED
         self.console_log = self.run_dir / f"{name}.console.log"
         self.qemu_log = self.run_dir / f"{name}.qemu.log"
