@@ -23,6 +23,7 @@ QEMU_BINARY = "qemu-system-x86_64"
 BASE_CMDLINE = "console=ttyS0 panic=-1 quiet"
 # What a lean boot adds (Linux 6.12, Documentation/admin-guide/kernel-parameters.txt), each cutting
 # work a CXL test guest does not need; host_tools/bench_boot.py measures lean against classic.
+# A lean boot also starts the uncompressed kernel at its PVH entry (host_tools/kernel_pvh.py).
 LEAN_CMDLINE = " ".join((
     "mitigations=off",          # no speculation mitigations: far less alternatives/return-thunk patching
     "tsc=reliable",             # no clocksource watchdog on TCG's TSC
