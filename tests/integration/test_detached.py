@@ -4,7 +4,6 @@ Each test names its machines after its own pid, so parallel sessions do not meet
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading

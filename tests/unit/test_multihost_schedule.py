@@ -4,7 +4,6 @@ QEMU is replaced by a recording Machine here: what is checked is the order of la
 waits, which a real boot cannot show without asserting on timings."""
 
 import contextlib
-from pathlib import Path
 
 import pytest
 
