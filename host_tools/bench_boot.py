@@ -1,6 +1,12 @@
 """Cold boot to PFCXL-READY, classic against lean, interleaved in one run so both see the same load:
 
     python -m pfcxl.host_tools.bench_boot [-t TOPOLOGY] [-n N] [--json FILE]
+                                          [--exec] [--multihost HOSTS]
+
+--exec also times `pfcxl run -- true` against `pfcxl exec` of the same in an up machine (and the
+exec request alone, without the CLI's start-up), N times each, interleaved. --multihost H times
+`multihost -n H -- true` as it was (all guests booting at once, classic kernel) against now
+(one boot per CPU at a time, lean kernel).
 
 Each boot is split into phases: the image (build or cache check), QEMU's start (spawn to QMP
 connected), firmware and kernel decompression (wall time from spawn to the guest's clock zero),
@@ -13,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import re
 import statistics
 import sys
@@ -21,6 +29,8 @@ import time
 from pathlib import Path
 
 from pfcxl.machine import Machine
+
+from . import argtypes
 
 DMESG_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
 RUN_INIT = "Run /init as init process"
@@ -78,11 +88,60 @@ def summary(boots: list[dict]) -> dict:
     return out
 
 
+def cli_seconds(*args: str) -> float:
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"pfcxl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+    return time.monotonic() - start
+
+
+def bench_exec(topology: str, n: int) -> dict:
+    """pfcxl run -- true against pfcxl exec NAME -- true (and the bare exec request)."""
+    from . import detached
+    name = f"bench-exec-{os.getpid()}"
+    cli_seconds("up", "-t", topology, "--name", name)
+    rows: dict[str, list[float]] = {"run": [], "exec": [], "exec_request": []}
+    try:
+        for _ in range(n):
+            rows["run"].append(cli_seconds("run", "-t", topology, "--", "true"))
+            rows["exec"].append(cli_seconds("exec", name, "--", "true"))
+            start = time.monotonic()
+            detached.exec_command(name, "true")
+            rows["exec_request"].append(time.monotonic() - start)
+    finally:
+        detached.down(name)
+    out = {k: {"median": round(statistics.median(v), 3), "best": round(min(v), 3)} for k, v in rows.items()}
+    out["ratio_exec_over_run"] = round(out["exec"]["median"] / out["run"]["median"], 3)
+    return out
+
+
+def bench_multihost(hosts: int) -> dict:
+    """multihost -n H -- true: all at once with the classic kernel (before) against now."""
+    from pfcxl.device import topology as topology_mod
+    from . import multihost
+    path = topology_mod.resolve("pf-appliance")
+    topo = topology_mod.load(path)
+    seconds = {}
+    for label, options in (("before", dict(parallel_boots=hosts, lean=False)), ("after", {})):
+        start = time.monotonic()
+        results = multihost.run(topo, path, hosts, "true", **options)
+        seconds[label] = round(time.monotonic() - start, 2)
+        failed = [r.host for r in results if r.error or r.status]
+        if failed:
+            raise SystemExit(f"multihost ({label}): hosts {failed} failed")
+        print(f"multihost -n {hosts} ({label}): {seconds[label]:.1f}s", flush=True)
+    seconds["ratio_after_over_before"] = round(seconds["after"] / seconds["before"], 3)
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pfcxl.host_tools.bench_boot", description=__doc__.split("\n\n")[0])
     parser.add_argument("-t", "--topology", default="pf-nic")
     parser.add_argument("-n", "--boots", type=int, default=3, help="boots per profile (default 3)")
     parser.add_argument("--json", type=Path, help="write every boot and the summary here")
+    parser.add_argument("--exec", action="store_true", help="also: pfcxl run against pfcxl exec")
+    parser.add_argument("--multihost", type=argtypes.count, metavar="HOSTS", help="also: multihost -n HOSTS before/after")
     args = parser.parse_args(argv)
     if args.boots < 1:
         parser.error(f"--boots {args.boots}: at least 1")
@@ -96,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{p}={b[p]:.2f}s" for p in PHASES if b[p] is not None), flush=True)
                 print("    longest kernel gaps: " + "; ".join(f"{d:.2f}s before '{t}'" for d, t in b["gaps"]))
     result = summary(boots)
+    if args.exec:
+        result["exec"] = bench_exec(args.topology, args.boots)
+    if args.multihost:
+        result["multihost"] = bench_multihost(args.multihost)
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"boots": boots, "summary": result}, indent=1))

@@ -88,7 +88,7 @@ def boot_slots() -> int:
 
 def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str], *, run_dir: Path | None = None,
         appliance_dir: Path | None = None, ready_timeout: float = 600, command_timeout: float = 900,
-        parallel_boots: int | None = None,
+        parallel_boots: int | None = None, lean: bool = True,
         say: Callable[[str], None] = lambda m: None,
         host_done: Callable[[HostResult], None] = lambda r: None) -> list[HostResult]:
     if not any(d.appliance for d in topo.devices):
@@ -115,7 +115,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
             while waiting and len(booting) < slots:
                 h = waiting.pop(0)
                 vm = Machine(topo, host=h, appliance=where, run_dir=run_dir / f"host{h}", name=f"host{h}",
-                             ready_timeout=ready_timeout, prebuilt=prebuilt)
+                             ready_timeout=ready_timeout, prebuilt=prebuilt, lean=lean)
                 stack.callback(vm.close)
                 vm.launch()
                 prebuilt, last = vm.boot_image(), vm
