@@ -153,7 +153,7 @@ def add_parsers(sub, common) -> None:
     p.set_defaults(func=cmd_where)
 
     p = sub.add_parser("multihost", help="boot N hosts on one appliance, run a command in each",
-                       description="Boot N guests attached to one appliance (hosts 0..N-1), one per CPU at a time, run "
+                       description="Boot N guests attached to one appliance (hosts 0..N-1), two per CPU at a time, run "
                        "CMD in each with {host} and {hosts} replaced, and print every host's output. "
                        "Uses the running appliance of the topology, or starts a temporary one.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -162,6 +162,6 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--appliance-dir", help="run directory of a running appliance to use")
     p.add_argument("--timeout", type=argtypes.seconds, default=900, help="seconds for all guests to be ready (default 900)")
     p.add_argument("--command-timeout", type=argtypes.seconds, default=900, help="seconds for the command (default 900)")
-    p.add_argument("--parallel-boots", type=argtypes.count, help="guests booting at once (default: one per CPU)")
+    p.add_argument("--parallel-boots", type=argtypes.count, help="guests booting at once (default: two per CPU)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command for each guest")
     p.set_defaults(func=cmd_multihost)
