@@ -23,8 +23,8 @@ from pfcxl.firmware_tables import boot_policy, table_files
 
 from pfcxl.device import fabric_constants, fabric_model
 
-from . import (argtypes, cli_appliance, cli_bench, cli_kv, cli_model, cli_serving, cli_tables, discovery, image,
-               qemu, terminal, timing, timing_report)
+from . import (argtypes, cli_appliance, cli_bench, cli_kv, cli_machines, cli_model, cli_serving, cli_tables,
+               discovery, image, qemu, terminal, timing, timing_report)
 from .console import shell_command
 from .ui import err, out
 from pfcxl.machine import RUN_DIR_PLACEHOLDER, Machine
@@ -59,12 +59,8 @@ def _build_image(machine: Machine) -> image.BootImage:
 
 def _machine(args, **overrides) -> Machine:
     """The Machine a boot command's options describe."""
-    options = dict(timing=args.timing, image=args.image, host=args.host, appliance=args.appliance_dir,
-                   run_dir=args.run_dir, keep=args.keep, cedt=args.cedt, append=args.append,
-                   ready_timeout=args.timeout, inject_profile=args.inject_profile, baseline_ns=args.baseline_ns,
-                   data_path=args.data_path,
-                   progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"))
-    options.update(overrides)
+    options = cli_machines.boot_options(args)
+    options.update(progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), **overrides)
     return Machine(args.topology, **options)
 
 
@@ -205,6 +201,8 @@ def cmd_run(args) -> int:
     command = shell_command(args.command)
     if args.dry_run:
         return _print_plan(_machine(args, progress=lambda m: None), command)
+    if args.reuse and (status := cli_machines.run_reused(args, command)) is not None:
+        return status
     report = None
     with _booted(args) as vm:
         topo, session = vm.topology, vm.timing
@@ -368,6 +366,7 @@ def parser() -> argparse.ArgumentParser:
                        "line, several are argv. Example: pfcxl run -t two-hb-interleave -- cxl list -R")
     _common(p, boots=True)
     p.add_argument("--command-timeout", type=argtypes.seconds, default=600, help="seconds for the command (default 600)")
+    cli_machines.add_reuse_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
     p.set_defaults(func=cmd_run)
 
@@ -384,6 +383,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tables)
 
     cli_appliance.add_parsers(sub, _common)
+    cli_machines.add_parsers(sub, _common)
     cli_bench.add_parsers(sub)
     cli_serving.add_parsers(sub)
     cli_model.add_parsers(sub)

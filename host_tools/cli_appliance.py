@@ -115,7 +115,7 @@ def cmd_multihost(args) -> int:
     results = multihost.run(topo, path, args.hosts, args.command,
                             appliance_dir=Path(args.appliance_dir) if args.appliance_dir else None,
                             ready_timeout=args.timeout, command_timeout=args.command_timeout,
-                            say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), host_done=host_done)
+                            parallel_boots=args.parallel_boots, say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), host_done=host_done)
     for r in results:
         out.print(f"== host {r.host} (port {r.port}, exit {r.status if r.status is not None else '-'})",
                   highlight=False)
@@ -154,7 +154,7 @@ def add_parsers(sub, common) -> None:
     p.set_defaults(func=cmd_where)
 
     p = sub.add_parser("multihost", help="boot N hosts on one appliance, run a command in each",
-                       description="Boot N guests attached to one appliance (hosts 0..N-1) at once, run "
+                       description="Boot N guests attached to one appliance (hosts 0..N-1), two per CPU at a time, run "
                        "CMD in each with {host} and {hosts} replaced, and print every host's output. "
                        "Uses the running appliance of the topology, or starts a temporary one.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -164,5 +164,6 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--timeout", type=argtypes.seconds, default=900, help="seconds for all guests to be ready (default 900)")
     argtypes.add_data_path(p)
     p.add_argument("--command-timeout", type=argtypes.seconds, default=900, help="seconds for the command (default 900)")
+    p.add_argument("--parallel-boots", type=argtypes.count, help="guests booting at once (default: two per CPU)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command for each guest")
     p.set_defaults(func=cmd_multihost)

@@ -25,7 +25,7 @@ from pfcxl.errors import CommandError, VMError
 from pfcxl.firmware_tables.generate import TableSet, tables_for
 from pfcxl.firmware_tables.table_files import write as write_tables
 
-from . import qemu
+from . import kernel_pvh, qemu
 from .console import CommandRunner, Console, ConsoleClosed, ConsoleTimeout, shell_command
 from .image import BootImage
 from .process import describe_exit, spawn
@@ -61,11 +61,14 @@ class VM:
 
     def __init__(self, topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
                  extra_cmdline: str = "", tables: TableSet | None = None,
-                 appliance_fds: dict[str, int] | None = None, extra_args: list[str] | None = None) -> None:
+                 appliance_fds: dict[str, int] | None = None, extra_args: list[str] | None = None,
+                 lean: bool = True) -> None:
         self.topo, self.image, self.name = topo, image, name
         self.extra_args = list(extra_args or [])   # appended to QEMU's argv (e.g. a TCG plugin)
         self.run_dir = Path(run_dir)
-        self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline)
+        self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline, lean)
+        # lean: the kernel's own ELF at its PVH entry, no bzImage decompression under TCG
+        self.kernel = kernel_pvh.uncompressed(image.kernel) if lean else image.kernel
         self.state = VMState.CREATED
         self.console_log = self.run_dir / f"{name}.console.log"
         self.qemu_log = self.run_dir / f"{name}.qemu.log"
@@ -102,7 +105,7 @@ class VM:
         backing: dict[str, Path | str] = dict(qemu.backing_paths(self.topo, self.run_dir))
         backing.update(qemu.inherited_backing(self.memory_fds()))
         cdat_files = {k: self.tables_dir() / f"{k}.cdat" for k in {**self.tables.device_cdat, **self.tables.switch_cdat}}
-        boot = qemu.BootFiles(self.image.kernel, self.image.initrd, self.cmdline)
+        boot = qemu.BootFiles(self.kernel, self.image.initrd, self.cmdline)
         return qemu.argv(self.topo, boot, backing, console_fd=CONSOLE_FD, qmp_fd=QMP_FD, qemu=qemu.qemu_binary(),
                          cdat=cdat_files, numa_args=self.tables.numa_args, extra_args=self.extra_args)
 

@@ -110,6 +110,7 @@ class Machine:
     boot_image() of another Machine with the same topology and options, to skip the cache check.
     data_path: "cxl", "direct" or "both" (default: the topology's [guest] data_path, itself cxl by
     default); see pfcxl.device.data_path.
+    lean: the lean kernel command line (host_tools.qemu.LEAN_CMDLINE); False boots the classic one.
     """
 
     def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
@@ -118,7 +119,8 @@ class Machine:
                  run_dir: str | Path | None = None, keep: bool = False, cedt: str = "auto", append: str = "",
                  ready_timeout: float = 300, name: str | None = None, inject_profile: str = "pf",
                  baseline_ns: float | None = None, prebuilt: image_mod.BootImage | None = None,
-                 progress: Callable[[str], None] | None = None, data_path: str | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, data_path: str | None = None,
+                 lean: bool = True) -> None:
         self.topology, self.topology_path = load_topology(topology)
         self.topology = data_path_mod.with_data_path(self.topology, data_path)
         if cedt not in boot_policy.CEDT_MODES:
@@ -129,6 +131,7 @@ class Machine:
             raise PfcxlError(f"ready timeout must be positive, not {ready_timeout}")
         self.timing_config = timing_config(timing, profile=inject_profile, baseline_ns=baseline_ns)
         self.image_kind, self.host, self.cedt, self.append = image, host, cedt, append
+        self.lean = lean
         self.appliance = appliance
         # absolute: QEMU and the plugin get these paths, and the printed argv must be the exec'd one
         self.run_dir_arg = Path(run_dir).absolute() if run_dir is not None else None
@@ -155,7 +158,7 @@ class Machine:
 
     def _vm(self, run_dir: Path, plugin_args: list[str], appliance_fds: dict[str, int] | None = None) -> VM:
         return VM(self.topology, self.boot_image(), run_dir, name=self.name, extra_cmdline=self.append,
-                  appliance_fds=appliance_fds, extra_args=plugin_args)
+                  appliance_fds=appliance_fds, extra_args=plugin_args, lean=self.lean)
 
     def _plugin_args(self, run_dir: Path, config: timing_mod.TimingConfig | None) -> list[str]:
         if config is None:

@@ -20,7 +20,7 @@ QEMU_PACKAGE = "qemu-system-x86"
 QEMU_DPKG_VERSION_PREFIX = "1:10.0"  # bookworm's own 7.2 lacks volatile-memdev, generic ports, DCD
 QEMU_VERSION_PREFIX = "10.0."
 QEMU_BINARY = Path("/usr/bin/qemu-system-x86_64")  # the one the package installs, not a PATH lookup
-HOST_PACKAGES = ("busybox-static", "cpio", "xz-utils", "libc6-dev", "gcc",
+HOST_PACKAGES = ("busybox-static", "cpio", "xz-utils", "zstd", "libc6-dev", "gcc",
                  "mmdebstrap")   # builds the Debian guest rootfs (--image debian) on first use
 STATIC_LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.a")
 

@@ -19,7 +19,7 @@ STEP_TABLE = """\
   1. bookworm-backports  apt source for bookworm-backports (same mirror and keyring as the
                          bookworm entry of /etc/apt/sources.list.d/debian.sources), apt-get update
   2. host packages       qemu-system-x86 1:10.0 from bookworm-backports, busybox-static, cpio,
-                         xz-utils, libc6-dev (static libc.a), gcc, mmdebstrap
+                         xz-utils, zstd, libc6-dev (static libc.a), gcc, mmdebstrap
   3. trixie apt          a private apt configuration for Debian trixie under $PFCXL_CACHE/apt-trixie
                          (own sources, lists, state, cache; the system's sources are never touched)
   4. guest userspace     trixie's cxl/daxctl (ndctl 81) and their libraries, libc and loader,

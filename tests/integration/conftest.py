@@ -1,7 +1,10 @@
 """Integration fixtures: real QEMU under TCG, the real guest kernel and cxl/daxctl.
 
 Every VM a test boots is shut down at teardown, and the teardown checks that its QEMU process
-is really gone.
+is really gone. `shared_machine(topology)` is one booted guest per topology and options for the
+whole session: only for tests that look and do not change what another test could see (no
+writes to /dev/daxN.M, no region or module changes, no close()); tests of the cold path (image,
+first boot, CEDT override, failures, persistence) and tests that write boot their own with `boot`.
 """
 
 from __future__ import annotations
@@ -59,6 +62,29 @@ def boot(tmp_path):
     yield _boot
     pids = [m.pid for m in machines]
     for machine in machines:
+        machine.close()
+    assert not [p for p in pids if p and pid_alive(p)], "QEMU left running after shutdown"
+
+
+@pytest.fixture(scope="session")
+def shared_machine(tmp_path_factory):
+    """shared_machine(topology name, **Machine options) -> a ready Machine booted once per session
+    for that topology and those options; closed, and its QEMU checked gone, at the session's end."""
+    machines: dict[tuple, Machine] = {}
+
+    def _shared(name: str, **options) -> Machine:
+        key = (name, tuple(sorted(options.items())))
+        if key not in machines:
+            options.setdefault("ready_timeout", READY_TIMEOUT)
+            run_dir = tmp_path_factory.mktemp(f"shared-{name}")
+            machines[key] = Machine(name, run_dir=run_dir, name="shared", **options).start()
+        machine = machines[key]
+        assert machine.pid and pid_alive(machine.pid), f"the shared {name} guest is gone (a test closed it?)"
+        return machine
+
+    yield _shared
+    pids = [m.pid for m in machines.values()]
+    for machine in machines.values():
         machine.close()
     assert not [p for p in pids if p and pid_alive(p)], "QEMU left running after shutdown"
 

@@ -1,26 +1,23 @@
 """Commands on a booted guest's console (issue 11, items 1, 4, 5 and 14): long commands, bad
-syntax, stdin readers, exit statuses and large output, all on one guest."""
+syntax, stdin readers, exit statuses and large output, all on the session's shared pf-nic guest."""
 
 import subprocess
 import sys
 
 import pytest
 
-from pfcxl import Machine
 from pfcxl.errors import CommandError
 from pfcxl.host_tools.vm import VMState
 
-from .conftest import READY_TIMEOUT, pfcxl_cli, pid_alive
+from .conftest import pfcxl_cli
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def vm(tmp_path_factory):
-    guest = Machine("pf-nic", run_dir=tmp_path_factory.mktemp("console"), ready_timeout=READY_TIMEOUT)
-    with guest:
-        yield guest
-    assert not pid_alive(guest.pid), "QEMU left running after shutdown"
+@pytest.fixture
+def vm(shared_machine):
+    """The session's pf-nic guest: these tests only run commands and leave nothing behind."""
+    return shared_machine("pf-nic")
 
 
 def test_long_commands_run_as_written(vm):

@@ -16,10 +16,9 @@ pytestmark = pytest.mark.integration
 TOPOLOGIES = ["pf-nic", "two-hb-interleave", "electrical-switch"]
 
 
-@pytest.mark.parametrize("pfcxl_machine", [{"topology": name} for name in TOPOLOGIES], indirect=True,
-                         ids=TOPOLOGIES)
-def test_guest_sees_the_predicted_topology_and_our_tables(pfcxl_machine):
-    vm = pfcxl_machine                     # the package's own pytest fixture, as users get it
+@pytest.mark.parametrize("name", TOPOLOGIES)
+def test_guest_sees_the_predicted_topology_and_our_tables(shared_machine, name):
+    vm = shared_machine(name)              # reads only: the session's guest of this topology
     topo = vm.topology
 
     found = discovery.discover(vm)

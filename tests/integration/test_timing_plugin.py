@@ -97,9 +97,10 @@ LOCAL_WORK = {   # workloads that never touch CXL
 }
 
 
-def test_plugin_overhead_on_local_memory(timed):
-    """Both guests run at once and take turns, so the shared host's load drifts over both alike."""
-    plain, _ = timed(None, "plain")
+def test_plugin_overhead_on_local_memory(timed, shared_machine):
+    """Both guests run at once and take turns, so the shared host's load drifts over both alike.
+    The guest without the plugin is the session's pf-nic guest: local memory only, nothing changed."""
+    plain = shared_machine(TOPOLOGY)
     counted, session = timed(timing.TimingConfig("count"), "counted")
     ns = {(who, label): [] for who in ("plain", "counted") for label in LOCAL_WORK}
     for _ in range(ROUNDS):

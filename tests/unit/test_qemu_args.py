@@ -341,3 +341,13 @@ def test_prepare_backing_refuses_a_larger_file_too(tmp_path):
     with pytest.raises(VMError, match=str(dev.volatile + MiB)):
         qemu.prepare_backing(topo, tmp_path)
     assert path.stat().st_size == dev.volatile + MiB
+
+
+def test_lean_cmdline_is_the_default_and_classic_leaves_it_out():
+    topo = topology.load(topology.resolve("pf-nic"))
+    lean, classic = qemu.kernel_cmdline(topo, "loglevel=7"), qemu.kernel_cmdline(topo, "loglevel=7", lean=False)
+    for option in ("mitigations=off", "tsc=reliable", "rcupdate.rcu_expedited=1"):
+        assert option in lean.split() and option not in classic.split()
+    # the base options stay, and what the caller appends comes last so it can override
+    assert classic == f"{qemu.BASE_CMDLINE} loglevel=7"
+    assert lean.startswith(qemu.BASE_CMDLINE) and lean.endswith(" loglevel=7")

@@ -1,0 +1,169 @@
+"""Cold boot to PFCXL-READY, classic against lean, interleaved in one run so both see the same load:
+
+    python -m pfcxl.host_tools.bench_boot [-t TOPOLOGY] [-n N] [--json FILE]
+                                          [--exec] [--multihost HOSTS]
+
+--exec also times `pfcxl run -- true` against `pfcxl exec` of the same in an up machine (and the
+exec request alone, without the CLI's start-up), N times each, interleaved. --multihost H times
+`multihost -n H -- true` as it was (all guests booting at once, classic kernel) against now
+(one boot per CPU at a time, lean kernel).
+
+Each boot is split into phases: the image (build or cache check), QEMU's start (spawn to QMP
+connected), firmware and kernel decompression (wall time from spawn to the guest's clock zero),
+the kernel up to `Run /init` (and its longest gaps, from dmesg's timestamps), and init up to
+PFCXL-READY (modules, devices, regions). The ratios lean/classic are what to compare; absolute
+figures depend on how busy the machine is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pfcxl.machine import Machine
+
+from . import argtypes
+
+DMESG_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
+RUN_INIT = "Run /init as init process"
+PHASES = ("image", "qemu_start", "firmware", "kernel", "init", "ready")
+
+
+def kernel_gaps(dmesg: str, top: int = 5) -> tuple[float | None, list[tuple[float, str]]]:
+    """(kernel time at `Run /init`, the `top` longest silences before it with the line that ended each)."""
+    at_init, previous, gaps = None, 0.0, []
+    for line in dmesg.splitlines():
+        found = DMESG_RE.match(line.strip())
+        if not found:
+            continue
+        stamp, text = float(found.group(1)), found.group(2)
+        gaps.append((round(stamp - previous, 3), text[:80]))
+        previous = stamp
+        if RUN_INIT in text:
+            at_init = stamp
+            break
+    return at_init, sorted(gaps, reverse=True)[:top]
+
+
+def boot_once(topology: str, lean: bool, run_dir: Path) -> dict:
+    """One cold boot, timed phase by phase."""
+    t0 = time.monotonic()
+    machine = Machine(topology, lean=lean, run_dir=run_dir, ready_timeout=600)
+    machine.boot_image()
+    t1 = time.monotonic()
+    try:
+        machine.launch()
+        t2 = time.monotonic()
+        machine.wait_ready()
+        t3 = time.monotonic()
+        uptime = float(machine.check("cat /proc/uptime").split()[0])
+        t4 = time.monotonic()
+        dmesg = machine.check("dmesg")
+    finally:
+        machine.close()
+    at_ready = uptime - (t4 - t3)           # the guest's clock when READY arrived
+    at_init, gaps = kernel_gaps(dmesg)
+    return {"lean": lean, "image": t1 - t0, "qemu_start": t2 - t1, "firmware": (t3 - t1) - at_ready,
+            "kernel": at_init, "init": at_ready - at_init if at_init is not None else None,
+            "ready": t3 - t1, "gaps": gaps}
+
+
+def summary(boots: list[dict]) -> dict:
+    """Per profile the median and best of each phase, and lean/classic ratios of the medians."""
+    out: dict = {}
+    for name, lean in (("classic", False), ("lean", True)):
+        rows = [b for b in boots if b["lean"] is lean]
+        out[name] = {p: {"median": round(statistics.median(b[p] for b in rows), 3),
+                         "best": round(min(b[p] for b in rows), 3)} for p in PHASES}
+    out["ratio_lean_over_classic"] = {p: round(out["lean"][p]["median"] / out["classic"][p]["median"], 3)
+                                      for p in PHASES if out["classic"][p]["median"] > 0}
+    return out
+
+
+def cli_seconds(*args: str) -> float:
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"pfcxl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+    return time.monotonic() - start
+
+
+def bench_exec(topology: str, n: int) -> dict:
+    """pfcxl run -- true against pfcxl exec NAME -- true (and the bare exec request)."""
+    from . import detached
+    name = f"bench-exec-{os.getpid()}"
+    cli_seconds("up", "-t", topology, "--name", name)
+    rows: dict[str, list[float]] = {"run": [], "exec": [], "exec_request": []}
+    try:
+        for _ in range(n):
+            rows["run"].append(cli_seconds("run", "-t", topology, "--", "true"))
+            rows["exec"].append(cli_seconds("exec", name, "--", "true"))
+            start = time.monotonic()
+            detached.exec_command(name, "true")
+            rows["exec_request"].append(time.monotonic() - start)
+    finally:
+        detached.down(name)
+    out = {k: {"median": round(statistics.median(v), 3), "best": round(min(v), 3)} for k, v in rows.items()}
+    out["ratio_exec_over_run"] = round(out["exec"]["median"] / out["run"]["median"], 3)
+    return out
+
+
+def bench_multihost(hosts: int) -> dict:
+    """multihost -n H -- true: all at once with the classic kernel (before) against now."""
+    from pfcxl.device import topology as topology_mod
+    from . import multihost
+    path = topology_mod.resolve("pf-appliance")
+    topo = topology_mod.load(path)
+    seconds = {}
+    for label, options in (("before", dict(parallel_boots=hosts, lean=False)), ("after", {})):
+        start = time.monotonic()
+        results = multihost.run(topo, path, hosts, "true", **options)
+        seconds[label] = round(time.monotonic() - start, 2)
+        failed = [r.host for r in results if r.error or r.status]
+        if failed:
+            raise SystemExit(f"multihost ({label}): hosts {failed} failed")
+        print(f"multihost -n {hosts} ({label}): {seconds[label]:.1f}s", flush=True)
+    seconds["ratio_after_over_before"] = round(seconds["after"] / seconds["before"], 3)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pfcxl.host_tools.bench_boot", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-t", "--topology", default="pf-nic")
+    parser.add_argument("-n", "--boots", type=int, default=3, help="boots per profile (default 3)")
+    parser.add_argument("--json", type=Path, help="write every boot and the summary here")
+    parser.add_argument("--exec", action="store_true", help="also: pfcxl run against pfcxl exec")
+    parser.add_argument("--multihost", type=argtypes.count, metavar="HOSTS", help="also: multihost -n HOSTS before/after")
+    args = parser.parse_args(argv)
+    if args.boots < 1:
+        parser.error(f"--boots {args.boots}: at least 1")
+    boots = []
+    with tempfile.TemporaryDirectory(prefix="pfcxl-bench-boot-") as tmp:
+        for i in range(args.boots):
+            for lean in (False, True):              # interleaved: both profiles see the same load
+                b = boot_once(args.topology, lean, Path(tmp) / f"{i}-{int(lean)}")
+                boots.append(b)
+                print(f"{'lean   ' if lean else 'classic'} " + " ".join(
+                    f"{p}={b[p]:.2f}s" for p in PHASES if b[p] is not None), flush=True)
+                print("    longest kernel gaps: " + "; ".join(f"{d:.2f}s before '{t}'" for d, t in b["gaps"]))
+    result = summary(boots)
+    if args.exec:
+        result["exec"] = bench_exec(args.topology, args.boots)
+    if args.multihost:
+        result["multihost"] = bench_multihost(args.multihost)
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps({"boots": boots, "summary": result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""`pfcxl up / exec / ps / down`: machines that stay up between commands (host_tools/detached.py),
+and the boot options `run`, `boot`, `demo` and `up` share (so --reuse compares like with like)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from pfcxl.device import topology
+from pfcxl.errors import PfcxlError
+
+from . import argtypes, detached
+from .console import shell_command
+from .ui import err, out
+
+DEFAULT_NAME = "default"
+
+
+def boot_options(args) -> dict:
+    """Machine's keyword arguments from a boot command's options (no progress callback)."""
+    return dict(timing=args.timing, image=args.image, host=args.host, appliance=args.appliance_dir,
+                run_dir=args.run_dir, keep=args.keep, cedt=args.cedt, append=args.append,
+                ready_timeout=args.timeout, inject_profile=args.inject_profile, baseline_ns=args.baseline_ns,
+                data_path=getattr(args, "data_path", None))
+
+
+def _topology(args) -> tuple[Path, str]:
+    path = topology.resolve(args.topology)
+    return path, topology.load(path).name      # validated before any daemon starts
+
+
+def reusable(args) -> str | None:
+    """run --reuse: a ready machine with the same topology content and boot options, if any."""
+    if args.timing:
+        raise PfcxlError("--reuse runs the command in an up machine; --timing needs its own boot "
+                         "(give one or the other)")
+    path, _ = _topology(args)
+    options = boot_options(args)
+    if options["appliance"]:
+        options["appliance"] = str(Path(options["appliance"]).absolute())
+    return detached.find_reusable(path, options)
+
+
+def run_reused(args, command: str) -> int | None:
+    """run --reuse: the command's status from a matching up machine, or None if there is none."""
+    name = reusable(args)
+    if name is None:
+        return None
+    err.print(f"[dim]reusing machine '{escape(name)}' (pfcxl ps)[/dim]")
+    return exec_in(name, command, args.command_timeout)
+
+
+def add_reuse_option(p) -> None:
+    p.add_argument("--reuse", action="store_true", help="run it in an up machine (pfcxl up) of the same "
+                   "topology file and boot options if there is one, else boot as usual")
+
+
+def exec_in(name: str, command: str, timeout: float) -> int:
+    """Run `command` in machine `name`; print its output as `pfcxl run` does; its status."""
+    status, output = detached.exec_command(name, command, timeout)
+    sys.stdout.write(output)
+    sys.stdout.flush()
+    return status
+
+
+def cmd_up(args) -> int:
+    for flag, given in (("--run-dir", args.run_dir), ("--dry-run", args.dry_run), ("--keep", args.keep)):
+        if given:
+            raise PfcxlError(f"pfcxl up: {flag} is not for up (a machine keeps its files in "
+                             f"{detached.machines_dir()}/<name>/ until pfcxl down)")
+    path, name = _topology(args)
+    options = {k: v for k, v in boot_options(args).items() if k not in ("run_dir", "keep")}
+    if options["appliance"]:
+        options["appliance"] = str(Path(options["appliance"]).absolute())
+    start = time.monotonic()
+    with err.status(f"booting {name} as machine '{args.name}' in the background"):
+        info = detached.up(args.name, path, name, options, wait=args.timeout + 600)
+    err.print(f"[dim]machine '{args.name}' ({name}) ready in {time.monotonic() - start:.1f}s; "
+              f"pfcxl exec {args.name} -- CMD; pfcxl down {args.name}[/dim]")
+    out.print(escape(args.name), highlight=False)
+    return 0 if info["state"] == "ready" else 1
+
+
+def cmd_exec(args) -> int:
+    if not args.command:
+        raise PfcxlError(f"pfcxl exec: give a command after --, e.g. pfcxl exec {args.name} -- cxl list -R")
+    return exec_in(args.name, shell_command(args.command), args.command_timeout)
+
+
+def _age(started: float | None) -> str:
+    if not started:
+        return "-"
+    seconds = int(time.time() - started)
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def cmd_ps(args) -> int:
+    table = Table("name", "topology", "age", "state", "daemon", "qemu")
+    for name in detached.names():
+        info = detached.describe(name)
+        table.add_row(escape(name), escape(info["topology"]), _age(info["started"]), escape(info["state"]),
+                      str(info["daemon_pid"] or "-"), str(info["qemu_pid"] or "-"))
+    out.print(table)
+    return 0
+
+
+def cmd_down(args) -> int:
+    if bool(args.all) == bool(args.name):
+        raise PfcxlError("pfcxl down: give a machine name or --all")
+    for name in detached.names() if args.all else [args.name]:
+        detached.down(name)
+        err.print(f"[dim]machine '{escape(name)}' is down[/dim]")
+    return 0
+
+
+def add_parsers(sub, common) -> None:
+    p = sub.add_parser("up", help="boot a guest in the background; exec runs commands in it",
+                       description="Boot a guest as `pfcxl run` would, but keep it up in a background process "
+                       f"with a control socket in {detached.machines_dir()}/NAME/. Then: pfcxl exec NAME -- CMD, "
+                       "pfcxl ps, pfcxl down NAME, pfcxl run --reuse.")
+    common(p, boots=True)
+    p.add_argument("--name", default=DEFAULT_NAME, help=f"the machine's name (default {DEFAULT_NAME})")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("exec", help="run a command in an up machine (output and status as pfcxl run)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", help="the machine (pfcxl ps)")
+    p.add_argument("--command-timeout", type=argtypes.seconds, default=600, help="seconds for the command (default 600)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
+    p.set_defaults(func=cmd_exec)
+
+    p = sub.add_parser("ps", help="machines that are up: topology, age, state")
+    p.set_defaults(func=cmd_ps)
+
+    p = sub.add_parser("down", help="stop a machine (or --all) and remove its files")
+    p.add_argument("name", nargs="?")
+    p.add_argument("--all", action="store_true", help="every machine")
+    p.set_defaults(func=cmd_down)

@@ -1,0 +1,134 @@
+"""Machines that stay up (issue 12 item 2): pfcxl up / exec / ps / down / run --reuse, booted for real.
+
+Each test names its machines after its own pid, so parallel sessions do not meet."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from pfcxl.device import topology
+from pfcxl.host_tools import detached
+
+from .conftest import pfcxl_cli, pid_alive
+
+pytestmark = pytest.mark.integration
+
+COMMAND = ["sh", "-c", "echo 'out a  b'; echo err >&2; exit 3"]
+
+
+def up(name: str, *options: str) -> dict:
+    done = pfcxl_cli("up", "--name", name, *options, timeout=900)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == name
+    return detached.describe(name)
+
+
+def ps() -> str:
+    return pfcxl_cli("ps", env={**os.environ, "COLUMNS": "300"}).stdout
+
+
+def assert_gone(name: str, info: dict) -> None:
+    """down left no process and no file."""
+    assert not detached.machine_dir(name).exists()
+    for pid in filter(None, (info["daemon_pid"], info["qemu_pid"])):
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(pid), f"pid {pid} still running after down"
+    assert name not in ps()
+
+
+@pytest.fixture
+def name(request):
+    names = []
+
+    def _name(tag: str) -> str:
+        names.append(f"t{os.getpid()}-{tag}")
+        return names[-1]
+
+    yield _name
+    for n in names:
+        if detached.machine_dir(n).exists():
+            detached.down(n)
+
+
+def test_exec_is_run_two_execs_at_once_reuse_and_down(name):
+    a = name("a")
+    info = up(a)
+    assert info["state"] == "ready" and pid_alive(info["qemu_pid"]) and pid_alive(info["daemon_pid"])
+    assert a in ps() and "pf-nic" in ps()
+
+    ran = pfcxl_cli("run", "--", *COMMAND, timeout=900)
+    execd = pfcxl_cli("exec", a, "--", *COMMAND, timeout=300)
+    assert (execd.returncode, execd.stdout) == (ran.returncode, ran.stdout) == (3, "out a  b\nerr\n")
+
+    # two execs at once: both complete, each with its own output and status
+    results = {}
+
+    def one(tag: str, status: int) -> None:
+        results[tag] = pfcxl_cli("exec", a, "--", f"sleep 1; echo {tag}; exit {status}", timeout=300)
+
+    threads = [threading.Thread(target=one, args=(t, s)) for t, s in (("first", 5), ("second", 6))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [(r.returncode, r.stdout) for r in results.values()] == [(5, "first\n"), (6, "second\n")]
+
+    # --reuse takes the up machine (it sees a file an exec left there) ...
+    assert pfcxl_cli("exec", a, "--", "touch /tmp/left-by-exec").returncode == 0
+    reused = pfcxl_cli("run", "--reuse", "--", "ls /tmp/left-by-exec", timeout=300)
+    assert reused.returncode == 0 and f"reusing machine '{a}'" in reused.stderr
+    # ... and never one of another topology or other boot options
+    path = topology.resolve("pf-nic")
+    same = dict(timing=None, image="busybox", host=0, appliance=None, cedt="auto", append="",
+                inject_profile="pf", baseline_ns=None)
+    assert detached.find_reusable(path, same) == a
+    for other in ({"append": "loglevel=7"}, {"cedt": "ours"}, {"image": "debian"}, {"lean": False}):
+        assert detached.find_reusable(path, {**same, **other}) is None, other
+    assert detached.find_reusable(topology.resolve("two-hb-interleave"), same) is None
+
+    assert pfcxl_cli("down", a).returncode == 0
+    assert_gone(a, info)
+
+
+def test_a_killed_guest_is_reported_by_ps_and_exec(name):
+    b = name("b")
+    info = up(b)
+    os.kill(info["qemu_pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while detached.describe(b)["state"] == "ready" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert detached.describe(b)["state"].startswith("crashed")
+    assert "crashed" in ps()
+    execd = pfcxl_cli("exec", b, "--", "true", timeout=60)
+    assert execd.returncode == 5 and "crashed" in execd.stderr and len(execd.stderr.splitlines()) == 1
+
+    # its daemon killed too: dead, said by both, and down still cleans everything
+    os.kill(info["daemon_pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_alive(info["daemon_pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert detached.describe(b)["state"].startswith("dead")
+    execd = pfcxl_cli("exec", b, "--", "true", timeout=60)
+    assert execd.returncode == 5 and "is dead" in execd.stderr
+    assert pfcxl_cli("down", b).returncode == 0
+    assert_gone(b, info)
+
+
+def test_a_guest_that_cannot_boot_is_reported_and_down_removes_it(name, tmp_path):
+    c = name("c")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(topology.resolve("pf-nic").read_text())
+    done = pfcxl_cli("up", "--name", c, "--append", "init=/nonexistent rdinit=/nonexistent", "-t", str(bad),
+                     "--timeout", "120", timeout=900)
+    assert done.returncode == 5 and f"machine '{c}' did not come up" in done.stderr
+    info = detached.describe(c)
+    assert info["state"].startswith("failed")
+    assert pfcxl_cli("down", c).returncode == 0
+    assert_gone(c, info)

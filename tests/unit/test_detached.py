@@ -1,0 +1,69 @@
+"""Machines that stay up, without booting: names, the --reuse key, and one-line errors for
+machines that are not there."""
+
+import pytest
+
+from pfcxl.device import topology
+from pfcxl.errors import PfcxlError, VMError
+from pfcxl.host_tools import detached
+from pfcxl.host_tools.cli import main
+
+BASE = dict(timing=None, image="busybox", host=0, appliance=None, cedt="auto", append="",
+            inject_profile="pf", baseline_ns=None)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFCXL_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", "-x", "x" * 65, "sp ace"])
+def test_bad_names_are_refused_in_one_line(name):
+    with pytest.raises(PfcxlError, match="must be 1-64 letters, digits"):
+        detached.machine_dir(name)
+
+
+def test_the_reuse_key_follows_topology_content_and_boot_options(tmp_path):
+    path = topology.resolve("pf-nic")
+    key = detached.boot_key(path, BASE)
+    # timeouts and file locations do not change the guest; lean is the default either way
+    assert detached.boot_key(path, {**BASE, "ready_timeout": 5, "run_dir": "/x", "keep": True}) == key
+    assert detached.boot_key(path, {**BASE, "lean": True}) == key
+    for other in ({"append": "quiet"}, {"cedt": "ours"}, {"image": "debian"}, {"timing": "count"},
+                  {"host": 1}, {"lean": False}):
+        assert detached.boot_key(path, {**BASE, **other}) != key, other
+    copy = tmp_path / "copy.toml"
+    copy.write_bytes(path.read_bytes())
+    assert detached.boot_key(copy, BASE) == key                 # same content, another file: same
+    copy.write_bytes(path.read_bytes() + b"\n# edited\n")
+    assert detached.boot_key(copy, BASE) != key
+
+
+def test_no_machine_up_means_nothing_to_reuse_list_or_exec(capsys):
+    assert detached.names() == [] and detached.find_reusable(topology.resolve("pf-nic"), BASE) is None
+    with pytest.raises(VMError, match="no machine 'm1' is up"):
+        detached.exec_command("m1", "true")
+    assert main(["exec", "m1", "--", "true"]) == VMError.exit_code
+    assert main(["down", "m1"]) == VMError.exit_code
+    assert main(["down"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["pfcxl: error: no machine 'm1' is up (pfcxl ps lists them)"] * 2 + [
+        "pfcxl: error: pfcxl down: give a machine name or --all"]
+
+
+def test_up_refuses_run_only_options_before_starting_anything(tmp_path, capsys):
+    assert main(["up", "--run-dir", str(tmp_path / "r")]) == 1
+    assert "--run-dir is not for up" in capsys.readouterr().err
+    assert not detached.machines_dir().exists()
+
+
+def test_a_dead_machine_is_reported_not_waited_for(tmp_path):
+    where = detached.machine_dir("m2")
+    where.mkdir(parents=True)
+    (where / detached.REQUEST).write_text('{"topology_name": "pf-nic"}')
+    (where / detached.DAEMON).write_text('{"pid": 999999999, "started": 0}')
+    assert detached.describe("m2")["state"].startswith("dead")
+    with pytest.raises(VMError, match="machine 'm2' is dead"):
+        detached.exec_command("m2", "true")
+    detached.down("m2")
+    assert not where.exists()

@@ -1,0 +1,93 @@
+"""multihost boots at most `parallel_boots` guests at a time, launching the next as one is ready.
+
+QEMU is replaced by a recording Machine here: what is checked is the order of launches and
+waits, which a real boot cannot show without asserting on timings."""
+
+import contextlib
+
+import pytest
+
+from pfcxl.device import topology
+from pfcxl.errors import PfcxlError, VMError
+from pfcxl.host_tools import multihost
+
+
+class Attachment:
+    port, incarnation, pool_id = 0, 1, "pool"
+
+
+class RecordingMachine:
+    events: list[tuple[str, int]] = []
+    fail: set[int] = set()
+
+    def __init__(self, topo, *, host, **options):
+        self.host, self.attachment = host, Attachment()
+
+    def launch(self):
+        self.events.append(("launch", self.host))
+
+    def boot_image(self):
+        return "image"
+
+    def wait_ready(self):
+        self.events.append(("ready", self.host))
+        if self.host in self.fail:
+            raise VMError(f"host{self.host}: kernel panic")
+
+    def start_command(self, command):
+        return command
+
+    def finish_command(self, token, timeout):
+        return type("Done", (), {"status": 0, "output": token})()
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def recorded(monkeypatch, tmp_path):
+    RecordingMachine.events, RecordingMachine.fail = [], set()
+    monkeypatch.setattr(multihost, "Machine", RecordingMachine)
+    monkeypatch.setattr(multihost, "appliance_for",
+                        contextlib.contextmanager(lambda *a: (yield (tmp_path, False))))
+    monkeypatch.setattr(multihost, "check_incarnation", lambda *a: None)
+    path = topology.resolve("pf-appliance")
+    return lambda hosts, **kw: multihost.run(topology.load(path), path, hosts, "echo {host}",
+                                             run_dir=tmp_path / "hosts", **kw)
+
+
+def booting_at_each_step(events):
+    booting, seen = set(), []
+    for kind, host in events:
+        (booting.add if kind == "launch" else booting.discard)(host)
+        seen.append(len(booting))
+    return seen
+
+
+def test_at_most_parallel_boots_guests_boot_at_once(recorded):
+    results = recorded(7, parallel_boots=2)
+    events = RecordingMachine.events
+    assert max(booting_at_each_step(events)) == 2
+    # the next guest starts only once one is ready, and every guest gets booted and its command
+    assert events[:4] == [("launch", 0), ("launch", 1), ("ready", 0), ("launch", 2)]
+    assert sorted(h for kind, h in events if kind == "launch") == list(range(7))
+    assert [(r.host, r.status, r.output) for r in results] == [(h, 0, f"echo {h}") for h in range(7)]
+
+
+def test_a_failed_boot_frees_its_slot_and_is_reported(recorded):
+    RecordingMachine.fail = {1}
+    results = recorded(4, parallel_boots=2)
+    assert max(booting_at_each_step(RecordingMachine.events)) == 2
+    assert [r.status for r in results] == [0, None, 0, 0]
+    assert "kernel panic" in results[1].error
+
+
+def test_default_is_one_boot_per_cpu(recorded):
+    recorded(5)
+    assert max(booting_at_each_step(RecordingMachine.events)) == min(5, multihost.boot_slots())
+
+
+def test_parallel_boots_must_be_positive(recorded):
+    with pytest.raises(PfcxlError, match="0 parallel boots: at least 1"):
+        recorded(2, parallel_boots=0)
+    assert RecordingMachine.events == []
