@@ -60,7 +60,8 @@ def _build_image(machine: Machine) -> image.BootImage:
 def _machine(args, **overrides) -> Machine:
     """The Machine a boot command's options describe."""
     options = cli_machines.boot_options(args)
-    options.update(progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), **overrides)
+    options["progress"] = lambda m: err.print(f"[dim]{escape(m)}[/dim]")
+    options.update(overrides)
     return Machine(args.topology, **options)
 
 
