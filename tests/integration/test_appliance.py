@@ -203,10 +203,13 @@ def test_a_killed_multihost_takes_its_temporary_appliance_and_directories_along(
         for line in proc.stderr:
             if line.startswith("starting a temporary appliance in "):
                 where = Path(line.split(" in ", 1)[1].strip())
-            if "guests launched" in line:
+            if line.startswith("booting ") and " guests, " in line:
                 break
         assert where is not None and where.exists()
         service = appliance.running_pid(where)
+        deadline = time.monotonic() + 60                # the guest's QEMU starts right after that line
+        while not qemu_pids_using(where) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert service is not None and qemu_pids_using(where)
         os.kill(proc.pid, sig)
         proc.wait(120)
