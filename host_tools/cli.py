@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import signal
 import sys
 import time
@@ -401,6 +402,10 @@ def _terminate(signum, frame):  # SIGTERM and SIGHUP unwind like Ctrl-C, so ever
 
 
 def main(argv: list[str] | None = None) -> int:
+    # qemu.qmp runs QMP on a private asyncio loop; a Ctrl-C or SIGTERM/SIGHUP that lands inside it
+    # leaves a task whose exception asyncio would print as a traceback at exit. pfcxl has already
+    # shut the guest down and said so in one line: that echo is noise to a user.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     ap = parser()
     args, extra = ap.parse_known_args(argv)
     if extra and getattr(args, "func", None) is cmd_tables and not any(a.startswith("-") for a in extra):
