@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pfcxl.device import fabric_constants as fc
+from pfcxl.device import fabric_model
 
 from .conftest import pfcxl_cli
 
@@ -40,7 +41,7 @@ def test_a_captured_bandwidth_run_replays_at_full_load(tmp_path):
     assert max(ports["gbs"]) - min(ports["gbs"]) < 0.1 * max(ports["gbs"])
     # the captured gaps are kept in proportion, so the guest's bursts queue at the ports: at full
     # load the median is above the idle 283 ns; at a light load it is the idle figure
-    idle = fc.idle_read_ns("pf")
+    idle = fabric_model.idle_ns("pf", False)
     assert report["read"]["p50"] >= idle - fc.PF_JITTER_READ_NS
     light = json.loads(pfcxl_cli("model", "replay", str(trace), "--system", "pf", "--load", "0.05",
                                  "--json").stdout)
