@@ -1,4 +1,4 @@
-"""One emulated host: a QEMU process, its serial console (pexpect) and its QMP monitor (qemu.qmp).
+"""One emulated host: a QEMU process, its serial console (host_tools/console.py) and its QMP monitor (qemu.qmp).
 
 Lifecycle, after qemu.machine: explicit states; `launch()` either leaves a running VM or cleans
 up and raises one VMError carrying the command line and the log tail; `shutdown()` is graceful

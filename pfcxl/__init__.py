@@ -2,7 +2,7 @@
 
 The public API is `pfcxl.Machine` (one booted host) and `pfcxl.Appliance` (the service that
 owns the pooled memory); see pfcxl/machine.py. They are imported on first use, so that the
-appliance service and the table tools do not load QEMU's and pexpect's modules.
+appliance service and the table tools do not load the QMP and console modules.
 
 In a checkout, the top-level folders (device/, firmware_tables/, guest/, host_tools/) are this
 package's subpackages: the checkout that holds this file is where they come from, so a second
