@@ -1,4 +1,9 @@
-"""The `pfcxl` command. The only place that exits the process or prints tracebacks (--debug)."""
+"""The `pfcxl` command. The only place that exits the process or prints tracebacks (--debug).
+
+Building the parser imports only light modules: every command imports what it uses when it runs,
+so `pfcxl exec`, `ps` and `--help` start without numpy, jinja2, QMP or the image builder
+(tests/unit/test_cli_imports.py keeps it so).
+"""
 
 from __future__ import annotations
 
@@ -12,23 +17,18 @@ import time
 from pathlib import Path
 
 from rich.markup import escape
-from rich.table import Table
 
 from pfcxl import __version__
-from pfcxl.device import address_map, topology
-from pfcxl.device.units import hexaddr, human
 from pfcxl import errors
 from pfcxl.errors import PfcxlError, TopologyError
 
-from pfcxl.firmware_tables import boot_policy, table_files
-
 from pfcxl.device import fabric_constants, fabric_model
+from pfcxl.firmware_tables import boot_policy
 
-from . import (argtypes, cli_appliance, cli_bench, cli_kv, cli_machines, cli_model, cli_serving, cli_tables,
-               discovery, image, qemu, terminal, timing, timing_report)
+from . import argtypes, cli_appliance, cli_bench, cli_kv, cli_machines, cli_model, cli_serving, cli_topology
+from . import image, timing
 from .console import shell_command
 from .ui import err, out
-from pfcxl.machine import RUN_DIR_PLACEHOLDER, Machine
 
 
 def _epilog() -> str:
@@ -43,11 +43,7 @@ def _epilog() -> str:
 # --------------------------------------------------------------------------- helpers
 
 
-def _load(arg: str | None) -> topology.Topology:
-    return topology.load(topology.resolve(arg))
-
-
-def _build_image(machine: Machine) -> image.BootImage:
+def _build_image(machine) -> image.BootImage:
     """The machine's guest image, with a spinner while it is built; say which it is."""
     with err.status("building guest image") as status:
         img = machine.boot_image(progress=lambda m: status.update(m))
@@ -58,8 +54,9 @@ def _build_image(machine: Machine) -> image.BootImage:
     return img
 
 
-def _machine(args, **overrides) -> Machine:
+def _machine(args, **overrides):
     """The Machine a boot command's options describe."""
+    from pfcxl.machine import Machine
     options = cli_machines.boot_options(args)
     options["progress"] = lambda m: err.print(f"[dim]{escape(m)}[/dim]")
     options.update(overrides)
@@ -85,8 +82,10 @@ def _booted(args):
         machine.close()
 
 
-def _print_plan(machine: Machine, command: str | None = None) -> int:
+def _print_plan(machine, command: str | None = None) -> int:
     """--dry-run: the whole plan of a boot, nothing started."""
+    from pfcxl.machine import RUN_DIR_PLACEHOLDER
+    from .qemu import show
     plan = machine.plan()
     img = plan.image
     cdats = sorted({**plan.tables.device_cdat, **plan.tables.switch_cdat})
@@ -102,7 +101,7 @@ def _print_plan(machine: Machine, command: str | None = None) -> int:
     ]
     if command is not None:
         lines.append(f"command    {command}")
-    lines += ["argv", qemu.show(plan.argv)]
+    lines += ["argv", show(plan.argv)]
     out.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
     return 0
 
@@ -116,58 +115,12 @@ def _timed_command(command: str, ready: dict) -> str:
 # --------------------------------------------------------------------------- commands
 
 
-def cmd_topology_show(args) -> int:
-    topo = _load(args.topology)
-    t = Table(title=f"{topo.name}: {topo.description}", title_justify="left")
-    for col in ("kind", "id", "attached to", "details"):
-        t.add_column(col)
-    g = topo.guest
-    room = f"maxmem {human(g.maxmem)}, {g.slots} slots" if g.hotplug_room else "no hotplug room"
-    t.add_row("guest", "-", "-", f"{human(g.memory)} RAM ({room}), {g.cpus} vCPU")
-    chbs = address_map.chbs_bases(topo)
-    for hb in topo.host_bridges:
-        t.add_row("host bridge", hb.id, "pcie.0", f"bus_nr {hb.bus_nr}, CHBS {hexaddr(chbs[hb.id])}")
-    for rp in topo.root_ports:
-        t.add_row("root port", rp.id, rp.host_bridge, f"port {rp.port}, chassis {rp.chassis} slot {rp.slot}")
-    for sw in topo.switches:
-        t.add_row("switch", sw.id, sw.root_port, f"{len(sw.downstream)} downstream ports")
-        for dp in sw.downstream:
-            t.add_row("  downstream", dp.id, sw.id, f"port {dp.port}, chassis {dp.chassis} slot {dp.slot}")
-    for d in topo.devices:
-        t.add_row("type 3 device", d.id, d.port, f"{human(d.capacity)} {d.kind}"
-                  + (f", label area {human(d.lsa)}" if d.lsa else "") + f", serial {d.serial:#x}")
-    out.print(t)
-    m = Table(title="predicted host physical address map (QEMU 10 q35, Linux 6.12)", title_justify="left")
-    for col in ("linux name", "topology", "base", "end", "size", "ways", "granularity"):
-        m.add_column(col)
-    # a pmem region's DAX device belongs to its namespace, which libnvdimm names and sizes
-    daxes = [p for p, r in zip(address_map.dax_placements(topo), topo.regions) if r.kind != "persistent"]
-    for p in address_map.window_placements(topo) + address_map.region_placements(topo) + daxes:
-        m.add_row(p.name, p.what, hexaddr(p.base), hexaddr(p.base + p.size - 1), human(p.size),
-                  str(p.ways), human(p.granularity))
-    out.print(m)
-    return 0
-
-
-def cmd_topology_check(args) -> int:
-    for path in args.files:
-        topo = topology.load(path)
-        out.print(f"{path}: ok ({topo.name}: {len(topo.devices)} devices, {len(topo.windows)} windows, "
-                  f"{len(topo.regions)} regions)")
-    return 0
-
-
-def cmd_topology_list(args) -> int:
-    for path in topology.shipped_topologies():
-        topo = topology.load(path)
-        out.print(f"{topo.name:20} {topo.description}")
-    return 0
-
-
 def cmd_qemu_args(args) -> int:
     """Exactly the argv a boot with these options execs (Machine.plan: the same code path)."""
+    from pfcxl.machine import RUN_DIR_PLACEHOLDER
+    from .qemu import show
     plan = _machine(args, progress=lambda m: None).plan()
-    out.print("\n".join(plan.argv) if args.lines else qemu.show(plan.argv), markup=False, highlight=False,
+    out.print("\n".join(plan.argv) if args.lines else show(plan.argv), markup=False, highlight=False,
               soft_wrap=True)
     notes = ["fds 3 and 4 are the console and QMP socket pairs pfcxl passes in"]
     if any(d.appliance for d in plan.topology.devices):
@@ -181,7 +134,8 @@ def cmd_qemu_args(args) -> int:
 
 
 def cmd_image(args) -> int:
-    topo = _load(args.topology)
+    from pfcxl.machine import Machine
+    topo = cli_topology.load(args.topology)
     img = _build_image(Machine(topo, cedt=args.cedt, image=args.image))
     print(json.dumps({"kernel": str(img.kernel), "initrd": str(img.initrd),
                       "kernel_release": img.kernel_release, "rebuilt": img.rebuilt}))
@@ -191,6 +145,7 @@ def cmd_image(args) -> int:
 def cmd_boot(args) -> int:
     if args.dry_run:
         return _print_plan(_machine(args, progress=lambda m: None))
+    from . import terminal
     with _booted(args) as machine:
         terminal.interact(machine.console, banner=f"pfcxl: {machine.topology.name} console; Ctrl-] leaves "
                                                   "and powers the guest off")
@@ -205,6 +160,7 @@ def cmd_run(args) -> int:
         return _print_plan(_machine(args, progress=lambda m: None), command)
     if args.reuse and (status := cli_machines.run_reused(args, command)) is not None:
         return status
+    from . import timing_report
     report = None
     with _booted(args) as vm:
         topo, session = vm.topology, vm.timing
@@ -234,6 +190,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from rich.table import Table
+
+    from . import discovery
     if args.dry_run:
         return _print_plan(_machine(args, progress=lambda m: None))
     with _booted(args) as machine:
@@ -257,33 +216,6 @@ def cmd_demo(args) -> int:
         return 1
     out.print(f"[green]all {len(checks)} checks match[/green]")
     return 0
-
-
-def cmd_tables(args) -> int:
-    if args.items[:1] == ["decode"]:
-        return cli_tables.decode_files(args.items[1:], args.kind)
-    if len(args.items) > 1:
-        raise PfcxlError(f"pfcxl tables takes one topology, got {' '.join(args.items)} "
-                         "(to decode files: pfcxl tables decode FILE...)")
-    topo = _load(args.items[0] if args.items else None)
-    out_dir = Path(args.out or f"tables-{topo.name}")
-    argtypes.writable_dir(out_dir, "--out")
-    written = table_files.write(topo, out_dir)
-    t = Table(title=f"{topo.name}: firmware tables in {out_dir}", title_justify="left")
-    for col in ("file", "bytes", "what"):
-        t.add_column(col)
-    for path in written:
-        t.add_row(path.name, str(path.stat().st_size), _describe_table_file(path))
-    out.print(t)
-    if topo.timing is None:
-        err.print("[dim]no `timing` in this topology: devices keep QEMU's default CDAT; no generic port "
-                  "or HMAT options[/dim]")
-    return 0
-
-
-def _describe_table_file(path: Path) -> str:
-    return {".dat": "ACPI CEDT (binary)", ".cdat": "CXL CDAT (binary, for cdat=)",
-            ".txt": "decoded dump", ".args": "QEMU options: generic port + HMAT"}.get(path.suffix, "")
 
 
 # --------------------------------------------------------------------------- parser
@@ -333,18 +265,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"pfcxl {__version__}")
     ap.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = ap.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
-
-    topo = sub.add_parser("topology", help="show, check or list topologies")
-    tsub = topo.add_subparsers(dest="topology_cmd", metavar="ACTION", required=True)
-    p = tsub.add_parser("show", help="the topology as a table with its predicted address map")
-    p.add_argument("topology", nargs="?", help="name or TOML path (default: pf-nic)")
-    p.set_defaults(func=cmd_topology_show)
-    p = tsub.add_parser("check", help="validate topology files; one line per mistake")
-    p.add_argument("files", nargs="+")
-    p.set_defaults(func=cmd_topology_check)
-    p = tsub.add_parser("list", help="the shipped topologies")
-    p.set_defaults(func=cmd_topology_list)
-
+    cli_topology.add_topology_parser(sub)
     p = sub.add_parser("qemu-args", help="print the exact QEMU command line a boot of a topology execs",
                        description="Print the argv that `pfcxl run`/`boot` with the same options would exec: "
                        "CDAT files, generic ports, HMAT and plugin options included, every generated file "
@@ -372,18 +293,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("tables", help="write a topology's CEDT, CDATs and HMAT options; or decode tables",
-                       description="pfcxl tables [TOPOLOGY] [--out DIR]: write CEDT.dat, one CDAT per device "
-                       "and switch, the generic-port/HMAT QEMU options and decoded dumps.\n"
-                       "pfcxl tables decode FILE...: decode any CEDT or CDAT (ours, QEMU's, a real "
-                       "machine's) and list every violation found; exit 1 if there are any.",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("items", nargs="*", metavar="TOPOLOGY | decode FILE...")
-    p.add_argument("--out", help="output directory (default: tables-<topology name>)")
-    p.add_argument("--as", dest="kind", choices=("cedt", "cdat"),
-                   help="decode: read files as this table kind (default: CEDT if the file says so, else CDAT)")
-    p.set_defaults(func=cmd_tables)
-
+    cli_topology.add_tables_parser(sub)
     cli_appliance.add_parsers(sub, _common)
     cli_machines.add_parsers(sub, _common)
     cli_bench.add_parsers(sub)
@@ -408,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     ap = parser()
     args, extra = ap.parse_known_args(argv)
-    if extra and getattr(args, "func", None) is cmd_tables and not any(a.startswith("-") for a in extra):
+    if extra and getattr(args, "func", None) is cli_topology.cmd_tables and not any(a.startswith("-") for a in extra):
         args.items += extra     # file names after an option: `tables decode --as cdat FILE...`
     elif extra:
         ap.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -1,4 +1,5 @@
-"""`pfcxl appliance start|stop|status|where` and `pfcxl multihost`."""
+"""`pfcxl appliance start|stop|status|where` and `pfcxl multihost` (which imports the boot modules
+when it runs: the parser stays light, see host_tools/cli.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ import time
 from pathlib import Path
 
 from rich.markup import escape
-from rich.table import Table
 
 from pfcxl.device import data_path, topology
 from pfcxl.device.units import human
 from pfcxl.errors import PfcxlError
 
-from . import appliance, argtypes, multihost
+from . import appliance, argtypes
 from .ui import err, out
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -55,6 +55,7 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(status, indent=1))
         return 0
+    from rich.table import Table
     a = status["appliance"]
     out.print(f"appliance '{a['topology']}' (pid {status['pid']}, {a['backing']}, incarnation {status['incarnation']}, "
               f"pool {status['pool_id']}): {a['modules']} modules, "
@@ -101,6 +102,7 @@ def cmd_where(args) -> int:
 
 
 def cmd_multihost(args) -> int:
+    from . import multihost           # the Machine and QEMU modules, for this command alone
     if not args.command:
         raise PfcxlError("pfcxl multihost: give a command after --, e.g. pfcxl multihost -n 4 -- cxl list")
     topo, path = _topology(args)

@@ -1,4 +1,5 @@
-"""`pfcxl bench` and `pfcxl bench compare A B`."""
+"""`pfcxl bench` and `pfcxl bench compare A B` (the benchmark, report and numpy modules are imported
+when the command runs: the parser stays light, see host_tools/cli.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from pfcxl.device import data_path, topology
 from pfcxl.errors import PfcxlError
 
-from . import argtypes, bench, bench_report, image, timing_report
+from . import argtypes, image
 from .ui import err, out
-from pfcxl.machine import Machine
 
 
 def cmd_bench(args) -> int:
+    from pfcxl.device import data_path, topology
+    from pfcxl.machine import Machine
+    from . import bench, bench_report, timing_report
     if args.items[:1] == ["compare"]:
         if len(args.items) != 3:
             raise PfcxlError("usage: pfcxl bench compare RESULTS_A RESULTS_B (results.json files or their folders)")

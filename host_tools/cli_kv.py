@@ -1,6 +1,7 @@
 """`pfcxl kv format|stats|dump|verify|bench`: the KV block store (docs/kvstore.md) read and written
 on the host through the appliance's pool file, without a guest. The store code is the guest's own
-file (guest/python/pfcxl_kvstore.py), so host and guests see one store."""
+file (guest/python/pfcxl_kvstore.py), so host and guests see one store. The store and the serving
+model are imported when a kv command runs: the parser stays light (host_tools/cli.py)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ import os
 import time
 from pathlib import Path
 
-from rich.table import Table
-
 from pfcxl.device import appliance_rundir, topology
 from pfcxl.device.units import human, parse_size
 from pfcxl.errors import PfcxlError
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
-from . import appliance, argtypes, debian_image, kv_model
+from . import appliance, argtypes, debian_image
 from .ui import out
 
 DEFAULT_APPLIANCE = "pf-appliance"
-kv = debian_image.import_guest_module("pfcxl_kvstore")
+
+
+def store_module():
+    """The guest's store module (guest/python/pfcxl_kvstore.py)."""
+    return debian_image.import_guest_module("pfcxl_kvstore")
 
 
 def pool_file(args) -> Path:
@@ -43,6 +46,7 @@ def pool_file(args) -> Path:
 
 
 def open_store(args, host=None):
+    kv = store_module()
     try:
         return kv.Store.open(str(pool_file(args)), host=host)
     except kv.KVError as exc:
@@ -50,6 +54,7 @@ def open_store(args, host=None):
 
 
 def cmd_format(args) -> int:
+    kv = store_module()
     path = pool_file(args)
     try:
         if not args.force:
@@ -73,6 +78,7 @@ def cmd_stats(args) -> int:
     if args.json:
         print(json.dumps(st, indent=1))
         return 0
+    from rich.table import Table
     t = Table(title=f"KV store: {st['blocks']} blocks, {human(st['bytes'])}")
     for col in ("host", "blocks", "bytes", "evictions", "last sequence"):
         t.add_column(col, justify="right")
@@ -108,6 +114,10 @@ def cmd_verify(args) -> int:
 def cmd_bench(args) -> int:
     """Store then load `--blocks` blocks of `--size` bytes as `--host`, timed on this machine's
     clock; the blocks are removed afterwards."""
+    from rich.table import Table
+
+    from . import kv_model
+    kv = store_module()
     payload = os.urandom(args.size)
     with open_store(args, host=args.host) as s:
         keys = [f"bench/{os.getpid()}/{i}" for i in range(args.blocks)]

@@ -9,9 +9,7 @@ import time
 from pathlib import Path
 
 from rich.markup import escape
-from rich.table import Table
 
-from pfcxl.device import topology
 from pfcxl.errors import PfcxlError
 
 from . import argtypes, detached
@@ -30,6 +28,7 @@ def boot_options(args) -> dict:
 
 
 def _topology(args) -> tuple[Path, str]:
+    from pfcxl.device import topology
     path = topology.resolve(args.topology)
     return path, topology.load(path).name      # validated before any daemon starts
 
@@ -100,6 +99,7 @@ def _age(started: float | None) -> str:
 
 
 def cmd_ps(args) -> int:
+    from rich.table import Table
     table = Table("name", "topology", "age", "state", "daemon", "qemu")
     for name in detached.names():
         info = detached.describe(name)

@@ -1,5 +1,6 @@
 """`pfcxl model replay`: a captured trace replayed on a fabric model at a chosen offered load
-(device/fabric_replay.py)."""
+(device/fabric_replay.py). numpy and the fabric models are imported by the functions that use them:
+the parser stays light (host_tools/cli.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,10 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-from rich.table import Table
-
-from pfcxl.device import address_map, fabric_constants as fc, fabric_replay, topology
-from pfcxl.device.fabric_engine import trace_dtype
+from pfcxl.device import fabric_constants as fc, topology
 from pfcxl.errors import TimingError
 
-from . import argtypes, timing_report
+from . import argtypes
 from .ui import out
 
 SYSTEMS = {"pf": "pf", "pf_hbm": "pf_hbm", "electrical": "electrical", "dram": "local"}   # CLI -> report key
@@ -72,6 +69,7 @@ def _loads(text: str) -> list[float]:
 
 def save_trace(path: Path, records: np.ndarray) -> None:
     """Write captured records as a .npy trace file (exactly at `path`)."""
+    import numpy as np
     try:
         with open(path, "wb") as f:
             np.save(f, records, allow_pickle=False)
@@ -81,6 +79,9 @@ def save_trace(path: Path, records: np.ndarray) -> None:
 
 def read_trace(path: Path) -> np.ndarray:
     """The records of a .npy trace file; one line for anything else."""
+    import numpy as np
+
+    from pfcxl.device.fabric_engine import trace_dtype
     try:
         records = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -92,6 +93,8 @@ def read_trace(path: Path) -> np.ndarray:
 
 def _placement(topo: topology.Topology) -> tuple[int, int]:
     """(base HPA, interleave granularity) the trace's addresses were captured with."""
+    from pfcxl.device import address_map
+    from . import timing_report
     return (address_map.dax_placements(topo)[0].base if topo.regions else 0,
             timing_report.appliance_for(topo).granularity)
 
@@ -99,6 +102,10 @@ def _placement(topo: topology.Topology) -> tuple[int, int]:
 def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, load: float | None,
                   dilate: float | None, ns_per_insn: float = 1.0) -> dict:
     """Everything the printed report shows, as one document."""
+    import numpy as np
+
+    from pfcxl.device import fabric_replay
+    from . import timing_report
     key = SYSTEMS[system]
     model = timing_report.models(topo)[key]
     base, granularity = _placement(topo)
@@ -115,7 +122,10 @@ def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, 
             "ports": fabric_replay.port_rates(result)}
 
 
-def table(report: dict) -> Table:
+def table(report: dict):
+    import numpy as np
+    from rich.table import Table
+
     t = Table(title=f"{report['system']}: {report['requests']} requests from {report['hosts']} hosts, "
               + (f"offered {report['offered_gbs_per_host']:.2f} GB/s per host (load {report['load']:g})"
                  if report["load"] else f"issue times x {report['dilate']:g}"), title_justify="left")
@@ -150,6 +160,8 @@ CURVE_SYSTEMS = ("pf", "electrical", "dram")
 
 
 def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float], ns_per_insn: float = 1.0) -> dict:
+    from pfcxl.device import fabric_replay
+    from . import timing_report
     base, granularity = _placement(topo)
     models = timing_report.models(topo)
     out = {}
@@ -187,6 +199,7 @@ def save_curve(report: dict, path: Path) -> None:
 
 
 def cmd_curve(args) -> int:
+    from rich.table import Table
     topo = topology.load(topology.resolve(args.topology))
     report = curve_report(read_trace(args.trace), topo, args.loads, args.ns_per_insn)
     save_curve(report, args.out)

@@ -1,4 +1,5 @@
-"""`pfcxl serving`: the serving-level model (pfcxl.serving) from the command line."""
+"""`pfcxl serving`: the serving-level model (pfcxl.serving) from the command line. The simulator,
+its calibration and report are imported when the command runs: the parser stays light (host_tools/cli.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.markup import escape
-from rich.progress import Progress
 
 from pfcxl.errors import ServingError
-from pfcxl.serving import calibrate, inputs, report, sim
+from pfcxl.serving import inputs
 
 from .ui import err, out
 
@@ -89,6 +89,9 @@ def _setup(args):
 
 
 def cmd_serving(args) -> int:
+    from rich.progress import Progress
+
+    from pfcxl.serving import calibrate, report, sim
     sessions = parse_sessions(args.sessions)
     roles = [r.strip() for r in args.tiers.split(",")]
     if not roles or any(r not in report.ROLES for r in roles):

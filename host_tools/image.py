@@ -14,14 +14,18 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from pfcxl.device.topology import Topology
 from pfcxl.errors import ImageError
 from pfcxl.guest import plan
 
-from . import cache, cpio, debian_image, elf_deps
+from . import cache, cpio, debian_image
 from .compile import compile_cached
 from .process import run
+
+if TYPE_CHECKING:
+    from .elf_deps import Module
 
 GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
 GUEST_SOURCES = GUEST_DIR / "src"
@@ -77,6 +81,7 @@ def build_tools(out_dir: Path) -> dict[str, Path]:
 
 
 def _busybox_entries() -> list[cpio.Entry]:
+    from . import elf_deps     # pyelftools, only when an image is built (the CLI's parser reads IMAGE_KINDS)
     if not BUSYBOX.exists():
         raise ImageError(f"{BUSYBOX} is missing: run 'make setup' (package busybox-static)")
     if elf_deps.interpreter(BUSYBOX) is not None:
@@ -91,8 +96,9 @@ def _busybox_entries() -> list[cpio.Entry]:
     return entries
 
 
-def base_entries(manifest: dict, modules: list[elf_deps.Module]) -> list[cpio.Entry]:
+def base_entries(manifest: dict, modules: list[Module]) -> list[cpio.Entry]:
     """Everything but the topology's plan."""
+    from . import elf_deps
     release = manifest["kernel_release"]
     files: dict[str, cpio.Entry] = {}
 
@@ -181,6 +187,7 @@ def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = 
 def _build(topo: Topology, progress, acpi_tables: dict[str, bytes] | None, kind: str) -> BootImage:
     if kind not in IMAGE_KINDS:
         raise ImageError(f"image kind '{kind}' must be one of {', '.join(IMAGE_KINDS)}")
+    from . import elf_deps
     manifest = _manifest()
     say = progress or (lambda message: None)
     say("collecting guest image inputs")

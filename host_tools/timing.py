@@ -32,7 +32,6 @@ from pfcxl.device import address_map, data_path
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TimingError
 
-from .qemu import qemu_opt
 from .timing_plugin import build_plugin, doorbell_hpa, doorbell_hpas
 from .trace_ring import DEFAULT_CAPACITY, Drainer, Ring
 
@@ -77,6 +76,7 @@ def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfi
     """QEMU's plugin options for a VM named `name` in `run_dir`: -plugin (absolute path, mode,
     doorbell, ring, injected latencies) and -d plugin -D LOG (the plugin's JSON lines go to the
     log). Pure: a dry run prints these, a TimingSession boots with them."""
+    from .qemu import qemu_opt      # jinja2 with it: not for the CLI's parser, which reads MODES
     opts = [qemu_opt(plugin), f"mode={config.mode}"]
     if config.doorbell:
         doorbell_hpa(topo)          # one line saying why there is none

@@ -27,7 +27,7 @@ def test_format_stats_dump_verify_and_a_corrupted_block_named(pool, capsys):
     assert run(capsys, "format", "--pool", pool, "--hosts", "4", "--slots", "32")[0] == 0
     status, _, err = run(capsys, "format", "--pool", pool)
     assert status == 1 and "already holds a store; --force" in err and len(err.strip().splitlines()) == 1
-    with cli_kv.kv.Store.open(pool, host=2) as s:
+    with cli_kv.store_module().Store.open(pool, host=2) as s:
         assert s.chunk_tokens == KV_CHUNK_TOKENS
         s.put("a", b"x" * 5000)
         s.put("b", b"y" * 7000)
