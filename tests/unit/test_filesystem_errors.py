@@ -102,9 +102,9 @@ def test_interrupted_image_build_leaves_nothing_in_the_cache(tmp_path, monkeypat
     shutil.copytree(REAL_IMAGES / "tools", tmp_path / "images" / "tools")
     before = set((tmp_path / "images").iterdir())
 
-    def interrupted(data: bytes) -> bytes:
-        raise KeyboardInterrupt   # Ctrl-C while the image is compressed
-    monkeypatch.setattr(cpio, "gzipped", interrupted)
+    def interrupted(src, dst):
+        raise KeyboardInterrupt   # Ctrl-C as the written image is put in place
+    monkeypatch.setattr(os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         image.build(topology.load(topology.resolve("pf-nic")))
     assert set((tmp_path / "images").iterdir()) == before
