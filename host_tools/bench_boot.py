@@ -11,8 +11,9 @@ exec request alone, without the CLI's start-up), N times each, interleaved. --mu
 Each boot is split into phases: the image (build or cache check), QEMU's start (spawn to QMP
 connected), firmware and kernel decompression (wall time from spawn to the guest's clock zero),
 the kernel up to `Run /init` (and its longest gaps, from dmesg's timestamps), and init up to
-PFCXL-READY (modules, devices, regions). The ratios lean/classic are what to compare; absolute
-figures depend on how busy the machine is.
+PFCXL-READY (modules, devices, regions); qemu_cpu is the CPU time QEMU used up to READY, which
+other load on the machine changes far less than the wall times. The ratios lean/classic are what
+to compare; absolute figures depend on how busy the machine is.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from pathlib import Path
 from pfcxl.machine import Machine
 
 from . import argtypes
+from .process import cpu_seconds
 
 DMESG_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
 RUN_INIT = "Run /init as init process"
-PHASES = ("image", "qemu_start", "firmware", "kernel", "init", "ready")
+PHASES = ("image", "qemu_start", "firmware", "kernel", "init", "ready", "qemu_cpu")
 
 
 def kernel_gaps(dmesg: str, top: int = 5) -> tuple[float | None, list[tuple[float, str]]]:
@@ -64,6 +66,7 @@ def boot_once(topology: str, lean: bool, run_dir: Path) -> dict:
         t2 = time.monotonic()
         machine.wait_ready()
         t3 = time.monotonic()
+        qemu_cpu = cpu_seconds(machine.vm.pid)
         uptime = float(machine.check("cat /proc/uptime").split()[0])
         t4 = time.monotonic()
         dmesg = machine.check("dmesg")
@@ -73,7 +76,7 @@ def boot_once(topology: str, lean: bool, run_dir: Path) -> dict:
     at_init, gaps = kernel_gaps(dmesg)
     return {"lean": lean, "image": t1 - t0, "qemu_start": t2 - t1, "firmware": (t3 - t1) - at_ready,
             "kernel": at_init, "init": at_ready - at_init if at_init is not None else None,
-            "ready": t3 - t1, "gaps": gaps}
+            "ready": t3 - t1, "qemu_cpu": qemu_cpu, "gaps": gaps}
 
 
 def summary(boots: list[dict]) -> dict:
@@ -122,7 +125,8 @@ def bench_multihost(hosts: int) -> dict:
     from . import multihost
     path = topology_mod.resolve("pf-appliance")
     topo = topology_mod.load(path)
-    seconds = {}
+    seconds: dict = {}
+    cpus = len(os.sched_getaffinity(0))
     for label, options in (("before", dict(parallel_boots=hosts, lean=False)), ("after", {})):
         start = time.monotonic()
         results = multihost.run(topo, path, hosts, "true", **options)
@@ -130,7 +134,12 @@ def bench_multihost(hosts: int) -> dict:
         failed = [r.host for r in results if r.error or r.status]
         if failed:
             raise SystemExit(f"multihost ({label}): hosts {failed} failed")
-        print(f"multihost -n {hosts} ({label}): {seconds[label]:.1f}s", flush=True)
+        # the QEMU CPU time the boots needed, spread over the CPUs: what the wall time could be
+        cpu = sum(r.cpu_seconds or 0 for r in results)
+        seconds[f"{label}_qemu_cpu"] = round(cpu, 2)
+        seconds[f"{label}_wall_over_cpu_per_core"] = round(seconds[label] / (cpu / cpus), 3) if cpu else None
+        print(f"multihost -n {hosts} ({label}): {seconds[label]:.1f}s wall, {cpu:.1f}s QEMU CPU to ready "
+              f"on {cpus} CPUs", flush=True)
     seconds["ratio_after_over_before"] = round(seconds["after"] / seconds["before"], 3)
     return seconds
 
@@ -146,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.boots < 1:
         parser.error(f"--boots {args.boots}: at least 1")
     boots = []
+    load_at_start = os.getloadavg()     # other work on the machine: the wall times depend on it
     with tempfile.TemporaryDirectory(prefix="pfcxl-bench-boot-") as tmp:
         for i in range(args.boots):
             for lean in (False, True):              # interleaved: both profiles see the same load
@@ -159,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         result["exec"] = bench_exec(args.topology, args.boots)
     if args.multihost:
         result["multihost"] = bench_multihost(args.multihost)
+    result["load_average_1_5_15min"] = {"start": load_at_start, "end": os.getloadavg()}
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"boots": boots, "summary": result}, indent=1))

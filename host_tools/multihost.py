@@ -2,8 +2,10 @@
 
 Every host is a QEMU guest attached to the appliance under its own host id. At most two guests
 per host CPU boot at a time (TCG boots are mostly CPU-bound: more at once only share the cores
-and each takes longer); the next starts as soon as one is ready. The command then runs in all of
-them at the same time (with {host} and {hosts} replaced), and the outputs come back per host. Everything started here is torn down here, and
+and each takes longer); the next starts as soon as one is ready. A ready guest is paused (QMP
+stop) until the last one is ready: an idle TCG guest still takes ~2% of a CPU for its timer ticks,
+which the boots need. The command then runs in all of them at the same time (with {host} and
+{hosts} replaced), and the outputs come back per host. Everything started here is torn down here, and
 a temporary appliance dies with this process however it ends (even by SIGKILL), taking its run
 directory, with the hosts' logs in it, along.
 """
@@ -26,6 +28,7 @@ from pfcxl.machine import Machine
 
 from . import appliance
 from .console import shell_command
+from .process import cpu_seconds
 
 
 @dataclass
@@ -36,6 +39,7 @@ class HostResult:
     status: int | None          # None: the host failed before the command finished
     output: str
     error: str | None = None
+    cpu_seconds: float | None = None    # QEMU's CPU time from launch to ready
 
 
 def expand(command: str | Sequence[str], host: int, hosts: int) -> str:
@@ -110,6 +114,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
                 stack.enter_context(tempfile.TemporaryDirectory(prefix="pfcxl-multihost-")))
         slots = parallel_boots or boot_slots()
         say(f"booting {hosts} guests, {min(slots, hosts)} at a time")
+        boots_started = time.monotonic()
         booting: list[tuple[int, Machine, float, int]] = []     # launched, not yet ready: oldest first
         ready: list[tuple[int, Machine, int]] = []
         waiting, prebuilt, last = list(range(hosts)), None, None
@@ -125,13 +130,24 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
             b, vm, started, port = booting.pop(0)      # boots take alike, so the oldest is ready first
             try:
                 vm.wait_ready()
+                cpu = cpu_seconds(vm.pid) if vm.pid else None
+                vm.qmp("stop")                          # until every guest is ready (module docstring)
             except PfcxlError as exc:
                 results[b] = HostResult(b, port, time.monotonic() - started, None, "", str(exc))
                 host_done(results[b])
                 continue
-            results[b] = HostResult(b, port, time.monotonic() - started, None, "")
+            results[b] = HostResult(b, port, time.monotonic() - started, None, "", cpu_seconds=cpu)
             ready.append((b, vm, port))
-        say(f"{len(ready)} of {hosts} guests ready; running the command in each")
+        for h, vm, _ in list(ready):
+            try:
+                vm.qmp("cont")
+            except PfcxlError as exc:
+                results[h].error = str(exc)
+                host_done(results[h])
+                ready.remove((h, vm, results[h].port))
+        cpu_total = sum(r.cpu_seconds or 0 for r in results.values())
+        say(f"{len(ready)} of {hosts} guests ready in {time.monotonic() - boots_started:.1f}s wall, "
+            f"{cpu_total:.1f}s of QEMU CPU time ({len(os.sched_getaffinity(0))} CPUs); running the command in each")
         started_cmds = [(h, vm, vm.start_command(expand(command, h, hosts))) for h, vm, _ in ready]
         for h, vm, token in started_cmds:
             try:

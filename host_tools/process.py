@@ -19,6 +19,13 @@ def _tail(text: str, lines: int = 8) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used (proc(5): stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def describe_exit(argv: Sequence[str], returncode: int) -> str:
     if returncode < 0:
         try:

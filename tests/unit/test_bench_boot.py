@@ -1,6 +1,6 @@
 """The boot benchmark's reading of dmesg: the kernel's time at /init and its longest silences."""
 
-from pfcxl.host_tools import bench_boot
+from pfcxl.host_tools import bench_boot, process
 
 DMESG = """\
 [    0.000000] Linux version 6.12
@@ -26,3 +26,12 @@ def test_no_init_line_means_no_kernel_time():
 def test_summary_ratios_are_lean_over_classic():
     boots = [{"lean": lean, **{p: (1.0 if lean else 2.0) for p in bench_boot.PHASES}} for lean in (False, True)]
     assert bench_boot.summary(boots)["ratio_lean_over_classic"] == {p: 0.5 for p in bench_boot.PHASES}
+
+
+def test_cpu_seconds_of_this_process_grow_with_work():
+    import os
+    before = process.cpu_seconds(os.getpid())
+    deadline = before + 0.05
+    while process.cpu_seconds(os.getpid()) < deadline:
+        sum(range(10_000))
+    assert process.cpu_seconds(os.getpid()) >= deadline

@@ -21,7 +21,7 @@ class RecordingMachine:
     fail: set[int] = set()
 
     def __init__(self, topo, *, host, **options):
-        self.host, self.attachment = host, Attachment()
+        self.host, self.attachment, self.pid = host, Attachment(), None
 
     def launch(self):
         self.events.append(("launch", self.host))
@@ -34,7 +34,11 @@ class RecordingMachine:
         if self.host in self.fail:
             raise VMError(f"host{self.host}: kernel panic")
 
+    def qmp(self, command):
+        self.events.append((command, self.host))
+
     def start_command(self, command):
+        self.events.append(("command", self.host))
         return command
 
     def finish_command(self, token, timeout):
@@ -59,6 +63,8 @@ def recorded(monkeypatch, tmp_path):
 def booting_at_each_step(events):
     booting, seen = set(), []
     for kind, host in events:
+        if kind not in ("launch", "ready"):
+            continue
         (booting.add if kind == "launch" else booting.discard)(host)
         seen.append(len(booting))
     return seen
@@ -69,7 +75,7 @@ def test_at_most_parallel_boots_guests_boot_at_once(recorded):
     events = RecordingMachine.events
     assert max(booting_at_each_step(events)) == 2
     # the next guest starts only once one is ready, and every guest gets booted and its command
-    assert events[:4] == [("launch", 0), ("launch", 1), ("ready", 0), ("launch", 2)]
+    assert events[:5] == [("launch", 0), ("launch", 1), ("ready", 0), ("stop", 0), ("launch", 2)]
     assert sorted(h for kind, h in events if kind == "launch") == list(range(7))
     assert [(r.host, r.status, r.output) for r in results] == [(h, 0, f"echo {h}") for h in range(7)]
 
@@ -91,3 +97,20 @@ def test_parallel_boots_must_be_positive(recorded):
     with pytest.raises(PfcxlError, match="0 parallel boots: at least 1"):
         recorded(2, parallel_boots=0)
     assert RecordingMachine.events == []
+
+
+def test_ready_guests_are_paused_until_the_last_is_ready_then_all_resume_before_any_command(recorded):
+    recorded(5, parallel_boots=2)
+    events = RecordingMachine.events
+    for h in range(5):                   # paused right after it is ready ...
+        assert events[events.index(("ready", h)) + 1] == ("stop", h)
+    last_ready = max(events.index(("ready", h)) for h in range(5))
+    resumed = [events.index(("cont", h)) for h in range(5)]
+    first_command = min(events.index(("command", h)) for h in range(5))
+    assert last_ready < min(resumed) and max(resumed) < first_command     # ... and resumed only then
+
+
+def test_a_failed_boot_is_neither_paused_nor_resumed(recorded):
+    RecordingMachine.fail = {1}
+    recorded(3, parallel_boots=2)
+    assert ("stop", 1) not in RecordingMachine.events and ("cont", 1) not in RecordingMachine.events
