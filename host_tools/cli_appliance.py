@@ -156,7 +156,8 @@ def add_parsers(sub, common) -> None:
     p.set_defaults(func=cmd_where)
 
     p = sub.add_parser("multihost", help="boot N hosts on one appliance, run a command in each",
-                       description="Boot N guests attached to one appliance (hosts 0..N-1), two per CPU at a time, run "
+                       description="Boot N guests attached to one appliance (hosts 0..N-1), two per CPU at a time "
+                       "(ready ones paused until the last is ready), run "
                        "CMD in each with {host} and {hosts} replaced, and print every host's output. "
                        "Uses the running appliance of the topology, or starts a temporary one.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -121,13 +121,16 @@ def add_topology_parser(sub) -> None:
     p.set_defaults(func=cmd_topology_list)
 
 
+TABLES_DESCRIPTION = """\
+pfcxl tables [TOPOLOGY] [--out DIR]: write CEDT.dat, one CDAT per device and switch,
+  the generic-port/HMAT QEMU options and decoded dumps.
+pfcxl tables decode FILE...: decode any CEDT or CDAT (ours, QEMU's, a real machine's)
+  and list every violation found; exit 1 if there are any."""
+
+
 def add_tables_parser(sub) -> None:
     p = sub.add_parser("tables", help="write a topology's CEDT, CDATs and HMAT options; or decode tables",
-                       description="pfcxl tables [TOPOLOGY] [--out DIR]: write CEDT.dat, one CDAT per device "
-                       "and switch, the generic-port/HMAT QEMU options and decoded dumps.\n"
-                       "pfcxl tables decode FILE...: decode any CEDT or CDAT (ours, QEMU's, a real "
-                       "machine's) and list every violation found; exit 1 if there are any.",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=TABLES_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("items", nargs="*", metavar="TOPOLOGY | decode FILE...")
     p.add_argument("--out", help="output directory (default: tables-<topology name>)")
     p.add_argument("--as", dest="kind", choices=("cedt", "cdat"),
