@@ -40,7 +40,7 @@ def test_format_stats_dump_verify_and_a_corrupted_block_named(pool, capsys):
     assert {(r["host"], r["length"], r["state"]) for r in records} == {(2, 5000, "published"), (2, 7000, "published")}
     assert run(capsys, "verify", "--pool", pool)[0] == 0
     with open(pool, "r+b") as f:                     # one byte of b's block flipped
-        f.seek(rec["offset"] + 10)
+        f.seek(cli_kv.kv.HOME + rec["offset"] + 10)   # the store starts at the file's byte HOME
         f.write(b"Z")
     status, text, _ = run(capsys, "verify", "--pool", pool)
     assert status == 1 and f"bad: host 2 slot {slot} key {rec['key'].hex()}: block fails its crc" in text
@@ -62,7 +62,7 @@ def test_bench_measures_the_host_path_and_prints_the_modelled_table(pool, capsys
 
 def test_bad_input_is_one_line(pool, capsys, tmp_path):
     status, _, err = run(capsys, "stats", "--pool", pool)
-    assert status == 1 and err.strip() == f"pfcxl: error: {pool} holds no store (no PFKVSTOR magic at byte 0); " \
+    assert status == 1 and err.strip() == f"pfcxl: error: {pool} holds no store (no PFKVSTOR magic at byte 2097152); " \
                                           "format it first"
     run(capsys, "format", "--pool", pool, "--hosts", "2")
     status, _, err = run(capsys, "bench", "--pool", pool, "--host", "5")
