@@ -44,7 +44,7 @@ def pool_file(args) -> Path:
 
 def open_store(args, host=None):
     try:
-        return kv.Store.open(str(pool_file(args)), host=host)
+        return kv.Store.open(str(pool_file(args)), host=host, base=args.base)
     except kv.KVError as exc:
         raise PfcxlError(str(exc)) from exc
 
@@ -54,15 +54,16 @@ def cmd_format(args) -> int:
     try:
         if not args.force:
             try:
-                kv.Store.open(str(path)).close()
+                kv.Store.open(str(path), base=args.base).close()
                 raise PfcxlError(f"{path} already holds a store; --force formats it anew (every block is lost)")
             except kv.KVError:
                 pass
         sb = kv.format(str(path), hosts=args.hosts, slots=args.slots, chunk_tokens=KV_CHUNK_TOKENS,
-                       size=args.size)
+                       size=args.size, base=args.base)
     except kv.KVError as exc:
         raise PfcxlError(str(exc)) from exc
-    out.print(f"{path}: store for {sb['hosts']} hosts x {sb['slots']} slots, arenas of {human(sb['arena_bytes'])}, "
+    at = kv.HOME if args.base is None else args.base
+    out.print(f"{path}: store at byte {at} for {sb['hosts']} hosts x {sb['slots']} slots, arenas of {human(sb['arena_bytes'])}, "
               f"{sb['chunk_tokens']}-token chunks", highlight=False)
     return 0
 
@@ -146,13 +147,17 @@ def cmd_bench(args) -> int:
 
 
 def _size(text: str) -> int:
-    try:
-        value = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    value = _bytes(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: must be at least 1 byte")
     return value
+
+
+def _bytes(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_parsers(sub) -> None:
@@ -165,12 +170,16 @@ def add_parsers(sub) -> None:
         p.add_argument("--pool", help="the store's file (default: the appliance's shared.pool)")
         p.add_argument("--topology", "-t", help=f"appliance topology (default {DEFAULT_APPLIANCE})")
         p.add_argument("--run-dir", help="the appliance's run directory")
+        p.add_argument("--base", "--offset", type=_bytes, metavar="BYTES",
+                       help=f"the store's first byte in the file (default {human(kv.HOME)}: where guests find it, "
+                       f"at byte {human(kv.HOME)} of a CXL /dev/daxN.M and at byte 0 of a direct one; a multiple "
+                       f"of {kv.PAGE})")
         return p
 
     p = base(ksub.add_parser("format", help="write an empty store (hosts, slots, 256-token chunks)"))
     p.add_argument("--hosts", type=argtypes.count, default=16, help="hosts with an arena (default 16)")
     p.add_argument("--slots", type=argtypes.count, default=1024, help="index records per host (default 1024)")
-    p.add_argument("--size", type=_size, help="use only the first SIZE bytes (default: all)")
+    p.add_argument("--size", type=_size, help="the store's bytes from its base (default: to the end)")
     p.add_argument("--force", action="store_true", help="format over an existing store")
     p.set_defaults(func=cmd_format)
     p = base(ksub.add_parser("stats", help="blocks, bytes and evictions per host"))

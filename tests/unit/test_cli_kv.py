@@ -74,3 +74,26 @@ def test_bad_input_is_one_line(pool, capsys, tmp_path):
     assert status == 1 and "cannot open" in err and len(err.strip().splitlines()) == 1
     status, _, err = run(capsys, "stats", "--run-dir", str(tmp_path / "nowhere"))
     assert status == 1 and "no pool there" in err and len(err.strip().splitlines()) == 1
+
+
+def test_every_action_takes_the_stores_base(pool, capsys):
+    """--offset (or --base) puts the store anywhere in the file; every action opens it there, and a
+    bad base is one line before anything is written."""
+    status, text, _ = run(capsys, "format", "--pool", pool, "--hosts", "2", "--slots", "8", "--offset", "4M")
+    assert status == 0 and "store at byte 4194304" in text
+    with open(pool, "rb") as f:
+        assert f.read(4 << 20) == bytes(4 << 20) and f.read(8) == cli_kv.kv.MAGIC
+    status, text, _ = run(capsys, "bench", "--pool", pool, "--base", "4M", "--blocks", "2", "--size", "8K", "--json")
+    assert status == 0 and json.loads(text)["measured"]["blocks"] == 2
+    for action in ("stats", "dump", "verify"):
+        assert run(capsys, action, "--pool", pool, "--offset", "4194304")[0] == 0
+    status, _, err = run(capsys, "stats", "--pool", pool)
+    assert status == 1 and err.strip().endswith("(no PFKVSTOR magic at byte 2097152); format it first")
+    for bad, why in (("100", "store base 100 is not a non-negative multiple of 4096"),
+                     ("32M", f"{pool} is 33554432 bytes: too small for a store at byte 33554432")):
+        status, _, err = run(capsys, "format", "--pool", pool, "--force", "--base", bad)
+        assert status == 1 and err.strip() == f"pfcxl: error: {why}"
+    with pytest.raises(SystemExit):
+        cli.main(["kv", "stats", "--pool", pool, "--base", "x"])
+    assert "argument --base/--offset: 'x' is not a size" in capsys.readouterr().err
+    assert run(capsys, "verify", "--pool", pool, "--base", "4M")[0] == 0      # still there, untouched
