@@ -325,9 +325,10 @@ static int cmd_bench(struct opt *o, const char *dev)
             kv_fence(kv_rec(&g_kv, h, sl));
         }
     }
-    printf("{\"tool\":\"kvstore\",\"op\":\"bench\",\"blocks\":%" PRIu64 ",\"size\":%" PRIu64
-           ",\"stored\":%" PRIu64 ",\"loaded\":%" PRIu64 ",\"store_ns\":%" PRIu64
-           ",\"load_ns\":%" PRIu64 "}\n", blocks, size, stored, loaded, t1 - t0, t2 - t1);
+    printf("{\"tool\":\"kvstore\",\"op\":\"bench\",\"base\":%" PRIu64 ",\"blocks\":%" PRIu64
+           ",\"size\":%" PRIu64 ",\"stored\":%" PRIu64 ",\"loaded\":%" PRIu64 ",\"store_ns\":%" PRIu64
+           ",\"load_ns\":%" PRIu64 "}\n", (uint64_t)(g_kv.base - (char *)g_map), blocks, size, stored, loaded,
+           t1 - t0, t2 - t1);
     finish_output();
     return (stored == blocks && loaded == blocks) ? 0 : 1;
 }
