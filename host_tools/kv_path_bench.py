@@ -112,15 +112,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     if size < 8 or size % 8 or args.blocks < 1:
         ap.error(f"--size {args.size} must be a positive multiple of 8 and --blocks {args.blocks} at least 1")
-    say = lambda m: print(f"# {m}", flush=True)   # noqa: E731
-    out = measure(args.blocks, size, say)
+    out = measure(args.blocks, size, lambda m: print(f"# {m}", flush=True))
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"\n{args.blocks} blocks x {human(size)}      store blocks/s  store GB/s  load blocks/s  load GB/s")
-    for r in out["rows"]:
-        print(f"{r['path']:>14} {r['tool']:<13} {r['store_blocks_s']:>12.1f} {r['store_GBps']:>11.4f} "
-              f"{r['load_blocks_s']:>14.1f} {r['load_GBps']:>10.4f}")
-    print(f"\nresults: {args.out}")
+    print("\n".join(["", *table(out), "", f"results: {args.out}"]))
     return 0
+
+
+def table(out: dict) -> list[str]:
+    head = f"{out['blocks']} blocks x {human(out['block_bytes'])}"
+    return [f"{head:<28} store blocks/s  store GB/s  load blocks/s  load GB/s"] + [
+        f"{r['path']:>14} {r['tool']:<13} {r['store_blocks_s']:>12.1f} {r['store_GBps']:>11.4f} "
+        f"{r['load_blocks_s']:>14.1f} {r['load_GBps']:>10.4f}" for r in out["rows"]]
 
 
 if __name__ == "__main__":
