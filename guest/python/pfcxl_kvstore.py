@@ -5,6 +5,10 @@ file on the host). Standard library only: the Debian guest's python3 and the hos
     with kv.Store.open("/dev/dax0.0", host=2) as s:     # format first: kv.format(path, hosts, ...)
         s.put(b"key", data); s.get(b"key")              # bytes, or None (a miss)
 
+The store starts at the device's byte 2 MiB, after the direct data path's namespace info block:
+byte 2 MiB of a CXL /dev/daxN.M or of the pool file, byte 0 of a direct DAX device; open() and
+format() find that base themselves (base= to choose another; pfcxl_kvlayout has the rule).
+
 The layout and the protocol are in docs/kvstore.md. In short: a superblock, one header line per
 host, one index segment per host (64-byte records) and one arena per host. A host writes only its
 own header, segment and arena (no cross-host locks, no cross-host atomics); readers scan every
