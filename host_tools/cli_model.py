@@ -90,7 +90,7 @@ def read_trace(path: Path) -> np.ndarray:
     return records
 
 
-def _placement(topo: topology.Topology) -> tuple[int, int]:
+def placement(topo: topology.Topology) -> tuple[int, int]:
     """(base HPA, interleave granularity) the trace's addresses were captured with."""
     return (address_map.dax_placements(topo)[0].base if topo.regions else 0,
             timing_report.appliance_for(topo).granularity)
@@ -101,7 +101,7 @@ def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, 
     """Everything the printed report shows, as one document."""
     key = SYSTEMS[system]
     model = timing_report.models(topo)[key]
-    base, granularity = _placement(topo)
+    base, granularity = placement(topo)
     try:
         result = fabric_replay.replay(model, records, base_hpa=base, granularity=granularity,
                                       ns_per_insn=ns_per_insn, load=load, dilate=dilate)
@@ -150,7 +150,7 @@ CURVE_SYSTEMS = ("pf", "electrical", "dram")
 
 
 def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float], ns_per_insn: float = 1.0) -> dict:
-    base, granularity = _placement(topo)
+    base, granularity = placement(topo)
     models = timing_report.models(topo)
     out = {}
     for system in CURVE_SYSTEMS:
