@@ -20,8 +20,9 @@ is a constant-rate stream by construction). Nominal rates, our definition:
   each load issuing when the previous one completes; the row's modelled latency is that of the
   chase loads issued while the traffic ran. Delays in TSC cycles have no nominal rate here.
 
-The latency-against-bandwidth curve (`pfcxl model curve`) replays the bandwidth run's whole
-stream at CURVE_LOADS.
+The latency-against-bandwidth curve (`pfcxl model curve`) replays the bandwidth run's read rows
+(all its rows if it has none) at CURVE_LOADS: reads alone, so each system's knee is that of one
+direction of its links (the models' links are full duplex).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _models(topo: Topology) -> dict:
     return {s: models[cli_model.SYSTEMS[s]] for s in SYSTEMS}
 
 
-def _even(records: np.ndarray) -> np.ndarray:
+def even(records: np.ndarray) -> np.ndarray:
     """The records with one common stamp: replay spreads them evenly by bytes, in order."""
     out = records.copy()
     out["insn"] = 0
@@ -81,7 +82,7 @@ def bandwidth_row(topo: Topology, records: np.ndarray) -> dict:
     out = {"requests": int(len(records)), "bytes": nbytes, "load": HOST_LINK_LOAD,
            "offered_gbs": HOST_LINK_GBS}
     for system, model in _models(topo).items():
-        r = fabric_replay.replay(model, _even(records), base_hpa=base, granularity=granularity,
+        r = fabric_replay.replay(model, even(records), base_hpa=base, granularity=granularity,
                                  load=HOST_LINK_LOAD)
         op = "read" if np.count_nonzero(~r.write) else "write"
         p = r.percentiles(op)
@@ -108,9 +109,9 @@ def loaded_row(topo: Topology, data: dict, row: dict, records: np.ndarray) -> di
         return {"error": f"delays in {data.get('delay_unit')}: no nominal rate (use --delay-ns)"}
     base, granularity = cli_model.placement(topo)
     chase_mask = (records["hpa"] - np.uint64(base)) < np.uint64(data["span"])
-    traffic, chase = records[~chase_mask], _even(records[chase_mask])
+    traffic, chase = records[~chase_mask], even(records[chase_mask])
     if load and len(traffic):
-        traffic = fabric_replay.respace(_even(traffic), load=load)
+        traffic = fabric_replay.respace(even(traffic), load=load)
     else:
         traffic = traffic[:0]
     trace = np.concatenate([traffic, chase])
@@ -144,7 +145,8 @@ def model_run(topo: Topology, tool: str, data: dict, pieces: list[np.ndarray]) -
         return {"rows_error": f"{len(pieces)} captured phases for {len(rows or [])} rows"}
     if tool == "bandwidth":
         out = {"rows": [bandwidth_row(topo, p) for p in pieces]}
-        whole = _even(np.concatenate(pieces))
+        reads = [p for row, p in zip(rows, pieces) if row.get("op") == "read"] or pieces
+        whole = even(np.concatenate(reads))
         if len(whole):
             out["curve"] = cli_model.curve_report(whole, topo, CURVE_LOADS)
         return out

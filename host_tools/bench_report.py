@@ -94,7 +94,7 @@ def _rows_caption(run: dict, what: str) -> str | None:
 
 
 def _curve_table(curve: dict) -> Table:
-    t = Table(title="modelled latency against bandwidth (the bandwidth run's captured stream, replayed; "
+    t = Table(title="modelled latency against bandwidth (the bandwidth run's captured read rows, replayed; "
               "latency_bandwidth.png)", title_justify="left")
     for col in ("system", "read p50 ns at the lowest load", "most carried GB/s", "knee: offered GB/s",
                 "knee: carried GB/s", "knee: read p50 ns"):
