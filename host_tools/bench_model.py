@@ -6,8 +6,9 @@ loaded_latency and bandwidth benchmarks with `--mark-rows 1`: each row is one pl
 the phase's request count (the plugin's log) cuts the run's captured records into the records
 each row issued (split_rows). Nothing is synthesised from the benchmark's known pattern.
 
-Replay. A row's records keep their addresses, sizes, reads and writes and their captured order;
-only their issue times change. They are spread evenly by bytes at the nominal rate (the
+Replay. A row's records keep their addresses, reads and writes and their captured order; each
+moves a whole 64-byte line, as in the bench's traced idle figures (timing_report.as_lines: a CPU
+moves lines, whatever part of one the program touched); only their issue times change. They are spread evenly by bytes at the nominal rate (the
 per-vCPU instruction stamps of a multi-threaded guest are not one clock, and a benchmark row
 is a constant-rate stream by construction). Nominal rates, our definition:
 
@@ -71,6 +72,12 @@ def even(records: np.ndarray) -> np.ndarray:
     return out
 
 
+def bench_stream(records: np.ndarray) -> np.ndarray:
+    """A row's records as the bench models them: whole 64-byte lines, as the bench's traced idle
+    figures (timing_report.as_lines), with one common stamp (even)."""
+    return even(timing_report.as_lines(records))
+
+
 def _achieved_gbs(nbytes: int, result: fabric_engine.EngineResult) -> float:
     return nbytes / max(result.window_ps, 1) * 1000                 # bytes per ps -> GB/s
 
@@ -78,11 +85,12 @@ def _achieved_gbs(nbytes: int, result: fabric_engine.EngineResult) -> float:
 def bandwidth_row(topo: Topology, records: np.ndarray) -> dict:
     """One bandwidth row's stream at the host link's full rate, on every system."""
     base, granularity = cli_model.placement(topo)
-    nbytes = int(np.maximum(records["size"], 1).sum())
+    records = bench_stream(records)
+    nbytes = int(records["size"].sum())
     out = {"requests": int(len(records)), "bytes": nbytes, "load": HOST_LINK_LOAD,
            "offered_gbs": HOST_LINK_GBS}
     for system, model in _models(topo).items():
-        r = fabric_replay.replay(model, even(records), base_hpa=base, granularity=granularity,
+        r = fabric_replay.replay(model, records, base_hpa=base, granularity=granularity,
                                  load=HOST_LINK_LOAD)
         op = "read" if np.count_nonzero(~r.write) else "write"
         p = r.percentiles(op)
@@ -108,10 +116,11 @@ def loaded_row(topo: Topology, data: dict, row: dict, records: np.ndarray) -> di
     if load is None:
         return {"error": f"delays in {data.get('delay_unit')}: no nominal rate (use --delay-ns)"}
     base, granularity = cli_model.placement(topo)
+    records = bench_stream(records)
     chase_mask = (records["hpa"] - np.uint64(base)) < np.uint64(data["span"])
-    traffic, chase = records[~chase_mask], even(records[chase_mask])
+    traffic, chase = records[~chase_mask], records[chase_mask]
     if load and len(traffic):
-        traffic = fabric_replay.respace(even(traffic), load=load)
+        traffic = fabric_replay.respace(traffic, load=load)
     else:
         traffic = traffic[:0]
     trace = np.concatenate([traffic, chase])
@@ -146,7 +155,7 @@ def model_run(topo: Topology, tool: str, data: dict, pieces: list[np.ndarray]) -
     if tool == "bandwidth":
         out = {"rows": [bandwidth_row(topo, p) for p in pieces]}
         reads = [p for row, p in zip(rows, pieces) if row.get("op") == "read"] or pieces
-        whole = even(np.concatenate(reads))
+        whole = bench_stream(np.concatenate(reads))
         if len(whole):
             out["curve"] = cli_model.curve_report(whole, topo, CURVE_LOADS)
         return out

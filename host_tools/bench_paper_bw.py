@@ -10,9 +10,12 @@ paper's experiment) or by i interleave granules (all-to-all: every host crosses 
 
 Replay (device/fabric_replay.py, as `pfcxl model replay --load`): every host offers `--load`
 PF ports (1.0 = 25.6 GB/s), evenly by bytes in captured order, on the PF appliance (DDR5 path,
-no HBM cache) and on the electrical switch pool. The report gives per port (PF optical path,
-electrical switch link) achieved GB/s and utilisation, and per row the electrical pool's knee:
-the first load of --curve-loads it no longer carries. Figures are modelled, never guest time.
+no HBM cache) and on the electrical switch pool; all-to-all is replayed a second time at
+--all-to-all-load (default: the host's PCIe Gen6 link). The report gives per port (PF optical
+path, electrical switch link) achieved GB/s and utilisation, and per row the electrical pool's
+knee: the first load of --curve-loads it no longer carries. Records keep the sizes the plugin
+captured (as `model replay`): a 1 KB transfer is 16 line records, sequential 32 B transfers merge
+into 64-B lines, random ones stay 32-B records. Figures are modelled, never guest time.
 """
 
 from __future__ import annotations
@@ -85,17 +88,17 @@ def _ports(report: dict, names: tuple[str, ...]) -> dict:
     return got
 
 
-def replay_row(records: np.ndarray, topo, load: float, curve_loads: list[float]) -> dict:
+def replay_row(records: np.ndarray, topo, load: float, full_load: float, curve_loads: list[float]) -> dict:
     base, granularity = cli_model.placement(topo)
     app = timing_report.appliance_for(topo)
     models = {"pf": fabric_model.pf_appliance(app, cache=False),
               "electrical": fabric_model.electrical_pool(app.ports, app.modules)}
     out = {}
-    for layout in ("own_module", "all_to_all"):
-        tr = hosts(records, topo, all_to_all=layout == "all_to_all")
+    for layout, at in (("own_module", load), ("all_to_all", load), ("all_to_all_full", full_load)):
+        tr = hosts(records, topo, all_to_all=layout != "own_module")
         out[layout] = {}
         for system, model in models.items():
-            r = fabric_replay.replay(model, tr, base_hpa=base, granularity=granularity, load=load)
+            r = fabric_replay.replay(model, tr, base_hpa=base, granularity=granularity, load=at)
             rates = fabric_replay.port_rates(r)
             per_host = np.bincount(tr["host"], weights=np.maximum(tr["size"], 1)) / max(r.window_ps, 1) * 1000
             out[layout][system] = {
@@ -121,10 +124,11 @@ def run(args) -> dict:
         (out / "capture.json").write_text(json.dumps({"rows": rows}, indent=1))
     pieces = np.split(records, np.cumsum([r["records"] for r in rows])[:-1])
     report = {"capture": "one guest's bandwidth rows (TCG plugin), copied to every host: own module or all-to-all",
-              "load": args.load, "offered_gbs_per_host": args.load * PORT_GBS, "rows": []}
+              "load": args.load, "offered_gbs_per_host": args.load * PORT_GBS,
+              "all_to_all_load": args.all_to_all_load, "rows": []}
     for row, piece in zip(rows, pieces):
         report["rows"].append(row | {"mean_record_bytes": float(piece["size"].mean()) if len(piece) else 0.0}
-                              | replay_row(piece, topo, args.load, args.curve_loads))
+                              | replay_row(piece, topo, args.load, args.all_to_all_load, args.curve_loads))
     (out / "paper_bw.json").write_text(json.dumps(report, indent=1))
     return report
 
@@ -132,33 +136,41 @@ def run(args) -> dict:
 def tables(report: dict) -> list[Table]:
     t = Table(title=f"own module (host i -> module i), offered {report['offered_gbs_per_host']:.1f} GB/s per host "
               "(modelled)", title_justify="left")
-    for col in ("pattern", "op", "size", "records", "B/record", "PF port GB/s (min/mean/max)", "PF port util (min)",
-                "electrical switch link util", "electrical GB/s per host", "electrical knee: load (offered GB/s/host)"):
+    for col in ("pattern", "op", "size", "records", "B/record", "PF port GB/s min", "max", "PF port util min",
+                "electrical switch link util", "electrical GB/s per host", "electrical knee: load",
+                "offered GB/s per host"):
         t.add_column(col, justify="right")
     for r in report["rows"]:
-        pf = r["own_module"]["pf"]["ports"]
-        port = pf.get("port_up") or pf.get("port_down")
+        port = _dir(r["own_module"]["pf"]["ports"], "port")
         el = r["own_module"]["electrical"]
-        switch = el["ports"].get("switch_link_up") or el["ports"].get("switch_link_down")
+        switch = _dir(el["ports"], "switch_link")
         knee = r["electrical_curve"]["knee"]
         t.add_row(r["pattern"], r["op"], str(r["size"]), str(r["records"]), f"{r['mean_record_bytes']:.0f}",
-                  f"{port['gbs_min']:.2f} / {port['gbs_mean']:.2f} / {port['gbs_max']:.2f}",
-                  f"{port['utilisation_min']:.3f}", f"{switch['utilisation_min']:.3f}",
-                  f"{el['per_host_gbs_min']:.1f}-{el['per_host_gbs_max']:.1f}",
-                  f"{knee['load']:g} ({knee['load'] * PORT_GBS:.1f})" if knee else "none")
-    a = Table(title="all-to-all (host i starts i granules on: every host crosses every module), same offered "
-              "load (modelled)", title_justify="left")
-    for col in ("pattern", "op", "size", "PF GB/s per host", "PF path GB/s (max)", "PF path util (max)",
-                "electrical GB/s per host", "electrical switch link util"):
-        a.add_column(col, justify="right")
-    for r in report["rows"]:
-        pf, el = r["all_to_all"]["pf"], r["all_to_all"]["electrical"]
-        port = pf["ports"].get("port_up") or pf["ports"].get("port_down")
-        switch = el["ports"].get("switch_link_up") or el["ports"].get("switch_link_down")
-        a.add_row(r["pattern"], r["op"], str(r["size"]), f"{pf['per_host_gbs_min']:.1f}-{pf['per_host_gbs_max']:.1f}",
-                  f"{port['gbs_max']:.2f}", f"{port['utilisation_mean']:.3f}",
-                  f"{el['per_host_gbs_min']:.1f}-{el['per_host_gbs_max']:.1f}", f"{switch['utilisation_min']:.3f}")
-    return [t, a]
+                  f"{port['gbs_min']:.2f}", f"{port['gbs_max']:.2f}", f"{port['utilisation_min']:.3f}",
+                  f"{switch['utilisation_min']:.3f}", f"{el['per_host_gbs_min']:.1f}",
+                  *((f"{knee['load']:g}", f"{knee['load'] * PORT_GBS:.1f}") if knee else ("none", "-")))
+    t.caption = ("PF port = each host's optical path to its module, in the row's direction; electrical knee: the "
+                 "first of --curve-loads whose achieved bandwidth is below 95% of offered")
+    out = [t]
+    for load, key in ((report["load"], "all_to_all"), (report["all_to_all_load"], "all_to_all_full")):
+        a = Table(title=f"all-to-all (host i starts i granules on: every host crosses every module), offered "
+                  f"{load * PORT_GBS:.1f} GB/s per host (modelled)", title_justify="left")
+        for col in ("pattern", "op", "size", "PF GB/s per host (min)", "PF path GB/s (max)", "PF path util (mean)",
+                    "electrical GB/s per host (max)", "electrical switch link util (min)"):
+            a.add_column(col, justify="right")
+        for r in report["rows"]:
+            pf, el = r[key]["pf"], r[key]["electrical"]
+            port, switch = _dir(pf["ports"], "port"), _dir(el["ports"], "switch_link")
+            a.add_row(r["pattern"], r["op"], str(r["size"]), f"{pf['per_host_gbs_min']:.1f}", f"{port['gbs_max']:.2f}",
+                      f"{port['utilisation_mean']:.3f}", f"{el['per_host_gbs_max']:.1f}",
+                      f"{switch['utilisation_min']:.3f}")
+        out.append(a)
+    return out
+
+
+def _dir(ports: dict, stem: str) -> dict:
+    """The stage of the row's direction: reads come back up, writes go down."""
+    return ports.get(f"{stem}_up") or ports[f"{stem}_down"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bytes", default="1M", help="bytes per captured row (default 1M)")
     p.add_argument("--span", default="8M", help="region the captured rows use (default 8M)")
     p.add_argument("--load", type=argtypes.positive, default=1.0, help="offered load per host in PF ports (default 1.0)")
+    p.add_argument("--all-to-all-load", type=argtypes.positive, default=bench_model.HOST_LINK_LOAD,
+                   help=f"a second all-to-all load (default {bench_model.HOST_LINK_LOAD:g}: the host's "
+                   f"{bench_model.HOST_LINK_GBS:g} GB/s link)")
     p.add_argument("--curve-loads", type=cli_model.loads_list, default=cli_model.loads_list(
         "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0"), help="loads for the electrical knee (default 0.1 to 1.0)")
     args = p.parse_args(argv)
-    console = Console()
+    console = Console(width=200)
     try:
         report = run(args)
     except PfcxlError as exc:

@@ -77,8 +77,12 @@ def _modelled_caption(run: dict | None, topo_name: str) -> str:
     return f"modelled system: {modelled_system(topo)}{note}"
 
 
-def _ns(value) -> str:
-    return "-" if value is None else f"{value:.0f}"
+def _chase(fig: dict) -> str:
+    """A modelled chase p50 and how many chase loads it is of (few under full traffic: the
+    captured traffic replays in microseconds)."""
+    if fig.get("latency_p50_ns") is None:
+        return "-"
+    return f"{fig['latency_p50_ns']:.0f} ({fig['chase_loads']} loads)"
 
 
 def _rows_caption(run: dict, what: str) -> str | None:
@@ -129,7 +133,7 @@ def tables(results: dict) -> list[Table]:
     out.append(t)
     t = Table(title="loaded latency (one chasing thread + traffic threads)", title_justify="left")
     for col in ("delay", f"{MEASURED}: MB/s", "ns", f"{LOCAL}: MB/s", "ns", "offered GB/s (nominal)",
-                *(f"{LABELS[MODEL_KEYS[s]]}: ns" for s in MODEL_SYSTEMS)):
+                *(f"{LABELS[MODEL_KEYS[s]]}: chase p50 ns" for s in MODEL_SYSTEMS)):
         t.add_column(col, justify="right")
     loaded = runs.get("loaded_latency/cxl") or {}
     cxl_rows = (loaded.get("data") or {}).get("rows", [])
@@ -141,7 +145,7 @@ def tables(results: dict) -> list[Table]:
         t.add_row(str(row["delay"]), f"{row['bandwidth_MBps']:.1f}", f"{row['latency_ns']:.0f}",
                   f"{lrow.get('bandwidth_MBps', 0):.1f}" if lrow else "-", f"{lrow.get('latency_ns', 0):.0f}" if lrow else "-",
                   f"{m['offered_gbs']:.3g}" if "offered_gbs" in m else m.get("error", "-"),
-                  *(_ns(m.get(s, {}).get("latency_p50_ns")) for s in MODEL_SYSTEMS))
+                  *(_chase(m.get(s, {})) for s in MODEL_SYSTEMS))
     t.caption = _rows_caption(loaded, LOADED_CAPTION)
     out.append(t)
     t = Table(title="bandwidth by transfer size", title_justify="left")

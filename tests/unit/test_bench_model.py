@@ -32,7 +32,7 @@ def loaded_stream(chase: int, traffic: int, seed: int = 1) -> np.ndarray:
     rng = np.random.default_rng(seed)
     tr = np.concatenate([seq_stream(traffic, start=SPAN), np.zeros(chase, trace_dtype())])
     tr["hpa"][traffic:] = BASE + rng.integers(0, SPAN // 64, chase) * 64
-    tr["size"][traffic:] = 64
+    tr["size"][traffic:] = 8                    # the chase reads one word of each line
     return tr[rng.permutation(len(tr))]
 
 
@@ -77,7 +77,8 @@ def test_loaded_rows_chase_at_idle_under_light_traffic_and_queue_under_full_traf
     light = bench_model.loaded_row(TOPO, data, {"delay": 20_000}, records)
     assert light["chase_requests"] == 20_000 and light["traffic_requests"] == 20_000
     for system, idle in IDLE_READ.items():
-        assert light[system]["latency_p50_ns"] == pytest.approx(idle, abs=2)
+        # whole lines move, whatever the chase touched: the idle figures (283 ns for PF)
+        assert light[system]["latency_p50_ns"] == pytest.approx(idle, abs=1)
         assert light[system]["traffic_gbs"] == pytest.approx(light["offered_gbs"], rel=0.01)
     full = bench_model.loaded_row(TOPO, data, {"delay": 0}, records)
     assert full["offered_gbs"] == fc.PF_HOST_BANDWIDTH_MBS / 1000
