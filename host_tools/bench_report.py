@@ -97,6 +97,35 @@ def _rows_caption(run: dict, what: str) -> str | None:
     return what
 
 
+def _loaded_modelled(run: dict) -> Table:
+    """The CXL loaded-latency rows, each row's captured stream replayed at its nominal load."""
+    t = Table(title="loaded latency, modelled (each row's captured stream replayed at its nominal load)",
+              title_justify="left")
+    for col in ("delay", "offered GB/s (nominal)", *(f"{LABELS[MODEL_KEYS[s]]}: chase p50 ns" for s in MODEL_SYSTEMS)):
+        t.add_column(col, justify="right")
+    modelled = run.get("modelled", {}).get("rows", [])
+    for i, row in enumerate(run["data"]["rows"]):
+        m = modelled[i] if i < len(modelled) else {}
+        t.add_row(str(row["delay"]), f"{m['offered_gbs']:.3g}" if "offered_gbs" in m else m.get("error", "-"),
+                  *(_chase(m.get(s, {})) for s in MODEL_SYSTEMS))
+    t.caption = _rows_caption(run, LOADED_CAPTION)
+    return t
+
+
+def _bandwidth_modelled(run: dict) -> Table:
+    """The CXL bandwidth rows, each row's captured stream offered at the host link's rate."""
+    t = Table(title="bandwidth by transfer size, modelled (each row's captured stream replayed)", title_justify="left")
+    for col in ("pattern", "op", "size", "threads", *(f"{LABELS[MODEL_KEYS[s]]} GB/s" for s in MODEL_SYSTEMS)):
+        t.add_column(col, justify="right")
+    modelled = run.get("modelled", {}).get("rows", [])
+    for i, r in enumerate(run["data"]["results"]):
+        m = modelled[i] if i < len(modelled) else {}
+        t.add_row(r["pattern"], r["op"], str(r["size"]), str(r["threads"]),
+                  *(f"{m[s]['gbs']:.1f}" if s in m else "-" for s in MODEL_SYSTEMS))
+    t.caption = _rows_caption(run, BANDWIDTH_CAPTION)
+    return t
+
+
 def _curve_table(curve: dict) -> Table:
     t = Table(title="modelled latency against bandwidth (the bandwidth run's captured read rows, replayed; "
               "latency_bandwidth.png)", title_justify="left")
@@ -132,42 +161,35 @@ def tables(results: dict) -> list[Table]:
     t.caption = _modelled_caption(cxl, env["topology"])
     out.append(t)
     t = Table(title="loaded latency (one chasing thread + traffic threads)", title_justify="left")
-    for col in ("delay", f"{MEASURED}: MB/s", "ns", f"{LOCAL}: MB/s", "ns", "offered GB/s (nominal)",
-                *(f"{LABELS[MODEL_KEYS[s]]}: chase p50 ns" for s in MODEL_SYSTEMS)):
+    for col in ("delay", f"{MEASURED}: MB/s", "ns", f"{LOCAL}: MB/s", "ns"):
         t.add_column(col, justify="right")
     loaded = runs.get("loaded_latency/cxl") or {}
     cxl_rows = (loaded.get("data") or {}).get("rows", [])
     local_rows = ((runs.get("loaded_latency/local") or {}).get("data") or {}).get("rows", [])
-    modelled_rows = loaded.get("modelled", {}).get("rows", [])
     for i, row in enumerate(cxl_rows):
         lrow = local_rows[i] if i < len(local_rows) else {}
-        m = modelled_rows[i] if i < len(modelled_rows) else {}
         t.add_row(str(row["delay"]), f"{row['bandwidth_MBps']:.1f}", f"{row['latency_ns']:.0f}",
-                  f"{lrow.get('bandwidth_MBps', 0):.1f}" if lrow else "-", f"{lrow.get('latency_ns', 0):.0f}" if lrow else "-",
-                  f"{m['offered_gbs']:.3g}" if "offered_gbs" in m else m.get("error", "-"),
-                  *(_chase(m.get(s, {})) for s in MODEL_SYSTEMS))
-    t.caption = _rows_caption(loaded, LOADED_CAPTION)
+                  f"{lrow.get('bandwidth_MBps', 0):.1f}" if lrow else "-", f"{lrow.get('latency_ns', 0):.0f}" if lrow else "-")
     out.append(t)
+    if cxl_rows:
+        out.append(_loaded_modelled(loaded))
     t = Table(title="bandwidth by transfer size", title_justify="left")
     systems = ("cxl", "local") + (("direct",) if direct_runs else ())
     for col in ("pattern", "op", "size", "threads", f"{MEASURED} MB/s", f"{LOCAL} MB/s") + (
-            (f"{DIRECT} MB/s",) if direct_runs else ()) + tuple(f"{LABELS[MODEL_KEYS[s]]} GB/s" for s in MODEL_SYSTEMS):
+            (f"{DIRECT} MB/s",) if direct_runs else ()):
         t.add_column(col, justify="right")
     by_system = {system: {(r["pattern"], r["op"], r["size"], r["threads"]): r
                           for r in ((runs.get(f"bandwidth/{system}") or {}).get("data") or {}).get("results", [])}
                  for system in systems}
     # rows in the order the first path that ran lists them (a direct-only run has no CXL rows)
     keys = next((list(rows) for rows in (by_system["cxl"], by_system.get("direct", {})) if rows), [])
-    bw = runs.get("bandwidth/cxl") or {}
-    modelled = {(r["pattern"], r["op"], r["size"], r["threads"]): m
-                for r, m in zip((bw.get("data") or {}).get("results", []), bw.get("modelled", {}).get("rows", []))}
     for key in keys:
-        m = modelled.get(key, {})
         t.add_row(*(str(k) for k in key), *(f"{by_system[s][key]['MBps']:.1f}" if key in by_system[s] else "-"
-                                            for s in systems),
-                  *(f"{m[s]['gbs']:.1f}" if s in m else "-" for s in MODEL_SYSTEMS))
-    t.caption = _rows_caption(bw, BANDWIDTH_CAPTION)
+                                            for s in systems))
     out.append(t)
+    bw = runs.get("bandwidth/cxl") or {}
+    if (bw.get("data") or {}).get("results"):
+        out.append(_bandwidth_modelled(bw))
     curve = bw.get("modelled", {}).get("curve")
     if curve:
         out.append(_curve_table(curve))

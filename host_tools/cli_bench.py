@@ -94,8 +94,12 @@ def add_parsers(sub) -> None:
                        "[--timing trace]: boot, run idle_latency, loaded_latency and bandwidth on the CXL DAX "
                        "device and on local memory, save results/<time>-<topology>/results.json and PNG plots, "
                        "print tables with labelled columns (measured in emulator, modelled PF appliance, "
-                       "modelled electrical switch pool, local DRAM). With --timing trace every CXL run's "
-                       "accesses are captured by the TCG plugin and fed to the fabric models. With "
+                       "modelled electrical switch pool, local DRAM). The TCG plugin always captures the CXL "
+                       "runs: the loaded-latency and bandwidth rows of a run with --mark-rows 1 (the "
+                       "shipped suites) get modelled columns, each row's captured stream replayed at its "
+                       "nominal load, and the bandwidth run's read rows a latency-against-bandwidth curve "
+                       "(latency_bandwidth.png). With --timing trace every CXL run's whole trace is also "
+                       "fed to the fabric models (the idle table's traced figures). With "
                        "--data-path direct the CXL runs go to the direct device, with both they run on "
                        "each, in a column per path.\n"
                        "pfcxl bench compare A B: compare two results files.",
@@ -104,7 +108,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--topology", "-t", help="default pf-nic")
     p.add_argument("--suite", default="quick", help="quick (default, a minute or two), full, or a JSON suite file")
     p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox")
-    p.add_argument("--timing", choices=("trace",), help="capture every CXL access and model it")
+    p.add_argument("--timing", choices=("trace",), help="also model each CXL run's whole trace (idle latency "
+                   "from the traced chase)")
     argtypes.add_data_path(p)
     p.add_argument("--out", help="results directory (default results/<time>-<topology>)")
     p.add_argument("--timeout", type=argtypes.seconds, default=300, help="seconds for the guest to become ready")

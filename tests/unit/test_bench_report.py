@@ -61,10 +61,11 @@ def _with_direct(results: dict, scale: float) -> dict:
     return out
 
 
-def _row(text: str, *first: str) -> list[str]:
-    """The cells of the table row whose first cells are `first` (one word each)."""
+def _row(text: str, *first: str, last: bool = False) -> list[str]:
+    """The cells of the (first, or last) table row whose first cells are `first` (one word each)."""
     rows = ([c.strip() for c in line.strip().strip("│").split("│")] for line in text.splitlines())
-    return next(r for r in rows if r[:len(first)] == list(first))
+    found = [r for r in rows if r[:len(first)] == list(first)]
+    return found[-1 if last else 0]
 
 
 def test_a_direct_run_gets_its_own_column():
@@ -136,3 +137,22 @@ def test_suite_files_are_checked(tmp_path):
         bench.load_suite(str(dup))
     with pytest.raises(PfcxlError, match="no suite 'nope'"):
         bench.load_suite("nope")
+
+
+def test_modelled_rows_print_the_figures_results_json_holds():
+    results = sample()
+    runs = {r["name"]: r for r in results["results"]}
+    systems = ("pf", "electrical", "dram")
+    runs["bandwidth/cxl"]["modelled"] = {"rows": [
+        {"load": 5.0, "offered_gbs": 128.0, **{s: {"gbs": 100.0 + 10 * i + k + 0.25} for k, s in enumerate(systems)}}
+        for i in range(3)]}
+    runs["loaded_latency/cxl"]["modelled"] = {"rows": [
+        {"offered_gbs": g, **{s: {"latency_p50_ns": 300.0 + 100 * k + d, "chase_loads": 7 + d} for k, s in enumerate(systems)}}
+        for g, d in ((128.0, 0), (0.032, 1))]}
+    text = render(bench_report.tables(json.loads(json.dumps(results))))
+    assert _row(text, "seq", "read", "64", last=True)[-3:] == ["110.2", "111.2", "112.2"]   # PF, electrical, DRAM GB/s
+    assert _row(text, "2000", last=True)[-4:] == ["0.032", "301 (8 loads)", "401 (8 loads)", "501 (8 loads)"]
+    assert "modelled PF appliance (DDR5 path): chase p50 ns" in text
+    # a run whose rows were not captured one by one says so instead
+    runs["bandwidth/cxl"]["modelled"] = {}
+    assert "lacks --mark-rows 1" in render(bench_report.tables(results))
