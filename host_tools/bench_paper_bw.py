@@ -34,18 +34,18 @@ from pfcxl.device.fabric_workloads import module_offsets
 from pfcxl.device.trace_format import LINE
 from pfcxl.errors import PfcxlError
 
-from . import argtypes, bench, bench_model, cli_model, timing_report
+from . import argtypes, bench, bench_model, cli_model, image, timing_report
 
 SIZES = "32,64,128,256,512,1024"
 PORT_GBS = fc.PF_PORT_BANDWIDTH_MBS / 1000
 
 
-def capture(topo, out: Path, *, sizes: str, nbytes: str, span: str, image: str) -> tuple[np.ndarray, list[dict]]:
+def capture(topo, out: Path, *, sizes: str, nbytes: str, span: str, image_kind: str) -> tuple[np.ndarray, list[dict]]:
     """Boot one guest, run the bandwidth rows with the plugin capturing; (records, rows)."""
     from pfcxl.machine import Machine
     command = (f"bandwidth --target {{dax}} --pattern seq,random --op read,write --sizes {sizes} --threads 1 "
                f"--bytes {nbytes} --span {span} --mark-rows 1")
-    with Machine(topo, timing="trace", image=image, run_dir=out / "run", name="paperbw") as vm:
+    with Machine(topo, timing="trace", image=image_kind, run_dir=out / "run", name="paperbw") as vm:
         command = command.replace("{dax}", bench.devices(vm.ready)["cxl"])
         done = vm.run(command, timeout=3600)
         data = bench.parse_output(done.output)
@@ -55,6 +55,19 @@ def capture(topo, out: Path, *, sizes: str, nbytes: str, span: str, image: str) 
         phases = vm.timing.wait_phases(len(data["results"]))
     pieces = bench_model.split_rows(records, phases)
     rows = [{k: r[k] for k in ("pattern", "op", "size")} | {"records": len(p)} for r, p in zip(data["results"], pieces)]
+    return records, rows
+
+
+def load_capture(folder: Path) -> tuple[np.ndarray, list[dict]]:
+    """The records and rows an earlier run saved in `folder` (capture.npy, capture.json)."""
+    records = cli_model.read_trace(folder / "capture.npy")
+    try:
+        rows = json.loads((folder / "capture.json").read_text())["rows"]
+        counts = [int(r["records"]) for r in rows]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PfcxlError(f"{folder / 'capture.json'}: not a capture's row list ({exc})") from exc
+    if sum(counts) != len(records):
+        raise PfcxlError(f"{folder}: capture.json lists {sum(counts)} records, capture.npy holds {len(records)}")
     return records, rows
 
 
@@ -114,12 +127,12 @@ def replay_row(records: np.ndarray, topo, load: float, full_load: float, curve_l
 def run(args) -> dict:
     topo = topology.load(topology.resolve(args.topology))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.capture_dir:
-        records = cli_model.read_trace(Path(args.capture_dir) / "capture.npy")
-        rows = json.loads((Path(args.capture_dir) / "capture.json").read_text())["rows"]
+        records, rows = load_capture(Path(args.capture_dir))
+        out.mkdir(parents=True, exist_ok=True)
     else:
-        records, rows = capture(topo, out, sizes=args.sizes, nbytes=args.bytes, span=args.span, image=args.image)
+        out.mkdir(parents=True, exist_ok=True)
+        records, rows = capture(topo, out, sizes=args.sizes, nbytes=args.bytes, span=args.span, image_kind=args.image)
         cli_model.save_trace(out / "capture.npy", records)
         (out / "capture.json").write_text(json.dumps({"rows": rows}, indent=1))
     pieces = np.split(records, np.cumsum([r["records"] for r in rows])[:-1])
@@ -179,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/paper-bw", help="directory for capture.npy/json, paper_bw.json")
     p.add_argument("--capture-dir", help="reuse the capture of an earlier run (its --out) instead of booting")
     p.add_argument("--topology", "-t", default="pf-nic", help="the topology the guest boots (default pf-nic)")
-    p.add_argument("--image", default="busybox", help="guest image (default busybox)")
+    p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox", help="guest image (default busybox)")
     p.add_argument("--sizes", default=SIZES, help=f"transfer sizes of the captured rows (default {SIZES})")
     p.add_argument("--bytes", default="1M", help="bytes per captured row (default 1M)")
     p.add_argument("--span", default="8M", help="region the captured rows use (default 8M)")

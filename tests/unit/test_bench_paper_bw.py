@@ -81,3 +81,8 @@ def test_the_script_replays_a_saved_capture_and_writes_its_report(tmp_path):
     done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.bench_paper_bw", "--load", "-1"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--load" in done.stderr and "Traceback" not in done.stderr
+    (tmp_path / "capture.json").write_text(json.dumps({"rows": [{"records": 5}]}))
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.bench_paper_bw", "--capture-dir", str(tmp_path),
+                           "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "capture.json lists 5 records, capture.npy holds 4096" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "bad").exists()   # nothing half-written
