@@ -511,4 +511,30 @@ static inline int chain_verdict(uint64_t visited, uint64_t lines, int closed)
     return 0;
 }
 
+
+/* ---------------------------------------------------------------- row marks (--mark-rows) */
+
+/* `--mark-rows 1`: each measured row is one phase of pfcxl's TCG plugin (pfcxl_mark.h), so the
+ * host can cut the captured access stream into the stream each row issued. Needs the target's
+ * doorbell: a DAX device or a file, never anon. */
+static inline void rows_marker_open(const char *target, int on, struct pfcxl_doorbell *db)
+{
+    db->line = NULL;
+    db->map = NULL;
+    if (!on)
+        return;
+    if (!strcmp(target, "anon"))
+        die("--mark-rows 1 needs a DAX device or a file as --target (anon has no doorbell)");
+    int rc = pfcxl_doorbell_open(target, db);
+    if (rc)
+        die("doorbell of %s: %s", target, strerror(-rc));
+}
+
+/* PFCXL_MARK_START or PFCXL_MARK_STOP, when rows are marked. */
+static inline void rows_marker_ring(struct pfcxl_doorbell *db, uint64_t phase)
+{
+    if (db->line)
+        pfcxl_doorbell_ring(db, phase);
+}
+
 #endif /* PFCXL_TOOL_H */
