@@ -74,6 +74,12 @@ PROFILES = {
 # idle 64-B access reproduces 24 + 153 + 47 and 24 + 212 + 47 exactly. [PF]
 REFERENCE_ACCESS_BYTES = 64
 
+# The guest's clock. MODELLING DECISION: a trace record carries the instructions its vCPU had
+# executed; the engine reads one instruction as one ns (a core retiring 1 G instructions/s between
+# memory accesses), and the appliance's telemetry puts every host's stream on that one scale
+# (docs/appliance-timing.md). TCG's own speed never enters it.
+NS_PER_INSTRUCTION = 1.0
+
 # Memory module internals. ASSUMPTIONS (the paper gives the parts, not their speeds):
 #   DDR5: 8 channels x DDR5-6400 x 8 bytes = 409.6 GB/s per module, i.e. exactly 16 ports x 25.6 GB/s:
 #   a module can absorb all 16 of its optical paths at once, so the ports, not the DDR5, bound the

@@ -1,0 +1,288 @@
+"""The appliance's fabric telemetry: every attached host's trace records, merged on one time base
+and run through the fabric models window by window, kept as running per-host, per-module and
+per-link figures (docs/appliance-timing.md).
+
+    t = Telemetry(topo, "pf", issue="dependent")
+    t.add_stream(key=1, host=0, port=0, ranges=[(hpa_base, size, pool_offset), ...])
+    t.model({1: records_of_host0, 2: records_of_host1})     # one window
+    t.snapshot()                                            # the JSON document of `appliance stats`
+
+Time base. A host's records carry its vCPU's instruction count. Each stream's clock is its own
+count from its first traced record, at fabric_constants.NS_PER_INSTRUCTION: every stream starts
+at model time 0, as the hosts of `pfcxl multihost` start their command together. With dependent
+issue (the default, as `pfcxl run --timing trace`) each vCPU also carries the modelled latency of
+its earlier accesses from window to window, so its clock runs as a core that waits for its loads.
+
+Windows. A window is whatever the drainer took from the rings since the last one: the streams'
+records in it are merged, sorted by model time and solved together by the engine
+(fabric_engine.run, the compiled kernel), so hosts contend in the same queues. Queues start empty
+in every window (a window is tens of thousands of accesses or more, so the border hardly counts).
+
+Addresses. A record's host physical address is turned into a pool offset through the host's
+ranges (its CXL DAX device and its direct-path NVDIMM, each backed by one pool partition); the
+module is then the pool's own interleave (pool.where). Records outside every range are counted
+as unmapped and not modelled.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import fabric_constants as fc
+from . import fabric_engine
+from .address_map import interleave
+from .fabric_model import PS_PER_NS, FabricModel
+from .fabric_replay import PS_PER_STAMP
+from .topology import Topology
+from .trace_format import LINE
+
+ISSUES = ("dependent", "independent")
+# which models each appliance timing runs: the first is the one its figures are quoted for
+SYSTEMS = {"pf": ("pf", "pf_hbm"), "electrical": ("electrical",)}
+QUANTILES = (50, 99)
+
+
+def _models(topo: Topology) -> dict[str, FabricModel]:
+    from pfcxl.host_tools import timing_report     # the one place the report's models are chosen
+    return timing_report.models(topo)
+
+
+def labels() -> dict[str, str]:
+    from pfcxl.host_tools import timing_report
+    return {k: timing_report.LABELS[k] for k in ("pf", "pf_hbm", "electrical", "local")}
+
+
+class _Stream:
+    """One attachment's records: its host, its port (the model's host) and its address ranges."""
+
+    def __init__(self, host: int, port: int, ranges) -> None:
+        self.host, self.port = host, port
+        r = np.array(sorted(ranges), dtype=np.int64).reshape(-1, 3)
+        self.bases, self.sizes, self.offsets = r[:, 0], r[:, 1], r[:, 2]
+        self.first_insn: int | None = None
+        self.carry: dict[str, dict[int, int]] = {}      # system -> vcpu -> ps carried (dependent)
+
+    def pool_offsets(self, hpa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(pool offset, inside a range?) of every address."""
+        hpa = hpa.astype(np.int64)
+        idx = np.searchsorted(self.bases, hpa, side="right") - 1
+        ok = idx >= 0
+        safe = np.where(ok, idx, 0)
+        ok &= hpa < self.bases[safe] + self.sizes[safe]
+        return hpa - self.bases[safe] + self.offsets[safe], ok
+
+
+def _grow_add(store: dict, key, counts: np.ndarray) -> None:
+    have = store.get(key)
+    if have is None or len(have) < len(counts):
+        grown = np.zeros(max(len(counts), 0 if have is None else len(have)), np.int64)
+        if have is not None:
+            grown[:len(have)] = have
+        store[key] = have = grown
+    have[:len(counts)] += counts
+
+
+def percentiles(hist: np.ndarray | None) -> dict:
+    """count, p50, p99, max (ns) of a 1-ns histogram."""
+    if hist is None or not hist.sum():
+        return {"count": 0}
+    cum = np.cumsum(hist)
+    total = int(cum[-1])
+    out = {"count": total}
+    for q in QUANTILES:
+        rank = max(1, int(np.ceil(q / 100 * total)))
+        out[f"p{q}"] = int(np.searchsorted(cum, rank))
+    out["max"] = int(np.flatnonzero(hist)[-1])
+    return out
+
+
+class Telemetry:
+    """Running figures of every stream modelled so far; thread-safe: model() in one thread,
+    snapshot() in another."""
+
+    def __init__(self, topo: Topology, system: str, *, issue: str = "dependent",
+                 ns_per_insn: float = fc.NS_PER_INSTRUCTION) -> None:
+        if topo.appliance is None:
+            raise ValueError(f"topology '{topo.name}' has no [appliance] section")
+        if system not in SYSTEMS:
+            raise ValueError(f"appliance timing '{system}' is not one of {', '.join(SYSTEMS)}")
+        if issue not in ISSUES:
+            raise ValueError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
+        self.app, self.system, self.issue, self.ns_per_insn = topo.appliance, system, issue, ns_per_insn
+        every = _models(topo)
+        self.models = {name: every[name] for name in SYSTEMS[system]}
+        self.streams: dict[int, _Stream] = {}
+        self.lock = threading.Lock()
+        self.windows = self.records = self.unmapped = 0
+        self.model_ps = {name: 0 for name in self.models}
+        self.hist: dict[tuple, np.ndarray] = {}          # (system, "host"|"module", id, op) -> 1-ns counts
+        self.traffic: dict[tuple, np.ndarray] = {}       # ("host"|"module", id) -> reads, writes, bytes, hits
+        self.stages = {name: {st.name: (np.zeros(m.queues(st), np.int64), np.zeros(m.queues(st), np.int64))
+                              for st in m.stages} for name, m in self.models.items()}
+        self.ports: dict[int, int] = {}                  # host -> its port (the latest attachment's)
+
+    def add_stream(self, key: int, host: int, port: int, ranges) -> None:
+        with self.lock:
+            self.streams[key] = _Stream(host, port, ranges)
+            self.ports[host] = port
+
+    # ------------------------------------------------------------------ one window
+
+    def _merge(self, batches: dict[int, np.ndarray]):
+        """The window's records of every stream on the common time base (ps stamps in `insn`,
+        pool offsets in `hpa`, the port in `host`), in model-time order; plus each record's
+        host id and stream key."""
+        parts, hosts, keys = [], [], []
+        for key, recs in batches.items():
+            s = self.streams[key]
+            if not len(recs):
+                continue
+            off, ok = s.pool_offsets(recs["hpa"])
+            self.unmapped += int(np.count_nonzero(~ok))
+            recs, off = recs[ok], off[ok]
+            if not len(recs):
+                continue
+            if s.first_insn is None:
+                s.first_insn = int(recs["insn"].min())
+            out = recs.copy()
+            rel = np.maximum(recs["insn"].astype(np.int64) - s.first_insn, 0)
+            out["insn"] = np.rint(rel * (self.ns_per_insn * PS_PER_NS)).astype(np.uint64)
+            out["hpa"] = off.astype(np.uint64)
+            out["size"] = LINE            # a CPU moves whole lines over CXL, whatever it touched
+            out["host"] = s.port
+            parts.append(out)
+            hosts.append(np.full(len(out), s.host, np.int64))
+            keys.append(np.full(len(out), key, np.int64))
+        if not parts:
+            return None
+        merged, host, key = np.concatenate(parts), np.concatenate(hosts), np.concatenate(keys)
+        order = np.argsort(merged["insn"], kind="stable")
+        return merged[order], host[order], key[order]
+
+    def _carried(self, name: str, merged, key) -> np.ndarray:
+        """Dependent issue: each vCPU's stamps moved by the latency it waited for in earlier windows."""
+        stamps = merged["insn"].astype(np.int64)
+        if self.issue != "dependent":
+            return stamps
+        for k in np.unique(key):
+            carry = self.streams[int(k)].carry.get(name, {})
+            for vcpu, ps in carry.items():
+                stamps[(key == k) & (merged["vcpu"] == vcpu)] += ps
+        return stamps
+
+    def _carry_forward(self, name: str, merged, key, result) -> None:
+        if self.issue != "dependent":
+            return
+        complete = result.issue_ps + result.latency_ps
+        orig = merged["insn"].astype(np.int64)            # before any carry: the stream's own clock
+        for k in np.unique(key):
+            sel = np.flatnonzero(key == k)
+            carry = self.streams[int(k)].carry.setdefault(name, {})
+            for vcpu in np.unique(merged["vcpu"][sel]):
+                last = sel[merged["vcpu"][sel] == vcpu][-1]          # model-time order: its last access
+                carry[int(vcpu)] = int(complete[last] - orig[last])
+
+    def model(self, batches: dict[int, np.ndarray]) -> int:
+        """Model one window: `batches` maps stream keys to their new records. Records modelled."""
+        got = self._merge(batches)
+        if got is None:
+            return 0
+        merged, host, key = got
+        module = interleave(merged["hpa"].astype(np.int64), self.app.granularity, self.app.modules)[0]
+        write = merged["write"] != 0
+        results = {}
+        for name, m in self.models.items():
+            timed = merged.copy()
+            timed["insn"] = self._carried(name, merged, key).astype(np.uint64)
+            results[name] = fabric_engine.run(m, timed, ns_per_insn=PS_PER_STAMP, dependent=self.issue == "dependent",
+                                              base_hpa=0, granularity=self.app.granularity, seed=self.windows + 1)
+            self._carry_forward(name, merged, key, results[name])
+        with self.lock:
+            self.windows += 1
+            self.records += len(merged)
+            hit = results["pf_hbm"].hit if "pf_hbm" in results else np.zeros(len(merged), bool)
+            for kind, ids in (("host", host), ("module", module)):
+                self._count(kind, ids, write, hit)
+            for name, r in results.items():
+                self.model_ps[name] += int(r.window_ps)
+                for st, stats in r.stages.items():
+                    self.stages[name][st][0][:] += stats.bytes
+                    self.stages[name][st][1][:] += stats.busy_ps
+                lat = r.latency_ps // PS_PER_NS
+                for kind, ids in (("host", host), ("module", module)):
+                    self._histograms(name, kind, ids, write, lat)
+        return len(merged)
+
+    def _count(self, kind: str, ids: np.ndarray, write: np.ndarray, hit: np.ndarray) -> None:
+        for i in np.unique(ids):
+            sel = ids == i
+            w = write[sel]
+            row = np.array([np.count_nonzero(~w), np.count_nonzero(w), np.count_nonzero(sel) * LINE,
+                            np.count_nonzero(hit[sel] & ~w)], np.int64)
+            _grow_add(self.traffic, (kind, int(i)), row)
+
+    def _histograms(self, name: str, kind: str, ids: np.ndarray, write: np.ndarray, lat: np.ndarray) -> None:
+        group = ids.astype(np.int64) * 2 + write
+        order = np.argsort(group, kind="stable")
+        g, lat = group[order], lat[order]
+        edges = np.flatnonzero(np.diff(g)) + 1
+        for lo, hi in zip(np.r_[0, edges], np.r_[edges, len(g)]):
+            gid = int(g[lo])
+            _grow_add(self.hist, (name, kind, gid // 2, "write" if gid % 2 else "read"), np.bincount(lat[lo:hi]))
+
+    # ------------------------------------------------------------------ figures
+
+    def _utilisation(self, name: str, kind: str, ident: int) -> dict:
+        """Per stage, the busiest queue this host (through its port) or module crosses in model
+        `name`, and which stage is the busiest of all."""
+        m, span = self.models[name], max(self.model_ps[name], 1)
+        out: dict = {}
+        port = self.ports.get(ident)
+        for st in m.stages:
+            busy = self.stages[name][st.name][1]
+            if kind == "host" and port is not None and st.key != "module":
+                queues = {"host": [port], "group": [port // m.hosts_per_group],
+                          "path": [port * m.modules + j for j in range(m.modules)]}[st.key]
+            elif kind == "module" and st.key == "module":
+                queues = [ident]
+            else:
+                continue
+            q = max(queues, key=lambda i: busy[i])
+            out[st.name] = float(busy[q]) / span
+        if out:
+            out["busiest"] = max(out, key=out.get)
+        return out
+
+    def _entry(self, kind: str, ident: int) -> dict:
+        reads, writes, nbytes, hits = (int(x) for x in self.traffic.get((kind, ident), np.zeros(4, np.int64)))
+        e = {kind: ident, "reads": reads, "writes": writes, "bytes": nbytes,
+             "latency_ns": {name: {op: percentiles(self.hist.get((name, kind, ident, op))) for op in ("read", "write")}
+                            for name in self.models},
+             "utilisation": {name: self._utilisation(name, kind, ident) for name in self.models},
+             "hbm_hit_rate": (hits / reads if reads else None) if "pf_hbm" in self.models else None}
+        if kind == "host":
+            e["port"] = self.ports.get(ident)
+        return e
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            hosts = sorted({i for k, i in self.traffic if k == "host"} | set(self.ports))
+            modules = sorted(i for k, i in self.traffic if k == "module")
+            stages = {}
+            for name, m in self.models.items():
+                span = max(self.model_ps[name], 1)
+                stages[name] = {st.name: {"key": st.key, "bandwidth_gbs": st.bandwidth_mbs / 1000,
+                                          "bytes": int(self.stages[name][st.name][0].sum()),
+                                          "max_utilisation": float(self.stages[name][st.name][1].max()) / span}
+                                for st in m.stages}
+            return {"system": self.system, "issue": self.issue, "models": list(self.models),
+                    "labels": {k: v for k, v in labels().items() if k in self.models},
+                    "time_base": {"ns_per_instruction": self.ns_per_insn,
+                                  "streams": "each stream from its first traced record at model time 0"},
+                    "windows": self.windows, "records": self.records, "unmapped": self.unmapped,
+                    "model_ns": {name: ps / PS_PER_NS for name, ps in self.model_ps.items()},
+                    "hosts": [self._entry("host", h) for h in hosts],
+                    "modules": [self._entry("module", m) for m in modules],
+                    "stages": stages}
