@@ -69,6 +69,13 @@ class TimingConfig:
             raise TimingError(f"read_ns lists {len(reads)} profiles but write_ns {len(writes)}")
 
 
+def bracket(command: str, ready: dict) -> str:
+    """Bracket a guest command with the phase markers on the first DAX device (`ready`: the
+    guest's PFCXL-READY record); keep its exit status."""
+    dax = next((f" --dax {d['path']}" for d in ready.get("dax", [])), "")
+    return f"pfcxl_mark start{dax}; {command}; rc=$?; pfcxl_mark stop{dax}; (exit $rc)"
+
+
 def ring_path(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / f"{name}.ring"
 
