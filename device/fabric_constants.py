@@ -93,6 +93,10 @@ PF_T_MEM_READ_HIT_NS = 150
 #   The cache is managed in 64-byte lines (the trace's line).
 PF_HBM_LINE_BYTES = 64
 
+# The paper's loaded latencies [PF]: writes mostly 210-250 ns; reads mostly 275-290 ns (tail to 320).
+PF_PAPER_LOADED_WRITE_NS = (210, 250)
+PF_PAPER_LOADED_READ_NS = (275, 290)
+
 # Loaded variability. CALIBRATION to the paper's loaded ranges (writes mostly 210-250 ns, reads mostly
 # 275-290 ns with a tail to 320 ns): each access's latency gets an integer jitter of +-v ns, v uniform
 # in 0..J (J per direction), drawn in exactly symmetric pairs so the idle median stays exactly

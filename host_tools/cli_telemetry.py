@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Group
 from rich.table import Table
 
+from pfcxl.device import fabric_constants as fc
 from pfcxl.device.units import human
 from pfcxl.errors import PfcxlError
 
@@ -29,7 +30,7 @@ def _lat(entry: dict, system: str, op: str) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+    return "-" if value is None else f"{100 * value:.2f}%"
 
 
 def _rate(now: dict, before: dict | None, seconds: float) -> str:
@@ -53,34 +54,38 @@ def headline(stats: dict) -> str:
 def tables(stats: dict, before: dict | None = None, seconds: float = 0.0) -> list[Table]:
     """Per host and per module: traffic, modelled p50 / p99 latency, HBM hit rate, utilisation."""
     main = stats["models"][0]
-    label = stats["labels"][main]
-    hbm = "pf_hbm" in stats["models"]
+    hbm, pf = "pf_hbm" in stats["models"], main.startswith("pf")
     prev = {(k, e[k]): e for k in ("host", "module") for e in (before or {}).get(f"{k}s", [])}
+    caption = (f"latency p50 / p99 (ns) and utilisation: {stats['labels'][main]}"
+               + (f"; +HBM: {stats['labels']['pf_hbm']}" if hbm else "")
+               + (f"; the paper's loaded PF range: reads {fc.PF_PAPER_LOADED_READ_NS[0]}-"
+                  f"{fc.PF_PAPER_LOADED_READ_NS[1]} ns, writes {fc.PF_PAPER_LOADED_WRITE_NS[0]}-"
+                  f"{fc.PF_PAPER_LOADED_WRITE_NS[1]} ns" if pf else "")
+               + "; traffic: CXL requests traced, 64 B each"
+               + ("; /s: per second of the emulator's wall clock (TCG), not a fabric rate" if before else ""))
     out = []
     for kind in ("host", "module"):
-        t = Table(title=f"per {kind} ({label}; latencies in ns, modelled)", title_justify="left")
-        cols = [kind] + (["port"] if kind == "host" else []) + [
-            "reads", "writes", "traffic", "traced/s (emulator wall clock)",
-            "read p50 / p99", "write p50 / p99"]
-        cols += ["PF+HBM3E read p50 / p99", "HBM3E hit rate"] if hbm else []
-        cols += ["busiest link (modelled utilisation)"] + (["port util. up / down"] if kind == "host" and
-                                                           main.startswith("pf") else [])
-        cols += ["ring largest fill"] if kind == "host" else []
+        t = Table(title=f"per {kind} (modelled)", title_justify="left", caption=caption if kind == "module" else None,
+                  caption_justify="left")
+        cols = [kind] + (["port"] if kind == "host" else []) + ["reads", "writes", "traffic"]
+        cols += ["traced/s"] if before else []
+        cols += ["read", "write"] + (["+HBM read", "HBM hit"] if hbm else []) + ["busiest link"]
+        cols += (["port up/down"] if pf else []) + ["ring fill"] if kind == "host" else []
         for c in cols:
             t.add_column(c, justify="right")
         for e in stats[f"{kind}s"]:
             util = e["utilisation"].get(main) or {}
             busiest = util.get("busiest")
             row = [str(e[kind])] + ([str(e.get("port", "-"))] if kind == "host" else []) + [
-                f"{e['reads']:,}", f"{e['writes']:,}", human(e["bytes"]), _rate(e, prev.get((kind, e[kind])), seconds),
-                _lat(e, main, "read"), _lat(e, main, "write")]
+                f"{e['reads']:,}", f"{e['writes']:,}", human(e["bytes"])]
+            row += [_rate(e, prev.get((kind, e[kind])), seconds)] if before else []
+            row += [_lat(e, main, "read"), _lat(e, main, "write")]
             row += [_lat(e, "pf_hbm", "read"), _pct(e["hbm_hit_rate"])] if hbm else []
             row += [f"{busiest} {_pct(util[busiest])}" if busiest else "-"]
-            if kind == "host" and main.startswith("pf"):
-                row += [f"{_pct(util.get('port_up'))} / {_pct(util.get('port_down'))}"]
             if kind == "host":
+                row += [f"{_pct(util.get('port_up'))} / {_pct(util.get('port_down'))}"] if pf else []
                 ring = e.get("ring") or {}
-                row += [f"{ring.get('largest_fill', 0):,}" + ("" if e.get("attached") else " (detached)")]
+                row += [f"{ring.get('largest_fill', 0):,}" + ("" if e.get("attached") else " (gone)")]
             t.add_row(*row)
         out.append(t)
     return out
