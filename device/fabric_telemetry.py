@@ -42,6 +42,18 @@ ISSUES = ("dependent", "independent")
 # which models each appliance timing runs: the first is the one its figures are quoted for
 SYSTEMS = {"pf": ("pf", "pf_hbm"), "electrical": ("electrical",)}
 QUANTILES = (50, 99)
+# Latency histograms: 1-ns bins up to FINE_NS, then COARSE_NS bins up to CAP_NS (beyond it, the
+# last bin; the true maximum is kept on its own), so a saturated model cannot grow them unbounded.
+FINE_NS, COARSE_NS, CAP_NS = 8192, 64, 1 << 20
+
+
+def _bins(lat_ns: np.ndarray) -> np.ndarray:
+    return np.where(lat_ns < FINE_NS, lat_ns, FINE_NS + (np.minimum(lat_ns, CAP_NS) - FINE_NS) // COARSE_NS)
+
+
+def _ns(bin_index: int) -> int:
+    """The lower edge (ns) of a histogram bin."""
+    return bin_index if bin_index < FINE_NS else FINE_NS + (bin_index - FINE_NS) * COARSE_NS
 
 
 def _models(topo: Topology) -> dict[str, FabricModel]:
@@ -84,8 +96,9 @@ def _grow_add(store: dict, key, counts: np.ndarray) -> None:
     have[:len(counts)] += counts
 
 
-def percentiles(hist: np.ndarray | None) -> dict:
-    """count, p50, p99, max (ns) of a 1-ns histogram."""
+def percentiles(hist: np.ndarray | None, most: int | None = None) -> dict:
+    """count, p50, p99 (nearest rank, ns: exact below FINE_NS, a bin's lower edge above) and max
+    (`most`, else the highest bin's edge) of a latency histogram."""
     if hist is None or not hist.sum():
         return {"count": 0}
     cum = np.cumsum(hist)
@@ -93,8 +106,8 @@ def percentiles(hist: np.ndarray | None) -> dict:
     out = {"count": total}
     for q in QUANTILES:
         rank = max(1, int(np.ceil(q / 100 * total)))
-        out[f"p{q}"] = int(np.searchsorted(cum, rank))
-    out["max"] = int(np.flatnonzero(hist)[-1])
+        out[f"p{q}"] = _ns(int(np.searchsorted(cum, rank)))
+    out["max"] = int(most) if most is not None else _ns(int(np.flatnonzero(hist)[-1]))
     return out
 
 
@@ -117,7 +130,8 @@ class Telemetry:
         self.lock = threading.Lock()
         self.windows = self.records = self.unmapped = 0
         self.model_ps = {name: 0 for name in self.models}
-        self.hist: dict[tuple, np.ndarray] = {}          # (system, "host"|"module", id, op) -> 1-ns counts
+        self.hist: dict[tuple, np.ndarray] = {}          # (system, "host"|"module", id, op) -> counts (_bins)
+        self.most: dict[tuple, int] = {}                 # the same keys -> largest latency (ns)
         self.traffic: dict[tuple, np.ndarray] = {}       # ("host"|"module", id) -> reads, writes, bytes, hits
         self.stages = {name: {st.name: (np.zeros(m.queues(st), np.int64), np.zeros(m.queues(st), np.int64))
                               for st in m.stages} for name, m in self.models.items()}
@@ -230,7 +244,9 @@ class Telemetry:
         edges = np.flatnonzero(np.diff(g)) + 1
         for lo, hi in zip(np.r_[0, edges], np.r_[edges, len(g)]):
             gid = int(g[lo])
-            _grow_add(self.hist, (name, kind, gid // 2, "write" if gid % 2 else "read"), np.bincount(lat[lo:hi]))
+            key = (name, kind, gid // 2, "write" if gid % 2 else "read")
+            _grow_add(self.hist, key, np.bincount(_bins(lat[lo:hi])))
+            self.most[key] = max(self.most.get(key, 0), int(lat[lo:hi].max()))
 
     # ------------------------------------------------------------------ figures
 
@@ -258,8 +274,9 @@ class Telemetry:
     def _entry(self, kind: str, ident: int) -> dict:
         reads, writes, nbytes, hits = (int(x) for x in self.traffic.get((kind, ident), np.zeros(4, np.int64)))
         e = {kind: ident, "reads": reads, "writes": writes, "bytes": nbytes,
-             "latency_ns": {name: {op: percentiles(self.hist.get((name, kind, ident, op))) for op in ("read", "write")}
-                            for name in self.models},
+             "latency_ns": {name: {op: percentiles(self.hist.get((name, kind, ident, op)),
+                                                   self.most.get((name, kind, ident, op)))
+                                       for op in ("read", "write")} for name in self.models},
              "utilisation": {name: self._utilisation(name, kind, ident) for name in self.models},
              "hbm_hit_rate": (hits / reads if reads else None) if "pf_hbm" in self.models else None}
         if kind == "host":

@@ -5,6 +5,8 @@ instruction, addresses through the host's ranges, the port as the model's host).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ from pfcxl.device import fabric_engine as fe
 from pfcxl.device import fabric_model as fm
 from pfcxl.device import topology
 from pfcxl.device.appliance_timing import host_ranges
-from pfcxl.device.fabric_telemetry import Telemetry, percentiles
+from pfcxl.device.fabric_telemetry import CAP_NS, COARSE_NS, FINE_NS, Telemetry, _bins, percentiles
 from pfcxl.device.trace_format import LINE
 
 TOPO = topology.load(topology.resolve("pf-appliance"))
@@ -162,8 +164,31 @@ def test_percentiles_of_a_histogram():
     assert percentiles(None) == {"count": 0}
 
 
+def test_latencies_past_the_fine_bins_are_binned_coarsely_and_the_maximum_kept():
+    """A saturated model's latencies keep the histograms small: nearest-rank percentiles within
+    one coarse bin past FINE_NS, everything past CAP_NS in the last bin, the exact maximum."""
+    lat = np.r_[np.full(50, 300), np.arange(49) * 20_000 + 10_000, 3_000_000]
+    h = np.bincount(_bins(lat))
+    assert len(h) == FINE_NS + (CAP_NS - FINE_NS) // COARSE_NS + 1
+    p = percentiles(h, int(lat.max()))
+    exact = np.percentile(lat, [50, 99], method="inverted_cdf")
+    assert p["p50"] == exact[0] == 300
+    assert exact[1] == 970_000 and p["p99"] <= exact[1] < p["p99"] + COARSE_NS
+    assert p["max"] == 3_000_000
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="not one of pf, electrical"):
         Telemetry(TOPO, "dram")
     with pytest.raises(ValueError, match="issue 'later'"):
         Telemetry(TOPO, "pf", issue="later")
+
+
+def test_the_plugin_finds_the_appliances_ring_after_the_memory_descriptors():
+    from pfcxl.host_tools import timing, vm
+    served = [d for d in TOPO.devices if d.appliance]
+    n = vm.ring_fd_number(TOPO)
+    assert n == vm.FIRST_MEMORY_FD + len(served)           # the memory descriptors are 5 .. n - 1
+    args = timing.plugin_args(Path("/p.so"), TOPO, Path("/run"), timing.TimingConfig("trace"), "host0",
+                              ring=f"/proc/self/fd/{n}")
+    assert f"ring=/proc/self/fd/{n}" in args[1].split(",") and "mode=trace" in args[1].split(",")
