@@ -175,28 +175,30 @@ class Telemetry:
         order = np.argsort(merged["insn"], kind="stable")
         return merged[order], host[order], key[order]
 
-    def _carried(self, name: str, merged, key) -> np.ndarray:
+    def _vcpus(self, merged, key) -> tuple[np.ndarray, np.ndarray]:
+        """Every (stream, vCPU) of the window once, and each record's index into them."""
+        return np.unique(key * 256 + merged["vcpu"], return_inverse=True)
+
+    def _carried(self, name: str, merged, vcpus) -> np.ndarray:
         """Dependent issue: each vCPU's stamps moved by the latency it waited for in earlier windows."""
         stamps = merged["insn"].astype(np.int64)
-        if self.issue != "dependent":
-            return stamps
-        for k in np.unique(key):
-            carry = self.streams[int(k)].carry.get(name, {})
-            for vcpu, ps in carry.items():
-                stamps[(key == k) & (merged["vcpu"] == vcpu)] += ps
+        if self.issue == "dependent":
+            ids, which = vcpus
+            carry = np.array([self.streams[int(v) // 256].carry.get(name, {}).get(int(v) % 256, 0) for v in ids],
+                             np.int64)
+            stamps += carry[which]
         return stamps
 
-    def _carry_forward(self, name: str, merged, key, result) -> None:
+    def _carry_forward(self, name: str, merged, vcpus, result) -> None:
         if self.issue != "dependent":
             return
-        complete = result.issue_ps + result.latency_ps
-        orig = merged["insn"].astype(np.int64)            # before any carry: the stream's own clock
-        for k in np.unique(key):
-            sel = np.flatnonzero(key == k)
-            carry = self.streams[int(k)].carry.setdefault(name, {})
-            for vcpu in np.unique(merged["vcpu"][sel]):
-                last = sel[merged["vcpu"][sel] == vcpu][-1]          # model-time order: its last access
-                carry[int(vcpu)] = int(complete[last] - orig[last])
+        ids, which = vcpus
+        # the records are in model-time order, so a vCPU's last record is its last access
+        last = len(which) - 1 - np.unique(which[::-1], return_index=True)[1]
+        complete = result.issue_ps[last] + result.latency_ps[last]
+        orig = merged["insn"][last].astype(np.int64)    # before any carry: the stream's own clock
+        for v, done, stamp in zip(ids, complete, orig):
+            self.streams[int(v) // 256].carry.setdefault(name, {})[int(v) % 256] = int(done - stamp)
 
     def model(self, batches: dict[int, np.ndarray]) -> int:
         """Model one window: `batches` maps stream keys to their new records. Records modelled."""
@@ -207,12 +209,13 @@ class Telemetry:
         module = interleave(merged["hpa"].astype(np.int64), self.app.granularity, self.app.modules)[0]
         write = merged["write"] != 0
         results = {}
+        vcpus = self._vcpus(merged, key)
         for name, m in self.models.items():
             timed = merged.copy()
-            timed["insn"] = self._carried(name, merged, key).astype(np.uint64)
+            timed["insn"] = self._carried(name, merged, vcpus).astype(np.uint64)
             results[name] = fabric_engine.run(m, timed, ns_per_insn=PS_PER_STAMP, dependent=self.issue == "dependent",
                                               base_hpa=0, granularity=self.app.granularity, seed=self.windows + 1)
-            self._carry_forward(name, merged, key, results[name])
+            self._carry_forward(name, merged, vcpus, results[name])
         with self.lock:
             self.windows += 1
             self.records += len(merged)
@@ -230,23 +233,25 @@ class Telemetry:
         return len(merged)
 
     def _count(self, kind: str, ids: np.ndarray, write: np.ndarray, hit: np.ndarray) -> None:
-        for i in np.unique(ids):
-            sel = ids == i
-            w = write[sel]
-            row = np.array([np.count_nonzero(~w), np.count_nonzero(w), np.count_nonzero(sel) * LINE,
-                            np.count_nonzero(hit[sel] & ~w)], np.int64)
-            _grow_add(self.traffic, (kind, int(i)), row)
+        n = int(ids.max()) + 1
+        reads = np.bincount(ids, ~write, n)
+        table = np.stack([reads, np.bincount(ids, write, n), np.bincount(ids, None, n) * LINE,
+                          np.bincount(ids, hit & ~write, n)], axis=1).astype(np.int64)
+        for i in np.flatnonzero(table[:, 2]):
+            _grow_add(self.traffic, (kind, int(i)), table[i])
 
     def _histograms(self, name: str, kind: str, ids: np.ndarray, write: np.ndarray, lat: np.ndarray) -> None:
+        """One 2-D bincount: (id, read/write) x latency bin."""
         group = ids.astype(np.int64) * 2 + write
-        order = np.argsort(group, kind="stable")
-        g, lat = group[order], lat[order]
-        edges = np.flatnonzero(np.diff(g)) + 1
-        for lo, hi in zip(np.r_[0, edges], np.r_[edges, len(g)]):
-            gid = int(g[lo])
-            key = (name, kind, gid // 2, "write" if gid % 2 else "read")
-            _grow_add(self.hist, key, np.bincount(_bins(lat[lo:hi])))
-            self.most[key] = max(self.most.get(key, 0), int(lat[lo:hi].max()))
+        bins = _bins(lat)
+        width, groups = int(bins.max()) + 1, int(group.max()) + 1
+        counts = np.bincount(group * width + bins, minlength=groups * width).reshape(groups, width)
+        most = np.full(groups, -1, np.int64)
+        np.maximum.at(most, group, lat)
+        for gid in np.flatnonzero(most >= 0):
+            key = (name, kind, int(gid) // 2, "write" if gid % 2 else "read")
+            _grow_add(self.hist, key, counts[gid])
+            self.most[key] = max(self.most.get(key, 0), int(most[gid]))
 
     # ------------------------------------------------------------------ figures
 

@@ -381,12 +381,12 @@ class Appliance:
     """
 
     def __init__(self, topology: str | Path | Topology | None = "pf-appliance", *,
-                 run_dir: str | Path | None = None, scan_interval: float = 5.0) -> None:
+                 run_dir: str | Path | None = None, scan_interval: float = 5.0, timing: str | None = None) -> None:
         self.topology, self.topology_path = load_topology(topology)
         if self.topology.appliance is None:
             raise PfcxlError(f"topology '{self.topology.name}' has no [appliance] section")
         self.run_dir_arg = Path(run_dir) if run_dir is not None else None
-        self.scan_interval = scan_interval
+        self.scan_interval, self.timing = scan_interval, timing     # timing: pf | electrical (call("stats"))
         self.run_dir: Path | None = None
         self.pid: int | None = None
         self.started_here = False
@@ -415,7 +415,7 @@ class Appliance:
                     raise PfcxlError("the appliance service reads its topology from a file: give a "
                                      "shipped name or a TOML path, not a Topology object")
                 self.pid = appliance_mod.start(self.topology, self.topology_path, self.run_dir,
-                                               scan_interval=self.scan_interval)
+                                               scan_interval=self.scan_interval, timing=self.timing)
                 self.started_here = True
                 stack.callback(appliance_mod.stop, self.run_dir)
             self._client = stack.enter_context(appliance_mod.Client(self.run_dir))
