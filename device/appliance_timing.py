@@ -1,13 +1,15 @@
 """Appliance-side timing (`pfcxl appliance start --timing pf|electrical`): the service owns one
-trace ring per attachment and one thread that drains them all and feeds the fabric telemetry.
+trace ring per attachment, one thread that drains them all and one that feeds what it drained to
+the fabric telemetry.
 
 At attach the service creates the host's ring in a memfd (trace_ring.Ring.create_memfd) and
 hands its descriptor out after the pool's; the host's QEMU inherits it and the TCG plugin maps it
-as ring=/proc/self/fd/N (host_tools/vm.py). The plugin produces, this thread consumes: every
-DRAIN_INTERVAL it empties every ring, noting the largest fill any ring reached and the records
-the plugin ever dropped, and every WINDOW seconds (or sooner when WINDOW_RECORDS are waiting, a
-host detaches, or a caller asks to sync) it models what it took as one window
-(fabric_telemetry.Telemetry.model). See docs/appliance-timing.md.
+as ring=/proc/self/fd/N (host_tools/vm.py). The plugin produces, the drainer consumes: it empties
+every ring continuously while they hold records and every DRAIN_INTERVAL otherwise, noting the
+largest fill any ring had and the records the plugin ever dropped. The modeller takes what was
+drained every WINDOW seconds (or sooner when WINDOW_RECORDS are waiting, a host detaches, or a
+caller asks to sync) and models it as one window (fabric_telemetry.Telemetry.model); the rings
+keep being drained while it does (the kernel runs without the GIL). See docs/appliance-timing.md.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class _Attached:
     port: int
     ring: Ring
     detached: bool = False
+    closed: bool = False
     largest_fill: int = 0
     drained: int = 0
     batches: list = field(default_factory=list)
@@ -86,22 +89,28 @@ class ApplianceTiming:
         self._sync: list[Callable[[], None]] = []
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="fabric-timing")
+        self._drain_lock = threading.Lock()                 # one drain at a time; rings close under it
+        self._threads = [threading.Thread(target=self._drain_loop, daemon=True, name="ring-drainer"),
+                         threading.Thread(target=self._model_loop, daemon=True, name="fabric-model")]
         self.error: str | None = None
 
     def start(self) -> "ApplianceTiming":
-        self._thread.start()
+        for t in self._threads:
+            t.start()
         return self
 
     def close(self) -> None:
         """Model what is left, then release every ring."""
         self._stop.set()
         self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=60)
-        for att in self._live.values():
-            att.ring.close()
-        self._live.clear()
+        for t in self._threads:                             # the drainer, then the modeller's last window
+            if t.is_alive():
+                t.join(timeout=60)
+        with self._drain_lock:
+            for att in self._live.values():
+                att.ring.close()
+                att.closed = True
+            self._live.clear()
 
     # ------------------------------------------------------------------ attachments (service thread)
 
@@ -132,23 +141,24 @@ class ApplianceTiming:
             self._sync.append(done)
         self._wake.set()
 
-    # ------------------------------------------------------------------ the timing thread
+    # ------------------------------------------------------------------ the threads
 
     def _drain(self) -> int:
         got = 0
-        with self._lock:
-            live = list(self._live.items())
-        for key, att in live:
-            fill = att.ring.fill()
-            batch = att.ring.drain()
+        with self._drain_lock:
             with self._lock:
-                figures = self._rings[att.host]
-                att.largest_fill = max(att.largest_fill, fill)
-                figures["largest_fill"] = max(figures["largest_fill"], fill)
-                figures["dropped"] = max(figures["dropped"], att.ring.dropped)
-                figures["drained"] += len(batch)
-            if len(batch):
-                att.batches.append(batch)
+                live = [att for att in self._live.values() if not att.closed]
+            for att in live:
+                fill = att.ring.fill()
+                batch = att.ring.drain()
+                with self._lock:
+                    figures = self._rings[att.host]
+                    att.largest_fill = max(att.largest_fill, fill)
+                    figures["largest_fill"] = max(figures["largest_fill"], fill)
+                    figures["dropped"] = max(figures["dropped"], att.ring.dropped)
+                    figures["drained"] += len(batch)
+                    if len(batch):
+                        att.batches.append(batch)
                 got += len(batch)
         return got
 
@@ -156,47 +166,58 @@ class ApplianceTiming:
         import numpy as np
         with self._lock:
             live = list(self._live.items())
-        batches = {}
-        for key, att in live:
-            if att.batches:
-                batches[key] = np.concatenate(att.batches)
+            batches = {key: np.concatenate(att.batches) for key, att in live if att.batches}
+            for _, att in live:
                 att.batches = []
         if batches:
             self.telemetry.model(batches)
-        with self._lock:
-            for key, att in live:
-                if att.detached:
+        gone = [(key, att) for key, att in live if att.detached]
+        if gone:
+            with self._drain_lock, self._lock:
+                for key, att in gone:
                     att.ring.close()
+                    att.closed = True
                     del self._live[key]
 
     def _pending(self) -> int:
         with self._lock:
             return sum(len(b) for att in self._live.values() for b in att.batches)
 
-    def _loop(self) -> None:
+    def _failed(self, exc: Exception) -> None:
+        self.error = f"{type(exc).__name__}: {exc}"     # reported in stats; the service keeps serving memory
+        log.error("fabric timing failed:\n%s", traceback.format_exc())
+
+    def _drain_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                got = self._drain()
+            except Exception as exc:
+                self._failed(exc)
+                return
+            if not got:
+                self._stop.wait(DRAIN_INTERVAL)
+
+    def _model_loop(self) -> None:
         last = time.monotonic()
         while True:
             stopping = self._stop.is_set()
             with self._lock:
                 waiting, self._sync = self._sync, []
                 detaching = any(a.detached for a in self._live.values())
-            try:
-                got = self._drain()
-                if (stopping or waiting or detaching or time.monotonic() - last >= WINDOW
-                        or self._pending() >= WINDOW_RECORDS):
+            if (stopping or waiting or detaching or time.monotonic() - last >= WINDOW
+                    or self._pending() >= WINDOW_RECORDS):
+                try:
+                    self._drain()                           # everything the rings hold by now
                     self._model()
-                    last = time.monotonic()
-            except Exception as exc:           # reported in stats; the service keeps serving memory
-                self.error = f"{type(exc).__name__}: {exc}"
-                log.error("fabric timing failed:\n%s", traceback.format_exc())
-                got = 0
+                except Exception as exc:
+                    self._failed(exc)
+                last = time.monotonic()
             for done in waiting:
                 done()
             if stopping:
                 return
-            if not got:
-                self._wake.wait(DRAIN_INTERVAL)
-                self._wake.clear()
+            self._wake.wait(DRAIN_INTERVAL)
+            self._wake.clear()
 
     # ------------------------------------------------------------------ figures
 
