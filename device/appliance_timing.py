@@ -5,8 +5,8 @@ the fabric telemetry.
 At attach the service creates the host's ring in a memfd (trace_ring.Ring.create_memfd) and
 hands its descriptor out after the pool's; the host's QEMU inherits it and the TCG plugin maps it
 as ring=/proc/self/fd/N (host_tools/vm.py). The plugin produces, the drainer consumes: it empties
-every ring continuously while they hold records and every DRAIN_INTERVAL otherwise, noting the
-largest fill any ring had and the records the plugin ever dropped. The modeller takes what was
+every ring every DRAIN_INTERVAL, and at once again while a ring was more than a quarter full,
+noting the largest fill any ring had and the records the plugin ever dropped. The modeller takes what was
 drained every WINDOW seconds (or sooner when WINDOW_RECORDS are waiting, a host detaches, or a
 caller asks to sync) and models it as one window (fabric_telemetry.Telemetry.model); the rings
 keep being drained while it does (the kernel runs without the GIL). See docs/appliance-timing.md.
@@ -144,7 +144,8 @@ class ApplianceTiming:
     # ------------------------------------------------------------------ the threads
 
     def _drain(self) -> int:
-        got = 0
+        """Empty every ring; the largest fill found."""
+        most = 0
         with self._drain_lock:
             with self._lock:
                 live = [att for att in self._live.values() if not att.closed]
@@ -159,8 +160,8 @@ class ApplianceTiming:
                     figures["drained"] += len(batch)
                     if len(batch):
                         att.batches.append(batch)
-                got += len(batch)
-        return got
+                most = max(most, fill)
+        return most
 
     def _model(self) -> None:
         import numpy as np
@@ -190,11 +191,11 @@ class ApplianceTiming:
     def _drain_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                got = self._drain()
+                most = self._drain()
             except Exception as exc:
                 self._failed(exc)
                 return
-            if not got:
+            if most < self.capacity // 4:      # at once again only for a ring filling up: no tiny batches
                 self._stop.wait(DRAIN_INTERVAL)
 
     def _model_loop(self) -> None:

@@ -103,7 +103,8 @@ class Machine:
     "trace", "inject" or a TimingConfig. image: "busybox" or "debian". host / appliance: for
     topologies whose devices the appliance serves, the host id and the Appliance (or its run
     directory; default: the topology's default appliance directory), or an `attachment` the caller
-    made on its own connection (appliance.Client.attach). run_dir: kept backing files
+    made on its own connection (appliance.Client.attach); on a timed appliance the plugin traces
+    into the ring it hands out (appliance_stats() reads its figures). run_dir: kept backing files
     and logs (default: a temporary directory, removed afterwards unless keep=True or the boot
     failed). cedt: "auto", "qemu" or "ours". append: extra kernel command line. name: what the
     guest's logs and files are called (default: "guest", or "guest-1", ... when other live guests
