@@ -153,12 +153,14 @@ WRONG_TYPES = [b'{"op": "attach", "host": "0"}', b'{"op": "attach", "host": true
                b'{"op": "where", "offset": "4096"}', b'{"op": "where", "offset": 1e3}',
                b'{"op": "region", "host": 0, "name": 1}', b'{"op": "hello", "id": 1.5}',
                b'{"op": "hello", "id": [1]}', b'{"op": "hello", "id": false}', b'{"op": "hello", "v": "1"}',
-               b'{"op": "hello", "v": 2}', b'{"op": "hello", "v": true}', b'{"op": "detach", "host": {}}']
+               b'{"op": "hello", "v": 2}', b'{"op": "hello", "v": true}', b'{"op": "detach", "host": {}}',
+               b'{"op": "stats", "sync": 1}', b'{"op": "stats", "sync": "true"}']
 MISSING_FIELDS = [b'{"op": "attach"}', b'{"op": "attach", "port": 1}', b'{"op": "region", "host": 0}',
                   b'{"op": "region", "name": "shared"}', b'{"op": "where"}', b'{"op": "detach", "id": 3}']
 UNKNOWN_FIELDS = [b'{"op": "hello", "x": 1}', b'{"op": "attach", "host": 5, "ports": 1}',
                   b'{"op": "status", "verbose": true}', b'{"op": "shutdown", "now": true}',
-                  b'{"op": "checksum", "partition": "shared"}', b'{"op": "where", "offset": 0, "size": 1}']
+                  b'{"op": "checksum", "partition": "shared"}', b'{"op": "where", "offset": 0, "size": 1}',
+                  b'{"op": "stats", "host": 0}']
 BAD_HOSTS = [b'{"op": "attach", "host": -1}', b'{"op": "attach", "host": 1024}',
              b'{"op": "attach", "host": 1000000000000000000000000000000}',
              b'{"op": "region", "host": -1000000000000000000000000000000, "name": "shared"}',
@@ -383,6 +385,8 @@ def _plausible(rng: random.Random, key: str):
         return rng.randrange(-10, POOL_END + (1 << 20))
     if key == "v":
         return rng.choice([1, 1, 1, 2, 0])
+    if key == "sync":
+        return rng.choice([True, False])
     if key == "id":
         return rng.choice([rng.randrange(1 << 40), "".join(rng.choice("abc-_.") for _ in range(rng.randrange(40)))])
     raise AssertionError(key)
@@ -390,7 +394,7 @@ def _plausible(rng: random.Random, key: str):
 
 # field -> (chance of a plausible value, chance of any value); else the field is left out
 FIELD_ODDS = {"host": (0.9, 0.05), "name": (0.9, 0.05), "offset": (0.9, 0.05), "port": (0.3, 0.03),
-              "id": (0.4, 0.03), "v": (0.2, 0.02)}
+              "id": (0.4, 0.03), "v": (0.2, 0.02), "sync": (0.5, 0.05)}
 
 
 def _random_request(rng: random.Random) -> bytes:
