@@ -14,7 +14,7 @@
 #include <pthread.h>
 
 #define TOOL_NAME "bandwidth"
-#include "../include/pfcxl_tool.h"
+#include "../include/pfcxl_bench.h"
 
 #define MAX_THREADS 256
 #define MAX_LIST 64

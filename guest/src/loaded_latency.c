@@ -14,7 +14,7 @@
 #include <pthread.h>
 
 #define TOOL_NAME "loaded_latency"
-#include "../include/pfcxl_tool.h"
+#include "../include/pfcxl_bench.h"
 
 #define LINE ((uint64_t)64)
 #define WPL (LINE / 8) /* words per line */
