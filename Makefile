@@ -36,7 +36,7 @@ tables: setup
 	$(PFCXL) tables $(T) --out tables-$(T)
 
 test: setup
-	$(PYTEST) tests
+	$(PYTEST) -n auto tests
 
 test-unit: setup
 	$(PYTEST) -m "not integration" tests

@@ -25,6 +25,7 @@ from . import appliance_rundir as rundir
 from .pool import bytes_per_module, where
 
 log = logging.getLogger("pfcxl.appliance")
+MAX_SYNC_WAITING = 64            # synced stats requests one connection may have waiting
 
 
 @dataclass
@@ -107,9 +108,14 @@ class Operations:
         client.hosts.add(host)
         self._save_attachments()
         regions = [self._region_info("shared")] + ([self._region_info(f"private/{slot}")] if slot is not None else [])
+        fds = [self.pool.partition(r["partition"]).fd for r in regions]
+        reply = {"ok": True, "host": host, "port": port, "regions": regions, **self._identity()}
+        if self.timing is not None:      # the host's trace ring: one more descriptor, after the regions'
+            fds.append(self.timing.attach(host, port, {p.name: p.pool_offset for p in self.pool.partitions}, slot))
+            reply["ring"] = {"capacity": self.timing.capacity, "system": self.timing.system,
+                             "issue": self.timing.issue}
         log.info("host %d attached at port %d%s", host, port, f", private slot {slot}" if slot is not None else "")
-        return ({"ok": True, "host": host, "port": port, "regions": regions, **self._identity()},
-                [self.pool.partition(r["partition"]).fd for r in regions])
+        return reply, fds
 
     def op_region(self, client, request):
         host, name = request["host"], request["name"]
@@ -171,6 +177,31 @@ class Operations:
         except PfcxlError as exc:
             raise proto.RequestError(str(exc)) from exc
 
+    def op_stats(self, client, request):
+        """The fabric telemetry (appliance_timing.py); with "sync", once the rings' records of
+        this moment are modelled (answered from the timing thread)."""
+        if self.timing is None:
+            raise proto.RequestError("this appliance models no traffic: it was started without --timing "
+                                     "(pfcxl appliance start --timing pf|electrical)")
+        if not request.get("sync"):
+            return self._stats(), None
+        if client.waiting >= MAX_SYNC_WAITING:
+            raise proto.RequestError(f"{MAX_SYNC_WAITING} requests of this connection are already waiting: "
+                                     "read their replies first")
+        client.waiting += 1
+        request_id = request.get("id")
+
+        def done() -> None:
+            reply = self._stats()
+            with self._lock:
+                self._results.append((client, reply if request_id is None else {**reply, "id": request_id}))
+            self._wake_w.send(b"x")
+        self.timing.sync(done)
+        return None, None
+
+    def _stats(self) -> dict:
+        return {"ok": True, "appliance": self._summary(), **self.timing.stats(), "pid": os.getpid()}
+
     def op_shutdown(self, client, request):
         self.running = False
         return {"ok": True, "stopping": True}, None
@@ -184,7 +215,8 @@ class Operations:
         a = self.appliance
         return {"topology": self.topo.name, "modules": a.modules, "module_capacity": a.module_capacity,
                 "hbm_cache": a.hbm_cache, "ports": a.ports, "granularity": a.granularity,
-                "shared": a.shared, "private": a.private, "backing": a.backing, **self._identity()}
+                "shared": a.shared, "private": a.private, "backing": a.backing, **self._identity(),
+                "timing": None if self.timing is None else {"system": self.timing.system, "issue": self.timing.issue}}
 
     def _region_info(self, name: str) -> dict:
         p = self.pool.partition(name)
@@ -216,6 +248,8 @@ class Operations:
     def _detach(self, host: int) -> None:
         att = self.attached.pop(host, None)
         if att is not None:
+            if self.timing is not None:
+                self.timing.detach(host)
             att.client.hosts.discard(host)
             self._save_attachments()
             log.info("host %d detached from port %d", host, att.port)

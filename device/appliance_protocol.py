@@ -13,10 +13,16 @@ Requests are objects with "op" and, optionally, "v" (the protocol version, 1) an
     {"op": "layout"}                              -> partitions and the module interleave
     {"op": "where", "offset": 4096}               -> module, module offset, region
     {"op": "checksum"}                            -> crc32 of every partition and of the pool
+    {"op": "stats", "sync": true}                 -> the fabric telemetry of a timed appliance
+                                                     (--timing): per host, module and link; with
+                                                     sync, once what the rings hold is modelled
     {"op": "shutdown"}                            -> {"ok": true}, then the service stops
 
 Every failure is a reply {"ok": false, "error": "..."}; a line longer than MAX_LINE closes the
 connection after that reply. Attachments last as long as the connection that made them.
+
+On a timed appliance, attach also hands out the host's trace ring: "ring" in the reply, and one
+more descriptor after the regions' (device/appliance_timing.py).
 
 hello, attach and status also carry "incarnation" (new at every start of the service) and
 "pool_id" (the memory's: kept while the pool's files are); status lists
@@ -44,6 +50,7 @@ OPS: dict[str, dict[str, tuple[type, bool]]] = {
     "layout": {},
     "where": {"offset": (int, True)},
     "checksum": {},
+    "stats": {"sync": (bool, False)},
     "shutdown": {},
 }
 COMMON = {"op": (str, True), "v": (int, False), "id": ((int, str), False)}
@@ -78,7 +85,7 @@ def parse(line: bytes) -> dict[str, Any]:
                 raise RequestError(f"{op}: missing field '{key}'")
             continue
         value = request[key]
-        if isinstance(value, bool) or not isinstance(value, kind):
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
             raise RequestError(f"{op}: field '{key}' must be {names}, got {type(value).__name__}")
     if "host" in request and not 0 <= request["host"] <= MAX_HOST_ID:

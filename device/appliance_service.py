@@ -38,6 +38,8 @@ from . import appliance_protocol as proto
 from . import appliance_rundir as rundir
 from . import topology
 from .appliance_ops import Attachment, Operations
+from .appliance_timing import ApplianceTiming
+from .fabric_telemetry import ISSUES, SYSTEMS
 from .pool import Pool
 
 log = logging.getLogger("pfcxl.appliance")
@@ -62,7 +64,7 @@ class Client:
 
 class Service(Operations):
     def __init__(self, topo: topology.Topology, run_dir: Path, socket_path: Path, scan_interval: float,
-                 idle_timeout: float = IDLE_TIMEOUT) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT, timing: str | None = None, issue: str = "dependent") -> None:
         if topo.appliance is None:
             raise PfcxlError(f"topology '{topo.name}' has no [appliance] section")
         self.topo, self.appliance = topo, topo.appliance
@@ -83,6 +85,8 @@ class Service(Operations):
         self._checksum_worker: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        # --timing: one fabric model over every attached host's trace ring (appliance_timing.py)
+        self.timing = ApplianceTiming(topo, timing, issue).start() if timing else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -103,6 +107,8 @@ class Service(Operations):
                  "incarnation %s", self.socket_path, self.appliance.modules, self.appliance.module_capacity,
                  self.appliance.ports, self.appliance.shared, self.appliance.private, self.appliance.backing,
                  self.pool.directory or "memfd", self.incarnation)
+        if self.timing is not None:
+            log.info("timing every host's traffic on the %s model (%s issue)", self.timing.system, self.timing.issue)
         try:
             while self.running:
                 self._close_idle()
@@ -124,6 +130,8 @@ class Service(Operations):
                 worker = self._checksum_worker
             if worker is not None:         # so does a checksum
                 worker.join(timeout=60)
+            if self.timing is not None:
+                self.timing.close()
             self.pool.close()
             log.info("stopped")
 
@@ -336,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--scan-interval", type=float, default=5.0)
     ap.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT)
+    ap.add_argument("--timing", choices=tuple(SYSTEMS), help="model every host's traffic on this fabric")
+    ap.add_argument("--issue", choices=ISSUES, default="dependent")
     ap.add_argument("--temporary-for", type=int, metavar="PID",
                     help="a temporary appliance of process PID, its parent (which has it signalled when it "
                     "dies): remove the run directory at exit")
@@ -358,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         if removed:
             log.warning("took over %s from a service that died", " and ".join(removed))
         service = Service(topology.load(topology.resolve(args.topology)), run_dir, run_dir / rundir.SOCKET,
-                          args.scan_interval, args.idle_timeout)
+                          args.scan_interval, args.idle_timeout, args.timing, args.issue)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, service.stop)
         (run_dir / rundir.PID).write_text(f"{os.getpid()}\n")

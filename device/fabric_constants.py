@@ -74,6 +74,12 @@ PROFILES = {
 # idle 64-B access reproduces 24 + 153 + 47 and 24 + 212 + 47 exactly. [PF]
 REFERENCE_ACCESS_BYTES = 64
 
+# The guest's clock. MODELLING DECISION: a trace record carries the instructions its vCPU had
+# executed; the engine reads one instruction as one ns (a core retiring 1 G instructions/s between
+# memory accesses), and the appliance's telemetry puts every host's stream on that one scale
+# (docs/appliance-timing.md). TCG's own speed never enters it.
+NS_PER_INSTRUCTION = 1.0
+
 # Memory module internals. ASSUMPTIONS (the paper gives the parts, not their speeds):
 #   DDR5: 8 channels x DDR5-6400 x 8 bytes = 409.6 GB/s per module, i.e. exactly 16 ports x 25.6 GB/s:
 #   a module can absorb all 16 of its optical paths at once, so the ports, not the DDR5, bound the
@@ -86,6 +92,10 @@ PF_MODULE_HBM_BANDWIDTH_MBS = 2_457_600
 PF_T_MEM_READ_HIT_NS = 150
 #   The cache is managed in 64-byte lines (the trace's line).
 PF_HBM_LINE_BYTES = 64
+
+# The paper's loaded latencies [PF]: writes mostly 210-250 ns; reads mostly 275-290 ns (tail to 320).
+PF_PAPER_LOADED_WRITE_NS = (210, 250)
+PF_PAPER_LOADED_READ_NS = (275, 290)
 
 # Loaded variability. CALIBRATION to the paper's loaded ranges (writes mostly 210-250 ns, reads mostly
 # 275-290 ns with a tail to 320 ns): each access's latency gets an integer jitter of +-v ns, v uniform

@@ -312,6 +312,15 @@ def _network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phases: bool
     return (*_trace_order(srt, complete, hit, ph), totals)
 
 
+def _chains(acc: _Accesses, trace: np.ndarray, chains: np.ndarray | None) -> np.ndarray:
+    """Each access's dependency chain: its (host, vcpu) unless the caller numbered them."""
+    if chains is None:
+        return acc.host.astype(np.int64) * 256 + trace["vcpu"]
+    if len(chains) != len(trace):
+        raise ValueError(f"{len(chains)} chain numbers for {len(trace)} accesses")
+    return np.asarray(chains, np.int64)
+
+
 def _issue_order(issue: np.ndarray) -> np.ndarray | None:
     """The permutation that puts accesses in issue order (ties keep trace order); None if they are."""
     return None if len(issue) < 2 or bool(np.all(issue[1:] >= issue[:-1])) else np.argsort(issue, kind="stable")
@@ -354,8 +363,12 @@ def _kernel_network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phase
 
 def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, dependent: bool = False,
         base_hpa: int = 0, granularity: int = 4096, seed: int = 0, phases: bool = False,
-        max_iterations: int = 200, chunk: int = CHUNK, workers: int = WORKERS, kernel: bool = True) -> EngineResult:
-    """Time every access of `trace` on `model`. See the module docstring for the rules. `chunk`
+        max_iterations: int = 200, chunk: int = CHUNK, workers: int = WORKERS, kernel: bool = True,
+        chains: np.ndarray | None = None) -> EngineResult:
+    """Time every access of `trace` on `model`. See the module docstring for the rules. `chains`
+    (dependent issue only): each access's chain number, instead of its (host, vcpu); an access
+    alone in its chain issues at its stamp, so one trace can hold a pointer chase and independent
+    traffic beside it (host_tools/bench_model.py). `chunk`
     (accesses solved together, for cache locality) and `workers` (threads per stage) change the
     speed, never the result. `kernel` (default) solves in the compiled kernel (fabric_kernel);
     False runs the numpy solver, the same results more slowly (dependent issue by iteration)."""
@@ -369,7 +382,7 @@ def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, depe
             issue = stamp
             complete, hit, ph, totals = _kernel_network(model, acc, issue, phases)
         else:
-            vcpu = acc.host.astype(np.int64) * 256 + trace["vcpu"]
+            vcpu = _chains(acc, trace, chains)
             issue, complete, hit, totals = fabric_kernel.chase(model, stamp, vcpu, acc.host, acc.module, acc.size,
                                                                write, acc.jitter, acc.cache)
             if phases:                                      # the schedule is known: time its phases
@@ -380,7 +393,7 @@ def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, depe
         issue, rounds = stamp, 1
         complete, hit, ph, totals = _network(model, acc, issue, *args)
     else:
-        vcpu = acc.host.astype(np.int64) * 256 + trace["vcpu"]
+        vcpu = _chains(acc, trace, chains)
         chain = np.lexsort((np.arange(n), stamp, vcpu))          # each vCPU's accesses in order
         first = np.r_[True, vcpu[chain][1:] != vcpu[chain][:-1]] if n else np.zeros(0, bool)
         lat = _idle_latency(model, write, acc.size, acc.jitter)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pfcxl.device import appliance_protocol as proto
 from pfcxl.device import appliance_rundir as rundir
+from pfcxl.device.fabric_modes import ISSUES, SYSTEMS
 from pfcxl.device.topology import Topology
 from pfcxl.errors import ApplianceError
 
@@ -54,14 +55,16 @@ class Attachment:
     regions: list[Region]
     incarnation: str | None = None      # of the service that attached it
     pool_id: str | None = None          # of the memory it handed out
+    ring_fd: int | None = None          # a timed appliance's trace ring for this host's plugin
+    ring: dict | None = None            # its capacity, and the system and issue it is modelled with
 
     def region(self, name: str) -> Region:
         return next(r for r in self.regions if r.name == name)
 
     def close(self) -> None:
-        for r in self.regions:
+        for fd in [r.fd for r in self.regions] + ([self.ring_fd] if self.ring_fd is not None else []):
             try:
-                os.close(r.fd)
+                os.close(fd)
             except OSError:
                 pass
 
@@ -159,7 +162,11 @@ class Client:
             raise ApplianceError(f"appliance refused host {host}: {reply.get('error')}")
         regions = [Region(r["name"], r["partition"], r["size"], r["pool_offset"], fd)
                    for r, fd in zip(reply["regions"], fds)]
-        att = Attachment(reply["host"], reply["port"], regions, reply.get("incarnation"), reply.get("pool_id"))
+        extra = fds[len(regions):]
+        ring_fd = extra.pop(0) if "ring" in reply and extra else None
+        _close_all(extra)
+        att = Attachment(reply["host"], reply["port"], regions, reply.get("incarnation"), reply.get("pool_id"),
+                         ring_fd, reply.get("ring"))
         self.attachments.append(att)
         return att
 
@@ -197,12 +204,18 @@ def _alive(pid: int) -> bool:
 
 
 def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = False,
-          scan_interval: float = 5.0, idle_timeout: float | None = None, temporary: bool = False) -> int:
+          scan_interval: float = 5.0, idle_timeout: float | None = None, temporary: bool = False,
+          timing: str | None = None, issue: str = "dependent") -> int:
     """Start the service for `topo` (read from `topo_path`) in the background and wait until it
     answers; its pid. A `temporary` one is stopped (SIGTERM) when this process dies, however it
-    dies, and removes `run_dir` as it exits."""
+    dies, and removes `run_dir` as it exits. `timing` (pf, electrical) has it model every host's
+    traffic on that fabric (device/appliance_timing.py), with `issue` dependent or independent."""
     if topo.appliance is None:
         raise ApplianceError(f"topology '{topo.name}' has no [appliance] section")
+    if timing is not None and timing not in SYSTEMS:
+        raise ApplianceError(f"appliance timing '{timing}' is not one of {', '.join(SYSTEMS)}")
+    if issue not in ISSUES:
+        raise ApplianceError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
     if idle_timeout is not None and not idle_timeout > 0:
         raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
     try:
@@ -218,6 +231,8 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
         argv += ["--idle-timeout", str(idle_timeout)]
     if temporary:
         argv += ["--temporary-for", str(os.getpid())]
+    if timing is not None:
+        argv += ["--timing", timing, "--issue", issue]
     if foreground:
         os.execv(argv[0], argv)
     with open(run_dir / LOG, "ab") as log:

@@ -34,9 +34,12 @@ class BenchSpec:
     timeout: float = 300
 
 
-def _pair(name: str, args: str, timeout: float = 300) -> list[BenchSpec]:
+def _pair(name: str, args: str, timeout: float = 300, mark_rows: bool = False) -> list[BenchSpec]:
+    """The run on the CXL device and on local memory. mark_rows: each row of the CXL run is one
+    plugin phase (the tool's --mark-rows 1), for the modelled columns (bench_model)."""
     tool = name.split("/")[0]
-    return [BenchSpec(f"{name}/cxl", f"{tool} --target {{dax}} {args}", "cxl", timeout),
+    return [BenchSpec(f"{name}/cxl", f"{tool} --target {{dax}} {args}" + (" --mark-rows 1" if mark_rows else ""),
+                      "cxl", timeout),
             BenchSpec(f"{name}/local", f"{tool} --target anon {args}", "local", timeout)]
 
 
@@ -44,14 +47,14 @@ def _pair(name: str, args: str, timeout: float = 300) -> list[BenchSpec]:
 SUITES: dict[str, list[BenchSpec]] = {
     "quick": (_pair("idle_latency", "--span 8M --mode both --warmup-laps 1 --laps 1")
               + _pair("loaded_latency", "--span 4M --traffic-span 4M --threads 1 --delay-ns 0,2000,20000 "
-                      "--laps 1 --min-ms 100")
+                      "--laps 1 --min-ms 100", mark_rows=True)
               + _pair("bandwidth", "--pattern seq,random --op read,write --sizes 32,64,256,1024 "
-                      "--threads 1 --bytes 1M --span 8M")),
+                      "--threads 1 --bytes 1M --span 8M", mark_rows=True)),
     "full": (_pair("idle_latency", "--span 64M --mode both --warmup-laps 1 --laps 2", 1200)
              + _pair("loaded_latency", "--span 16M --traffic-span 16M --threads 2 "
-                     "--delay-ns 0,500,2000,5000,20000,100000 --laps 1 --min-ms 200", 1800)
+                     "--delay-ns 0,500,2000,5000,20000,100000 --laps 1 --min-ms 200", 1800, mark_rows=True)
              + _pair("bandwidth", "--pattern seq,random --op read,write,mixed --sizes 32,64,128,256,512,1024 "
-                     "--threads 1,2 --bytes 4M --span 32M", 3600)),
+                     "--threads 1,2 --bytes 4M --span 32M", 3600, mark_rows=True)),
 }
 
 
@@ -64,7 +67,7 @@ class BenchResult:
     seconds: float                  # wall time on the host, boot excluded
     data: dict | None = None        # the tool's JSON
     error: str | None = None
-    modelled: dict = field(default_factory=dict)   # fabric model fed by this run's traced accesses
+    modelled: dict = field(default_factory=dict)   # fabric models fed by this run's captured accesses
 
 
 def load_suite(name_or_path: str) -> list[BenchSpec]:
@@ -119,10 +122,14 @@ def environment(topo: Topology, *, suite: str, image: str, timing: str | None) -
         pass
     return {"pfcxl": __version__, "qemu": manifest.get("qemu_version"), "kernel": manifest.get("kernel_release"),
             "ndctl": manifest.get("ndctl_version"), "topology": topo.name, "timing_profile": topo.timing,
-            "timing_mode": timing or "none", "data_path": topo.guest.data_path, "suite": suite, "image": image, "host_cpu": cpu,
+            "timing_mode": timing or "none", "capture": CAPTURE, "data_path": topo.guest.data_path, "suite": suite, "image": image, "host_cpu": cpu,
             "host_cpus": os.cpu_count(), "host": platform.node(), "guest_cpus": topo.guest.cpus,
             "accelerator": "tcg",
             "note": "measured figures are guest wall-clock under QEMU TCG: emulator time, not fabric latency"}
+
+
+CAPTURE = ("the TCG plugin captures every CXL access of each run (trace mode, always on in the bench); "
+           "runs with --mark-rows 1 are split per row and replayed at each row's nominal load")
 
 
 def parse_output(output: str) -> dict | None:

@@ -16,12 +16,20 @@ from rich.table import Table
 
 from pfcxl.errors import PfcxlError
 
+from . import bench_model, cli_model
 from .timing_report import LABELS, QUANTILES, modelled_system, models
 
 MEASURED = "measured in emulator (CXL)"
 LOCAL = "local DRAM (measured in emulator)"
 DIRECT = "direct device (measured in emulator)"
 PF, EL = LABELS["pf"], LABELS["electrical"]
+MODEL_SYSTEMS = bench_model.SYSTEMS                   # the modelled columns: pf, electrical, dram
+MODEL_KEYS = cli_model.SYSTEMS                        # -> timing_report's keys and LABELS
+LOADED_CAPTION = ("modelled columns: each row's captured stream replayed: its traffic at the nominal rate "
+                  f"(threads x 64 B per delay, delay 0 = the host's {bench_model.HOST_LINK_GBS:g} GB/s link), its chase dependent "
+                  "beside it; chase read p50 while the traffic ran")
+BANDWIDTH_CAPTION = (f"modelled columns: each row's captured stream replayed offering the host's {bench_model.HOST_LINK_GBS:g} GB/s link "
+                     "(the benchmark streams as fast as it can): the bandwidth each system carries")
 
 
 def load(path: str | Path) -> dict:
@@ -69,6 +77,71 @@ def _modelled_caption(run: dict | None, topo_name: str) -> str:
     return f"modelled system: {modelled_system(topo)}{note}"
 
 
+def _chase(fig: dict) -> str:
+    """A modelled chase p50 and how many chase loads it is of (few under full traffic: the
+    captured traffic replays in microseconds)."""
+    if fig.get("latency_p50_ns") is None:
+        return "-"
+    return f"{fig['latency_p50_ns']:.0f} ({fig['chase_loads']} loads)"
+
+
+def _rows_caption(run: dict, what: str) -> str | None:
+    if not run:
+        return None
+    m = run.get("modelled", {})
+    if m.get("rows_error"):
+        return f"no modelled columns: {m['rows_error']}"
+    if not m.get("rows"):
+        return ("no modelled columns: the CXL run's rows were not captured one by one "
+                "(the suite's command lacks --mark-rows 1)")
+    return what
+
+
+def _loaded_modelled(run: dict) -> Table:
+    """The CXL loaded-latency rows, each row's captured stream replayed at its nominal load."""
+    t = Table(title="loaded latency, modelled (each row's captured stream replayed at its nominal load)",
+              title_justify="left")
+    for col in ("delay", "offered GB/s (nominal)", *(f"{LABELS[MODEL_KEYS[s]]}: chase p50 ns" for s in MODEL_SYSTEMS)):
+        t.add_column(col, justify="right")
+    modelled = run.get("modelled", {}).get("rows", [])
+    for i, row in enumerate(run["data"]["rows"]):
+        m = modelled[i] if i < len(modelled) else {}
+        t.add_row(str(row["delay"]), f"{m['offered_gbs']:.3g}" if "offered_gbs" in m else m.get("error", "-"),
+                  *(_chase(m.get(s, {})) for s in MODEL_SYSTEMS))
+    t.caption = _rows_caption(run, LOADED_CAPTION)
+    return t
+
+
+def _bandwidth_modelled(run: dict) -> Table:
+    """The CXL bandwidth rows, each row's captured stream offered at the host link's rate."""
+    t = Table(title="bandwidth by transfer size, modelled (each row's captured stream replayed)", title_justify="left")
+    for col in ("pattern", "op", "size", "threads", *(f"{LABELS[MODEL_KEYS[s]]} GB/s" for s in MODEL_SYSTEMS)):
+        t.add_column(col, justify="right")
+    modelled = run.get("modelled", {}).get("rows", [])
+    for i, r in enumerate(run["data"]["results"]):
+        m = modelled[i] if i < len(modelled) else {}
+        t.add_row(r["pattern"], r["op"], str(r["size"]), str(r["threads"]),
+                  *(f"{m[s]['gbs']:.1f}" if s in m else "-" for s in MODEL_SYSTEMS))
+    t.caption = _rows_caption(run, BANDWIDTH_CAPTION)
+    return t
+
+
+def _curve_table(curve: dict) -> Table:
+    t = Table(title="modelled latency against bandwidth (the bandwidth run's captured read rows, replayed; "
+              "latency_bandwidth.png)", title_justify="left")
+    for col in ("system", "read p50 ns at the lowest load", "most carried GB/s", "knee: offered GB/s",
+                "knee: carried GB/s", "knee: read p50 ns"):
+        t.add_column(col, justify="right" if col != "system" else "left")
+    for system in curve.values():
+        pts, k = system["points"], system["knee"]
+        t.add_row(system["label"], f"{pts[0]['p50_ns']:.0f}", f"{max(p['achieved_gbs'] for p in pts):.1f}",
+                  *((f"{k['offered_gbs']:.1f}", f"{k['achieved_gbs']:.1f}", f"{k['p50_ns']:.0f}") if k
+                    else ("none: carried every load", "-", "-")))
+    t.caption = (f"offered load per host up to past its {bench_model.HOST_LINK_GBS:g} GB/s link; the knee is the first load a system "
+                 "no longer carries (achieved below 95% of offered)")
+    return t
+
+
 def tables(results: dict) -> list[Table]:
     runs, env = _runs(results), results["environment"]
     out = []
@@ -90,13 +163,16 @@ def tables(results: dict) -> list[Table]:
     t = Table(title="loaded latency (one chasing thread + traffic threads)", title_justify="left")
     for col in ("delay", f"{MEASURED}: MB/s", "ns", f"{LOCAL}: MB/s", "ns"):
         t.add_column(col, justify="right")
-    cxl_rows = ((runs.get("loaded_latency/cxl") or {}).get("data") or {}).get("rows", [])
+    loaded = runs.get("loaded_latency/cxl") or {}
+    cxl_rows = (loaded.get("data") or {}).get("rows", [])
     local_rows = ((runs.get("loaded_latency/local") or {}).get("data") or {}).get("rows", [])
     for i, row in enumerate(cxl_rows):
         lrow = local_rows[i] if i < len(local_rows) else {}
         t.add_row(str(row["delay"]), f"{row['bandwidth_MBps']:.1f}", f"{row['latency_ns']:.0f}",
                   f"{lrow.get('bandwidth_MBps', 0):.1f}" if lrow else "-", f"{lrow.get('latency_ns', 0):.0f}" if lrow else "-")
     out.append(t)
+    if cxl_rows:
+        out.append(_loaded_modelled(loaded))
     t = Table(title="bandwidth by transfer size", title_justify="left")
     systems = ("cxl", "local") + (("direct",) if direct_runs else ())
     for col in ("pattern", "op", "size", "threads", f"{MEASURED} MB/s", f"{LOCAL} MB/s") + (
@@ -110,11 +186,13 @@ def tables(results: dict) -> list[Table]:
     for key in keys:
         t.add_row(*(str(k) for k in key), *(f"{by_system[s][key]['MBps']:.1f}" if key in by_system[s] else "-"
                                             for s in systems))
-    bw = (runs.get("bandwidth/cxl") or {}).get("modelled", {})
-    if bw:
-        t.caption = (f"the whole bandwidth run's CXL requests: {PF} {bw['pf']['gbps']:.2f} GB/s, "
-                     f"{EL} {bw['electrical']['gbps']:.2f} GB/s (at the emulator's issue rate)")
     out.append(t)
+    bw = runs.get("bandwidth/cxl") or {}
+    if (bw.get("data") or {}).get("results"):
+        out.append(_bandwidth_modelled(bw))
+    curve = bw.get("modelled", {}).get("curve")
+    if curve:
+        out.append(_curve_table(curve))
     failed = [r for r in results["results"] if r["status"] != "ok"]
     if failed:
         t = Table(title="benchmarks that did not complete", title_justify="left")
@@ -176,6 +254,11 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
     ax.set_title("bandwidth by transfer size (emulator wall-clock)")
     ax.legend(fontsize=6)
     written.append(_save(fig, out_dir / "bandwidth.png"))
+    # 4. modelled latency against bandwidth per system (`pfcxl model curve` of the bandwidth run)
+    curve = (runs.get("bandwidth/cxl") or {}).get("modelled", {}).get("curve")
+    if curve:
+        cli_model.save_curve(curve, out_dir / "latency_bandwidth.png")
+        written.append(out_dir / "latency_bandwidth.png")
     return written
 
 
@@ -199,6 +282,13 @@ def _metrics(results: dict) -> dict[str, float]:
             out[f"{name} {r['pattern']} {r['op']} {r['size']}B x{r['threads']} MB/s"] = r["MBps"]
         for r in d.get("rows", []):
             out[f"{name} delay {r['delay']} latency ns"] = r["latency_ns"]
+        for i, m in enumerate(run.get("modelled", {}).get("rows", [])):
+            for system in MODEL_SYSTEMS:
+                fig = m.get(system, {})
+                if fig.get("gbs") is not None:
+                    out[f"{name} row {i} {LABELS[MODEL_KEYS[system]]} GB/s"] = fig["gbs"]
+                if fig.get("latency_p50_ns") is not None:
+                    out[f"{name} row {i} {LABELS[MODEL_KEYS[system]]} chase p50 ns"] = fig["latency_p50_ns"]
         for key in ("pf", "electrical"):
             for op in ("read", "write"):
                 p = run.get("modelled", {}).get(key, {}).get(op, {})

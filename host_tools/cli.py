@@ -26,7 +26,7 @@ from pfcxl.device import fabric_constants, fabric_model
 from pfcxl.firmware_tables import boot_policy
 
 from . import argtypes, cli_appliance, cli_bench, cli_kv, cli_machines, cli_model, cli_serving, cli_topology
-from . import image, timing
+from . import cli_telemetry, image, timing
 from .console import shell_command
 from .ui import err, out
 
@@ -106,12 +106,6 @@ def _print_plan(machine, command: str | None = None) -> int:
     return 0
 
 
-def _timed_command(command: str, ready: dict) -> str:
-    """Bracket a command with the phase markers on the first DAX device; keep its exit status."""
-    dax = next((f" --dax {d['path']}" for d in ready.get("dax", [])), "")
-    return f"pfcxl_mark start{dax}; {command}; rc=$?; pfcxl_mark stop{dax}; (exit $rc)"
-
-
 # --------------------------------------------------------------------------- commands
 
 
@@ -161,14 +155,16 @@ def cmd_run(args) -> int:
     if args.reuse and (status := cli_machines.run_reused(args, command)) is not None:
         return status
     from . import timing_report
-    report = None
+    report = appliance_figures = None
     with _booted(args) as vm:
         topo, session = vm.topology, vm.timing
-        if session is None:
-            result = vm.run(command, timeout=args.command_timeout)
+        if session is None:          # on a timed appliance, the appliance models it (cli_telemetry)
+            result = vm.run(timing.bracket(command, vm.ready) if vm.attachment and vm.attachment.ring_fd
+                            else command, timeout=args.command_timeout)
+            appliance_figures = cli_telemetry.host_figures(vm)
         else:
             start = time.monotonic()
-            result = vm.run(_timed_command(command, vm.ready), timeout=args.command_timeout)
+            result = vm.run(timing.bracket(command, vm.ready), timeout=args.command_timeout)
             seconds = time.monotonic() - start
             phase = session.wait_phases(1)[-1]
             records = session.stop()
@@ -182,6 +178,8 @@ def cmd_run(args) -> int:
                 err.print(f"[dim]plugin ({args.timing}): {json.dumps(phase)}[/dim]", highlight=False)
     sys.stdout.write(result.output)
     sys.stdout.flush()
+    if appliance_figures is not None:
+        cli_telemetry.show(appliance_figures, args.report)
     if report is not None:
         err.print(timing_report.table(report, f"CXL traffic of: {command}"))
         if args.report:
@@ -252,7 +250,8 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
                        "(default: measured first in a count-mode guest)")
         p.add_argument("--issue", choices=("dependent", "independent"), default="dependent",
                        help="trace: model each vCPU's requests as dependent (pointer chase) or independent")
-        p.add_argument("--report", help="trace: also write the modelled report as JSON to this file")
+        p.add_argument("--report", help="trace (or a timed appliance): also write the modelled report as JSON "
+                       "to this file")
         p.add_argument("--trace-out", help="trace: also save the captured records (.npy) for pfcxl model replay")
         p.add_argument("--dry-run", action="store_true", help="print the whole plan (image, tables, files, "
                        "QEMU argv) and start nothing")

@@ -1,5 +1,5 @@
-"""`pfcxl appliance start|stop|status|where` and `pfcxl multihost` (which imports the boot modules
-when it runs: the parser stays light, see host_tools/cli.py)."""
+"""`pfcxl appliance start|stop|status|where|top|stats` and `pfcxl multihost` (which imports the boot
+modules when it runs: the parser stays light, see host_tools/cli.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from pfcxl.device import data_path, topology
 from pfcxl.device.units import human
 from pfcxl.errors import PfcxlError
 
-from . import appliance, argtypes
+from pfcxl.device.fabric_modes import ISSUES, SYSTEMS
+
+from . import appliance, argtypes, cli_telemetry
 from .ui import err, out
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -33,10 +35,12 @@ def cmd_start(args) -> int:
     topo, path = _topology(args)
     run_dir = _dir(args, topo)
     pid = appliance.start(topo, path, run_dir, foreground=args.foreground, scan_interval=args.scan_interval,
-                          idle_timeout=args.idle_timeout)
+                          idle_timeout=args.idle_timeout, timing=args.timing, issue=args.issue)
     a = topo.appliance
     out.print(f"appliance '{topo.name}' running (pid {pid}): {a.modules} modules x {human(a.module_capacity)}, "
-              f"{a.ports} ports, shared {human(a.shared)}, private {human(a.private)} per host, {a.backing}")
+              f"{a.ports} ports, shared {human(a.shared)}, private {human(a.private)} per host, {a.backing}"
+              + (f"; timing every host's traffic on the {args.timing} model ({args.issue} issue)"
+                 if args.timing else ""))
     out.print(f"socket {run_dir / appliance.SOCKET}, log {run_dir / appliance.LOG}", highlight=False)
     return 0
 
@@ -114,14 +118,19 @@ def cmd_multihost(args) -> int:
         err.print(f"  host {r.host:2} (port {r.port:2}): {state} ready in {r.ready_seconds:.1f}s"
                   + (f", exit {r.status}" if r.status is not None else ""))
 
+    figures: dict = {}
     results = multihost.run(topo, path, args.hosts, args.command,
                             appliance_dir=Path(args.appliance_dir) if args.appliance_dir else None,
                             ready_timeout=args.timeout, command_timeout=args.command_timeout,
-                            parallel_boots=args.parallel_boots, say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), host_done=host_done)
+                            parallel_boots=args.parallel_boots, say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"),
+                            host_done=host_done, timing=args.fabric if args.timing else None, issue=args.issue,
+                            telemetry=figures.update)
     for r in results:
         out.print(f"== host {r.host} (port {r.port}, exit {r.status if r.status is not None else '-'})",
                   highlight=False)
         out.print(escape(r.error) if r.error else escape(r.output.rstrip()), highlight=False)
+    if figures:
+        cli_telemetry.show(figures, args.report)
     failed = [r.host for r in results if r.error or r.status]
     err.print(f"{len(results) - len(failed)} of {len(results)} hosts ok, {time.monotonic() - start:.1f}s wall"
               + (f"; failed: {', '.join(map(str, failed))}" if failed else ""))
@@ -146,6 +155,11 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--scan-interval", type=float, default=5.0, help="seconds between change scans (default 5)")
     p.add_argument("--idle-timeout", type=float, help="seconds a connection without an attachment may stay "
                    "silent before the service closes it (default 60)")
+    p.add_argument("--timing", choices=tuple(SYSTEMS), help="load the TCG plugin in every attached host, drain their "
+                   "trace rings here and model all hosts' traffic together on this fabric (default: off; "
+                   "see 'appliance top' and docs/appliance-timing.md)")
+    p.add_argument("--issue", choices=ISSUES, default="dependent", help="--timing: each vCPU's requests "
+                   "wait for the previous one (dependent, a pointer chase; default) or not (independent)")
     p.set_defaults(func=cmd_start)
     base(asub.add_parser("stop", help="stop it (or clean up after a crashed one)")).set_defaults(func=cmd_stop)
     p = base(asub.add_parser("status", help="modules, ports, attached hosts, bytes mapped and changed"))
@@ -154,6 +168,7 @@ def add_parsers(sub, common) -> None:
     p = base(asub.add_parser("where", help="which module serves a pool offset"))
     p.add_argument("offset", help="pool offset (decimal or 0x hex)")
     p.set_defaults(func=cmd_where)
+    cli_telemetry.add_parsers(asub, base, lambda args: _dir(args, _topology(args)[0]))
 
     p = sub.add_parser("multihost", help="boot N hosts on one appliance, run a command in each",
                        description="Boot N guests attached to one appliance (hosts 0..N-1), two per CPU at a time "
@@ -168,5 +183,13 @@ def add_parsers(sub, common) -> None:
     argtypes.add_data_path(p)
     p.add_argument("--command-timeout", type=argtypes.seconds, default=900, help="seconds for the command (default 900)")
     p.add_argument("--parallel-boots", type=argtypes.count, help="guests booting at once (default: two per CPU)")
+    p.add_argument("--timing", choices=("trace",), help="trace every host's CXL requests into the appliance, "
+                   "which models them together; prints per-host and per-module modelled latency, utilisation, "
+                   "HBM3E hit rate and ring fill (a temporary appliance is started timed; a running one must be)")
+    p.add_argument("--fabric", choices=tuple(SYSTEMS), default="pf", help="--timing with a temporary appliance: the "
+                   "fabric it models (default pf)")
+    p.add_argument("--issue", choices=ISSUES, default="dependent", help="--timing with a temporary appliance: "
+                   "dependent (default) or independent issue")
+    p.add_argument("--report", help="--timing: also write the appliance's figures as JSON to this file")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command for each guest")
     p.set_defaults(func=cmd_multihost)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from pfcxl.errors import PfcxlError
+from pfcxl.errors import PfcxlError, TimingError
 
 from . import argtypes, image
 from .ui import err, out
@@ -20,7 +20,7 @@ from .ui import err, out
 def cmd_bench(args) -> int:
     from pfcxl.device import data_path, topology
     from pfcxl.machine import Machine
-    from . import bench, bench_report, timing_report
+    from . import bench, bench_model, bench_report, timing_report
     if args.items[:1] == ["compare"]:
         if len(args.items) != 3:
             raise PfcxlError("usage: pfcxl bench compare RESULTS_A RESULTS_B (results.json files or their folders)")
@@ -42,22 +42,39 @@ def cmd_bench(args) -> int:
 
         def boot():
             boots[0] += 1
-            machine = Machine(topo, timing="trace" if args.timing else None, image=args.image,
+            # always in trace mode: the modelled columns replay the stream each run issued
+            machine = Machine(topo, timing="trace", image=args.image,
                               run_dir=out_dir / "run", name=f"bench{boots[0]}", ready_timeout=args.timeout)
             stack.callback(machine.close)
             return machine.start()
 
+        phases_before = [0]
+
         def before(vm, spec):
-            if vm.timing and spec.system == "cxl":
+            phases_before[0] = len(vm.timing.phases())
+            if args.timing and spec.system == "cxl" and not bench_model.marks_rows(spec.command):
                 vm.check("pfcxl_mark start")
 
         def after(vm, spec, result):
-            if vm.timing and spec.system == "cxl":
+            marked = bench_model.marks_rows(spec.command)
+            if args.timing and spec.system == "cxl" and not marked:
                 vm.check("pfcxl_mark stop")
-                records = vm.timing.stop()
-                vm.timing.start()
+            records = vm.timing.stop()
+            vm.timing.start()
+            if spec.system != "cxl":
+                return
+            if args.timing:
                 dependent = spec.name.startswith("idle_latency")
                 result.modelled = timing_report.model_trace(topo, records, dependent=dependent)
+            if marked and result.data is not None:
+                rows = len(result.data.get("results", result.data.get("rows", [])))
+                try:    # a capture that does not match the rows is said in the results, not fatal
+                    phases = vm.timing.wait_phases(phases_before[0] + rows)[phases_before[0]:]
+                    pieces = bench_model.split_rows(records, phases)
+                except TimingError as exc:
+                    result.modelled["rows_error"] = str(exc)
+                    return
+                result.modelled.update(bench_model.model_run(topo, result.data.get("tool", ""), result.data, pieces))
 
         with err.status("running the benchmark suite") as status:
             bench.run_suite(specs, results, boot=boot, before=before, after=after,
@@ -79,8 +96,12 @@ def add_parsers(sub) -> None:
                        "[--timing trace]: boot, run idle_latency, loaded_latency and bandwidth on the CXL DAX "
                        "device and on local memory, save results/<time>-<topology>/results.json and PNG plots, "
                        "print tables with labelled columns (measured in emulator, modelled PF appliance, "
-                       "modelled electrical switch pool, local DRAM). With --timing trace every CXL run's "
-                       "accesses are captured by the TCG plugin and fed to the fabric models. With "
+                       "modelled electrical switch pool, local DRAM). The TCG plugin always captures the CXL "
+                       "runs: the loaded-latency and bandwidth rows of a run with --mark-rows 1 (the "
+                       "shipped suites) get modelled columns, each row's captured stream replayed at its "
+                       "nominal load, and the bandwidth run's read rows a latency-against-bandwidth curve "
+                       "(latency_bandwidth.png). With --timing trace every CXL run's whole trace is also "
+                       "fed to the fabric models (the idle table's traced figures). With "
                        "--data-path direct the CXL runs go to the direct device, with both they run on "
                        "each, in a column per path.\n"
                        "pfcxl bench compare A B: compare two results files.",
@@ -89,7 +110,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--topology", "-t", help="default pf-nic")
     p.add_argument("--suite", default="quick", help="quick (default, a minute or two), full, or a JSON suite file")
     p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox")
-    p.add_argument("--timing", choices=("trace",), help="capture every CXL access and model it")
+    p.add_argument("--timing", choices=("trace",), help="also model each CXL run's whole trace (idle latency "
+                   "from the traced chase)")
     argtypes.add_data_path(p)
     p.add_argument("--out", help="results directory (default results/<time>-<topology>)")
     p.add_argument("--timeout", type=argtypes.seconds, default=300, help="seconds for the guest to become ready")

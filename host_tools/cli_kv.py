@@ -1,7 +1,7 @@
 """`pfcxl kv format|stats|dump|verify|bench`: the KV block store (docs/kvstore.md) read and written
 on the host through the appliance's pool file, without a guest. The store code is the guest's own
-file (guest/python/pfcxl_kvstore.py), so host and guests see one store. The store and the serving
-model are imported when a kv command runs: the parser stays light (host_tools/cli.py)."""
+file (guest/python/pfcxl_kvstore.py), so host and guests see one store. The serving model is
+imported when a kv command runs: the parser stays light (host_tools/cli.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,7 @@ from . import appliance, argtypes, debian_image
 from .ui import out
 
 DEFAULT_APPLIANCE = "pf-appliance"
-
-
-def store_module():
-    """The guest's store module (guest/python/pfcxl_kvstore.py)."""
-    return debian_image.import_guest_module("pfcxl_kvstore")
+kv = debian_image.import_guest_module("pfcxl_kvstore")     # standard library only: light
 
 
 def pool_file(args) -> Path:
@@ -46,28 +42,27 @@ def pool_file(args) -> Path:
 
 
 def open_store(args, host=None):
-    kv = store_module()
     try:
-        return kv.Store.open(str(pool_file(args)), host=host)
+        return kv.Store.open(str(pool_file(args)), host=host, base=args.base)
     except kv.KVError as exc:
         raise PfcxlError(str(exc)) from exc
 
 
 def cmd_format(args) -> int:
-    kv = store_module()
     path = pool_file(args)
     try:
         if not args.force:
             try:
-                kv.Store.open(str(path)).close()
+                kv.Store.open(str(path), base=args.base).close()
                 raise PfcxlError(f"{path} already holds a store; --force formats it anew (every block is lost)")
             except kv.KVError:
                 pass
         sb = kv.format(str(path), hosts=args.hosts, slots=args.slots, chunk_tokens=KV_CHUNK_TOKENS,
-                       size=args.size)
+                       size=args.size, base=args.base)
     except kv.KVError as exc:
         raise PfcxlError(str(exc)) from exc
-    out.print(f"{path}: store for {sb['hosts']} hosts x {sb['slots']} slots, arenas of {human(sb['arena_bytes'])}, "
+    at = kv.HOME if args.base is None else args.base
+    out.print(f"{path}: store at byte {at} for {sb['hosts']} hosts x {sb['slots']} slots, arenas of {human(sb['arena_bytes'])}, "
               f"{sb['chunk_tokens']}-token chunks", highlight=False)
     return 0
 
@@ -117,7 +112,6 @@ def cmd_bench(args) -> int:
     from rich.table import Table
 
     from . import kv_model
-    kv = store_module()
     payload = os.urandom(args.size)
     with open_store(args, host=args.host) as s:
         keys = [f"bench/{os.getpid()}/{i}" for i in range(args.blocks)]
@@ -156,13 +150,17 @@ def cmd_bench(args) -> int:
 
 
 def _size(text: str) -> int:
-    try:
-        value = parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    value = _bytes(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: must be at least 1 byte")
     return value
+
+
+def _bytes(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_parsers(sub) -> None:
@@ -175,12 +173,16 @@ def add_parsers(sub) -> None:
         p.add_argument("--pool", help="the store's file (default: the appliance's shared.pool)")
         p.add_argument("--topology", "-t", help=f"appliance topology (default {DEFAULT_APPLIANCE})")
         p.add_argument("--run-dir", help="the appliance's run directory")
+        p.add_argument("--base", "--offset", type=_bytes, metavar="BYTES",
+                       help=f"the store's first byte in the file (default {human(kv.HOME)}: where guests find it, "
+                       f"at byte {human(kv.HOME)} of a CXL /dev/daxN.M and at byte 0 of a direct one; a multiple "
+                       f"of {kv.PAGE})")
         return p
 
     p = base(ksub.add_parser("format", help="write an empty store (hosts, slots, 256-token chunks)"))
     p.add_argument("--hosts", type=argtypes.count, default=16, help="hosts with an arena (default 16)")
     p.add_argument("--slots", type=argtypes.count, default=1024, help="index records per host (default 1024)")
-    p.add_argument("--size", type=_size, help="use only the first SIZE bytes (default: all)")
+    p.add_argument("--size", type=_size, help="the store's bytes from its base (default: to the end)")
     p.add_argument("--force", action="store_true", help="format over an existing store")
     p.set_defaults(func=cmd_format)
     p = base(ksub.add_parser("stats", help="blocks, bytes and evictions per host"))

@@ -55,7 +55,7 @@ def add_parsers(sub) -> None:
                         "achieved below 95%% of offered), and save the curves as a PNG.")
     p.add_argument("trace", type=Path, help=".npy file of trace records")
     p.add_argument("--out", type=Path, default=Path("latency-bandwidth.png"), help="PNG to write")
-    p.add_argument("--loads", type=_loads, default=_loads("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1"),
+    p.add_argument("--loads", type=loads_list, default=loads_list("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1"),
                    help="comma-separated offered loads in PF ports per host (default 0.1 to 1.1)")
     p.add_argument("--topology", "-t", default="pf-nic", help="the topology the trace was captured on")
     p.add_argument("--ns-per-insn", type=argtypes.positive, default=1.0, help="ns per instruction stamp (default 1)")
@@ -63,7 +63,7 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_curve)
 
 
-def _loads(text: str) -> list[float]:
+def loads_list(text: str) -> list[float]:
     return [argtypes.positive(x) for x in text.split(",")]
 
 
@@ -91,7 +91,7 @@ def read_trace(path: Path) -> np.ndarray:
     return records
 
 
-def _placement(topo: topology.Topology) -> tuple[int, int]:
+def placement(topo: topology.Topology) -> tuple[int, int]:
     """(base HPA, interleave granularity) the trace's addresses were captured with."""
     from pfcxl.device import address_map
     from . import timing_report
@@ -108,7 +108,7 @@ def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, 
     from . import timing_report
     key = SYSTEMS[system]
     model = timing_report.models(topo)[key]
-    base, granularity = _placement(topo)
+    base, granularity = placement(topo)
     try:
         result = fabric_replay.replay(model, records, base_hpa=base, granularity=granularity,
                                       ns_per_insn=ns_per_insn, load=load, dilate=dilate)
@@ -162,7 +162,7 @@ CURVE_SYSTEMS = ("pf", "electrical", "dram")
 def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float], ns_per_insn: float = 1.0) -> dict:
     from pfcxl.device import fabric_replay
     from . import timing_report
-    base, granularity = _placement(topo)
+    base, granularity = placement(topo)
     models = timing_report.models(topo)
     out = {}
     for system in CURVE_SYSTEMS:

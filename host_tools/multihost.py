@@ -29,6 +29,7 @@ from pfcxl.machine import Machine
 from . import appliance
 from .console import shell_command
 from .process import cpu_seconds
+from .timing import bracket
 
 
 @dataclass
@@ -49,11 +50,19 @@ def expand(command: str | Sequence[str], host: int, hosts: int) -> str:
 
 
 @contextlib.contextmanager
-def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, say: Callable[[str], None]):
+def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, say: Callable[[str], None],
+                  timing: str | None = None, issue: str = "dependent"):
     """(run directory, temporary?) of a running appliance for `topo`: the given or default one
-    if it is up, else a temporary one started here and stopped afterwards."""
+    if it is up, else a temporary one started here and stopped afterwards. With `timing`, the
+    appliance must model the hosts' traffic: a temporary one is started so, a running one must be."""
     where = appliance_dir or appliance.default_dir(topo)
     if appliance.running_pid(where) is not None:
+        if timing is not None:
+            with appliance.Client(where, timeout=10) as c:
+                timed = c.call("hello")["appliance"].get("timing")
+            if timed is None:
+                raise PfcxlError(f"the appliance running in {where} models no traffic: stop it, or start it with "
+                                 f"'pfcxl appliance start --timing {timing}'")
         yield where, False
         return
     if appliance_dir is not None:
@@ -61,7 +70,7 @@ def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, s
     tmp = Path(tempfile.mkdtemp(prefix="pfcxl-appliance-"))
     say(f"starting a temporary appliance in {tmp}")
     try:
-        appliance.start(topo, topo_path, tmp, temporary=True)      # it removes tmp as it exits
+        appliance.start(topo, topo_path, tmp, temporary=True, timing=timing, issue=issue)   # removes tmp as it exits
         yield tmp, True
     finally:
         appliance.stop(tmp)
@@ -96,7 +105,11 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         appliance_dir: Path | None = None, ready_timeout: float = 600, command_timeout: float = 900,
         parallel_boots: int | None = None, lean: bool = True,
         say: Callable[[str], None] = lambda m: None,
-        host_done: Callable[[HostResult], None] = lambda r: None) -> list[HostResult]:
+        host_done: Callable[[HostResult], None] = lambda r: None, timing: str | None = None,
+        issue: str = "dependent", telemetry: Callable[[dict], None] = lambda s: None) -> list[HostResult]:
+    """Boot `hosts` guests on one appliance and run `command` in each. With `timing` (pf,
+    electrical) the appliance traces and models every host's CXL requests (each command is
+    bracketed by the phase markers), and `telemetry` gets its figures once they are modelled."""
     if not any(d.appliance for d in topo.devices):
         raise PfcxlError(f"topology '{topo.name}' has no devices served by the appliance "
                          "(appliance = \"shared\"/\"private\"); multihost needs one, e.g. pf-appliance")
@@ -108,7 +121,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         raise PfcxlError(f"{hosts} hosts but the appliance has {topo.appliance.ports} ports")
     results: dict[int, HostResult] = {}
     with contextlib.ExitStack() as stack:
-        where, temporary = stack.enter_context(appliance_for(topo, topo_path, appliance_dir, say))
+        where, temporary = stack.enter_context(appliance_for(topo, topo_path, appliance_dir, say, timing, issue))
         if run_dir is None:       # the hosts' logs: where a temporary appliance removes them as it dies
             run_dir = where / "hosts" if temporary else Path(
                 stack.enter_context(tempfile.TemporaryDirectory(prefix="pfcxl-multihost-")))
@@ -148,7 +161,9 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         cpu_total = sum(r.cpu_seconds or 0 for r in results.values())
         say(f"{len(ready)} of {hosts} guests ready in {time.monotonic() - boots_started:.1f}s wall, "
             f"{cpu_total:.1f}s of QEMU CPU time ({len(os.sched_getaffinity(0))} CPUs); running the command in each")
-        started_cmds = [(h, vm, vm.start_command(expand(command, h, hosts))) for h, vm, _ in ready]
+        started_cmds = [(h, vm, vm.start_command(expand(command, h, hosts) if timing is None else
+                                                 bracket(expand(command, h, hosts), vm.ready)))
+                        for h, vm, _ in ready]
         for h, vm, token in started_cmds:
             try:
                 done = vm.finish_command(token, command_timeout)
@@ -156,6 +171,9 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
             except PfcxlError as exc:
                 results[h].error = str(exc)
             host_done(results[h])
+        if timing is not None and ready:
+            say("modelling what is left in the hosts' trace rings")
+            telemetry(ready[0][1].appliance_stats(sync=True))
         if last is not None:
             lost = check_incarnation(where, last.attachment, say)
             for r in results.values():

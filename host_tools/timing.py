@@ -68,14 +68,23 @@ class TimingConfig:
             raise TimingError(f"read_ns lists {len(reads)} profiles but write_ns {len(writes)}")
 
 
+def bracket(command: str, ready: dict) -> str:
+    """Bracket a guest command with the phase markers on the first DAX device (`ready`: the
+    guest's PFCXL-READY record); keep its exit status."""
+    dax = next((f" --dax {d['path']}" for d in ready.get("dax", [])), "")
+    return f"pfcxl_mark start{dax}; {command}; rc=$?; pfcxl_mark stop{dax}; (exit $rc)"
+
+
 def ring_path(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / f"{name}.ring"
 
 
-def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfig, name: str = "guest") -> list[str]:
+def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfig, name: str = "guest",
+                ring: str | None = None) -> list[str]:
     """QEMU's plugin options for a VM named `name` in `run_dir`: -plugin (absolute path, mode,
     doorbell, ring, injected latencies) and -d plugin -D LOG (the plugin's JSON lines go to the
-    log). Pure: a dry run prints these, a TimingSession boots with them."""
+    log). `ring`: where a ring someone else owns is (a timed appliance's: /proc/self/fd/N), instead
+    of the run directory's ring file. Pure: a dry run prints these, a TimingSession boots with them."""
     from .qemu import qemu_opt      # jinja2 with it: not for the CLI's parser, which reads MODES
     opts = [qemu_opt(plugin), f"mode={config.mode}"]
     if config.doorbell:
@@ -84,7 +93,7 @@ def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfi
     if data_path.has_direct(topo):  # the direct path's accesses are guest RAM: known by address
         opts += [f"direct={p.base:#x}:{p.size:#x}" for p in address_map.direct_placements(topo)]
     if config.mode == "trace":
-        opts.append(f"ring={qemu_opt(ring_path(run_dir, name))}")
+        opts.append(f"ring={qemu_opt(ring or ring_path(run_dir, name))}")
     if config.mode == "inject":
         opts += ["read_ns=" + ":".join(f"{v:g}" for v in _ns_list(config.read_ns)),
                  "write_ns=" + ":".join(f"{v:g}" for v in _ns_list(config.write_ns)),

@@ -52,6 +52,14 @@ def models(topo: Topology) -> dict[str, fabric_model.FabricModel]:
             "local": fabric_model.local_dram(app.ports)}
 
 
+def as_lines(records: np.ndarray) -> np.ndarray:
+    """The records as the fabric carries them: a CPU moves whole 64-byte lines over CXL, whatever
+    part of the line the program touched (the plugin's size is the bytes it touched)."""
+    lines = records.copy()
+    lines["size"] = LINE
+    return lines
+
+
 def model_trace(topo: Topology, records: np.ndarray, *, dependent: bool, seed: int = 1) -> dict:
     """Per model: read/write latency percentiles (ns), requests, bytes and achieved GB/s."""
     app = appliance_for(topo)
@@ -62,9 +70,7 @@ def model_trace(topo: Topology, records: np.ndarray, *, dependent: bool, seed: i
                  "modelled_system": modelled_system(topo)}
     if not len(records):
         return out
-    # A CPU moves whole 64-byte lines over CXL, whatever part of the line the program touched.
-    lines = records.copy()
-    lines["size"] = LINE
+    lines = as_lines(records)
     out["bytes"] = int(len(lines)) * LINE
     for name, model in models(topo).items():
         result = fabric_engine.run(model, lines, dependent=dependent, base_hpa=base,

@@ -45,9 +45,36 @@ class Ring:
         return cls.open(path)
 
     @classmethod
+    def create_memfd(cls, name: str, capacity: int = DEFAULT_CAPACITY) -> "Ring":
+        """A new, empty ring in anonymous shared memory (a memfd): its holder hands `fd` out
+        (the appliance, to each host's QEMU), and it is gone when the last descriptor closes."""
+        if capacity <= 0:
+            raise TimingError(f"ring capacity must be positive, not {capacity}")
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        f = os.fdopen(fd, "r+b")
+        try:
+            f.write(_HEADER.pack(tf.RING_MAGIC, tf.RING_VERSION, tf.RECORD_SIZE, capacity, 0, 0, 0))
+            f.truncate(tf.HEADER_SIZE + capacity * tf.RECORD_SIZE)
+            f.flush()
+        except BaseException:
+            f.close()
+            raise
+        return cls._map(Path(f"memfd:{name}"), f)
+
+    @property
+    def fd(self) -> int:
+        return self._file.fileno()
+
+    def fill(self) -> int:
+        """Records written and not yet drained."""
+        return self.head - self.tail
+
+    @classmethod
     def open(cls, path: Path) -> "Ring":
-        path = Path(path)
-        f = open(path, "r+b")
+        return cls._map(Path(path), open(path, "r+b"))
+
+    @classmethod
+    def _map(cls, path: Path, f) -> "Ring":
         try:
             size = os.fstat(f.fileno()).st_size
             if size < tf.HEADER_SIZE:

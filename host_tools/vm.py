@@ -56,13 +56,19 @@ class CommandResult:
     status: int
 
 
+def ring_fd_number(topo: Topology) -> int:
+    """The descriptor number QEMU (and its TCG plugin, as ring=/proc/self/fd/N) finds a timed
+    appliance's trace ring at: the one after the appliance's memory descriptors."""
+    return FIRST_MEMORY_FD + sum(1 for d in topo.devices if d.appliance)
+
+
 class VM:
     """A guest booted from a topology. Use as a context manager; see module docstring."""
 
     def __init__(self, topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
                  extra_cmdline: str = "", tables: TableSet | None = None,
                  appliance_fds: dict[str, int] | None = None, extra_args: list[str] | None = None,
-                 lean: bool = True) -> None:
+                 lean: bool = True, ring_fd: int | None = None) -> None:
         self.topo, self.image, self.name = topo, image, name
         self.extra_args = list(extra_args or [])   # appended to QEMU's argv (e.g. a TCG plugin)
         self.run_dir = Path(run_dir)
@@ -74,6 +80,7 @@ class VM:
         self.qemu_log = self.run_dir / f"{name}.qemu.log"
         self.tables = tables if tables is not None else tables_for(topo)
         self.appliance_fds = appliance_fds or {}     # device id -> descriptor from the appliance
+        self.ring_fd = ring_fd                       # a timed appliance's trace ring, at ring_fd_number()
         self.argv: list[str] = []
         self.ready_info: dict = {}
         self._proc: subprocess.Popen | None = None
@@ -125,6 +132,8 @@ class VM:
         qmp_ours, qmp_qemu = socket.socketpair()
         fds = {CONSOLE_FD: console_qemu.fileno(), QMP_FD: qmp_qemu.fileno()}
         fds.update({self.memory_fds()[dev]: fd for dev, fd in self.appliance_fds.items()})
+        if self.ring_fd is not None:
+            fds[ring_fd_number(self.topo)] = self.ring_fd
         self.qemu_log.write_text(f"# {qemu.show(self.argv)}\n")
         self.state = VMState.BOOTING
         try:

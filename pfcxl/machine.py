@@ -39,6 +39,7 @@ from pfcxl.host_tools.guest_names import guest_name
 from pfcxl.host_tools import qemu
 from pfcxl.host_tools import calibration, timing_plugin
 from pfcxl.host_tools import timing as timing_mod
+from pfcxl.host_tools import vm as vm_mod
 from pfcxl.host_tools.vm import VM
 
 DEFAULT_NAME = "guest"
@@ -102,7 +103,8 @@ class Machine:
     "trace", "inject" or a TimingConfig. image: "busybox" or "debian". host / appliance: for
     topologies whose devices the appliance serves, the host id and the Appliance (or its run
     directory; default: the topology's default appliance directory), or an `attachment` the caller
-    made on its own connection (appliance.Client.attach). run_dir: kept backing files
+    made on its own connection (appliance.Client.attach); on a timed appliance the plugin traces
+    into the ring it hands out (appliance_stats() reads its figures). run_dir: kept backing files
     and logs (default: a temporary directory, removed afterwards unless keep=True or the boot
     failed). cedt: "auto", "qemu" or "ours". append: extra kernel command line. name: what the
     guest's logs and files are called (default: "guest", or "guest-1", ... when other live guests
@@ -145,6 +147,7 @@ class Machine:
         self.attachment = attachment
         self._image = prebuilt      # an image another Machine of the same topology built (multihost)
         self._stack: contextlib.ExitStack | None = None
+        self._appliance_dir: Path | None = None
 
     # ------------------------------------------------------------------ plan
 
@@ -156,9 +159,10 @@ class Machine:
                                           acpi_tables={"CEDT": ours} if ours else None)
         return self._image
 
-    def _vm(self, run_dir: Path, plugin_args: list[str], appliance_fds: dict[str, int] | None = None) -> VM:
+    def _vm(self, run_dir: Path, plugin_args: list[str], appliance_fds: dict[str, int] | None = None,
+            ring_fd: int | None = None) -> VM:
         return VM(self.topology, self.boot_image(), run_dir, name=self.name, extra_cmdline=self.append,
-                  appliance_fds=appliance_fds, extra_args=plugin_args, lean=self.lean)
+                  appliance_fds=appliance_fds, extra_args=plugin_args, lean=self.lean, ring_fd=ring_fd)
 
     def _plugin_args(self, run_dir: Path, config: timing_mod.TimingConfig | None) -> list[str]:
         if config is None:
@@ -214,10 +218,16 @@ class Machine:
             if config is not None and config.mode == "inject" and config.baseline_ns < 0:
                 config = _with_baseline(config, self._measure_baseline())
                 self.timing_config = config
-            if config is not None:
+            ring_fd = self.attachment.ring_fd if self.attachment is not None else None
+            if ring_fd is not None:           # the appliance drains and models this host's trace
+                plugin_args = self._appliance_plugin_args(config)
+            elif config is not None:
                 self.timing = stack.enter_context(timing_mod.TimingSession(self.topology, self.run_dir, config,
                                                                            name=self.name))
-            self.vm = self._vm(self.run_dir, self.timing.qemu_args() if self.timing else [], fds)
+                plugin_args = self.timing.qemu_args()
+            else:
+                plugin_args = []
+            self.vm = self._vm(self.run_dir, plugin_args, fds, ring_fd)
             stack.callback(self.vm.shutdown)
             self.vm.launch()
         except BaseException:
@@ -244,10 +254,31 @@ class Machine:
             return {d.id: self.attachment.region(d.appliance).fd for d in served}
         where = self.appliance.run_dir if isinstance(self.appliance, Appliance) else (
             Path(self.appliance) if self.appliance else appliance_mod.default_dir(self.topology))
+        self._appliance_dir = where
         client = stack.enter_context(appliance_mod.Client(where))
         self.attachment = client.attach(self.host)
         self.say(f"attached as host {self.attachment.host} at appliance port {self.attachment.port} ({where})")
         return {d.id: self.attachment.region(d.appliance).fd for d in served}
+
+    def _appliance_plugin_args(self, config: timing_mod.TimingConfig | None) -> list[str]:
+        """A timed appliance (`pfcxl appliance start --timing`) owns this host's trace ring: the
+        plugin runs in trace mode into it, and no timing of this Machine's own can run beside it."""
+        ring = self.attachment.ring or {}
+        if config is not None and config.mode != "trace":
+            raise PfcxlError(f"the appliance models every host's traffic ({ring.get('system')} timing), so its "
+                             f"hosts' plugin runs in trace mode: timing '{config.mode}' cannot run beside it "
+                             "(start the appliance without --timing, or drop --timing here)")
+        ring_path = f"/proc/self/fd/{vm_mod.ring_fd_number(self.topology)}"
+        return timing_mod.plugin_args(timing_plugin.build_plugin(), self.topology, self.run_dir,
+                                      timing_mod.TimingConfig("trace"), self.name, ring=ring_path)
+
+    def appliance_stats(self, sync: bool = True, timeout: float = 300) -> dict:
+        """The timed appliance's telemetry (op stats): with `sync`, once everything this host's
+        plugin has written so far is modelled."""
+        if self.attachment is None or self.attachment.ring_fd is None or self._appliance_dir is None:
+            raise PfcxlError(f"{self.name}: not attached to a timed appliance (pfcxl appliance start --timing pf)")
+        with appliance_mod.Client(self._appliance_dir, timeout=timeout) as client:
+            return client.call("stats", sync=sync)
 
     def _measure_baseline(self) -> float:
         """Inject mode: the emulator's own cost per CXL request, from a count-mode guest."""
@@ -351,12 +382,12 @@ class Appliance:
     """
 
     def __init__(self, topology: str | Path | Topology | None = "pf-appliance", *,
-                 run_dir: str | Path | None = None, scan_interval: float = 5.0) -> None:
+                 run_dir: str | Path | None = None, scan_interval: float = 5.0, timing: str | None = None) -> None:
         self.topology, self.topology_path = load_topology(topology)
         if self.topology.appliance is None:
             raise PfcxlError(f"topology '{self.topology.name}' has no [appliance] section")
         self.run_dir_arg = Path(run_dir) if run_dir is not None else None
-        self.scan_interval = scan_interval
+        self.scan_interval, self.timing = scan_interval, timing     # timing: pf | electrical (call("stats"))
         self.run_dir: Path | None = None
         self.pid: int | None = None
         self.started_here = False
@@ -385,7 +416,7 @@ class Appliance:
                     raise PfcxlError("the appliance service reads its topology from a file: give a "
                                      "shipped name or a TOML path, not a Topology object")
                 self.pid = appliance_mod.start(self.topology, self.topology_path, self.run_dir,
-                                               scan_interval=self.scan_interval)
+                                               scan_interval=self.scan_interval, timing=self.timing)
                 self.started_here = True
                 stack.callback(appliance_mod.stop, self.run_dir)
             self._client = stack.enter_context(appliance_mod.Client(self.run_dir))

@@ -12,6 +12,12 @@
 #define KV_VERSION 1u
 #define KV_LINE 64u
 #define KV_SIGNED 44u  /* the record crc covers bytes [0, 44): state, key, offset, length, crc */
+#define KV_PAGE 4096u
+/* The store's device byte (pfcxl_kvlayout.HOME, docs/kvstore.md): the direct path's devdax data
+ * starts at the 2 MiB alignment, so a store there survives a direct boot and is byte 0 of a
+ * direct device. A CXL DAX device or a file holds it at byte KV_HOME, a direct device at 0. */
+#define KV_HOME PFCXL_DAX_ALIGN
+#define KV_NFIT "ACPI0012" /* the ACPI NVDIMM root device: direct DAX devices sit under it */
 
 /* Superblock: field offsets (little-endian, as pfcxl_kvstore.SUPER packs them). */
 struct kv_super {
@@ -168,7 +174,20 @@ static inline uint64_t kv_arena(const struct kv *s, int host)
     return s->sb.arena_off + (uint64_t)host * s->sb.arena_bytes;
 }
 
-/* Open the store in [base, base+size); returns NULL or a message naming what is wrong. */
+/* 1 if the device is a direct-path DAX device (an NVDIMM namespace under the ACPI NFIT). */
+static inline int kv_is_direct(const struct stat *st)
+{
+    char link[64], node[PATH_MAX];
+    if (!S_ISCHR(st->st_mode))
+        return 0;
+    snprintf(link, sizeof link, "/sys/dev/char/%u:%u", major(st->st_rdev), minor(st->st_rdev));
+    return realpath(link, node) && strstr(node, "/" KV_NFIT ":") != NULL;
+}
+
+static const char KV_NO_STORE[] = "holds no store";
+
+/* Open the store in [base, base+size); returns NULL, KV_NO_STORE (no magic at base), or a
+ * message naming what is wrong. */
 static inline const char *kv_attach(struct kv *s, void *base, uint64_t size, int host)
 {
     static char why[160];
@@ -178,7 +197,7 @@ static inline const char *kv_attach(struct kv *s, void *base, uint64_t size, int
     s->stale_s = 5.0;
     memcpy(&s->sb, base, sizeof s->sb);
     if (memcmp(s->sb.magic, KV_MAGIC, 8) != 0)
-        return "holds no store (no PFKVSTOR magic at byte 0); format it first";
+        return KV_NO_STORE;
     if (s->sb.version != KV_VERSION || kv_crc(base, sizeof s->sb - 4) != s->sb.crc)
         return "store superblock is not version 1 with a good crc";
     if (s->sb.total > size) {

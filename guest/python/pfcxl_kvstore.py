@@ -5,6 +5,10 @@ file on the host). Standard library only: the Debian guest's python3 and the hos
     with kv.Store.open("/dev/dax0.0", host=2) as s:     # format first: kv.format(path, hosts, ...)
         s.put(b"key", data); s.get(b"key")              # bytes, or None (a miss)
 
+The store starts at the device's byte 2 MiB, after the direct data path's namespace info block:
+byte 2 MiB of a CXL /dev/daxN.M or of the pool file, byte 0 of a direct DAX device; open() and
+format() find that base themselves (base= to choose another; pfcxl_kvlayout has the rule).
+
 The layout and the protocol are in docs/kvstore.md. In short: a superblock, one header line per
 host, one index segment per host (64-byte records) and one arena per host. A host writes only its
 own header, segment and arena (no cross-host locks, no cross-host atomics); readers scan every
@@ -13,142 +17,13 @@ host's segment and verify a record and its block before using them.
 
 from __future__ import annotations
 
-import hashlib
 import struct
-import threading
 import time
 import zlib
 
-import pfcxl_guest
-
-MAGIC = b"PFKVSTOR"
-VERSION = 1
-LINE = 64
-PAGE = 4096
-
-
-class KVError(Exception):
-    """A store that cannot be opened or formatted as asked; the message names the value."""
-
-
-class Fields:
-    """One binary structure declared once: (name, struct code) in order, little-endian."""
-
-    def __init__(self, *fields: tuple[str, str]) -> None:
-        self.names = [n for n, _ in fields]
-        self.st = struct.Struct("<" + "".join(c for _, c in fields))
-        self.offset = {}
-        pos = 0
-        for name, code in fields:
-            self.offset[name] = pos
-            pos += struct.calcsize("<" + code)
-
-    def pack(self, **values) -> bytes:
-        return self.st.pack(*(values.get(n, 0) for n in self.names))
-
-    def unpack(self, buf, at: int = 0) -> dict:
-        return dict(zip(self.names, self.st.unpack_from(buf, at)))
-
-
-SUPER = Fields(("magic", "8s"), ("version", "I"), ("hosts", "I"), ("slots", "I"), ("chunk_tokens", "I"),
-               ("headers_off", "Q"), ("index_off", "Q"), ("arena_off", "Q"), ("arena_bytes", "Q"),
-               ("total", "Q"), ("crc", "I"))
-HEADER = Fields(("heartbeat", "Q"), ("next_seq", "Q"), ("clock", "Q"), ("evictions", "Q"))
-# state: 0 empty, seq*2+1 a claim (being written), seq*2 (seq >= 1) published.
-RECORD = Fields(("state", "Q"), ("key", "16s"), ("offset", "Q"), ("length", "Q"), ("crc", "I"),
-                ("rcrc", "I"), ("last_use", "Q"), ("reserved", "Q"))
-assert RECORD.st.size == LINE and HEADER.st.size <= LINE
-_SIGNED = RECORD.offset["rcrc"]        # the record crc covers state..crc; last_use is the owner's own
-
-_FENCE = threading.Lock()
-
-
-def fence() -> None:
-    """A full memory barrier: an uncontended lock is a locked read-modify-write on x86, which
-    orders earlier stores before later loads (what the claim scan needs)."""
-    with _FENCE:
-        pass
-
-
-def key_digest(key) -> bytes:
-    """Every key (bytes, str or int, e.g. a chunk hash) as the 16 bytes the index holds."""
-    if isinstance(key, int):
-        key = key.to_bytes(32, "little", signed=True)
-    elif isinstance(key, str):
-        key = key.encode()
-    return hashlib.blake2b(bytes(key), digest_size=16).digest()
-
-
-def chunk_keys(tokens, chunk_tokens: int) -> list[bytes]:
-    """LMCache's prefix keys: chunk i's key hashes chunk i-1's key and chunk i's tokens, so a key
-    names the whole prefix up to its chunk's end. Only whole chunks get a key."""
-    keys, prev = [], b""
-    for start in range(0, len(tokens) - chunk_tokens + 1, chunk_tokens):
-        raw = struct.pack(f"<{chunk_tokens}q", *tokens[start:start + chunk_tokens])
-        prev = hashlib.blake2b(prev + raw, digest_size=16).digest()
-        keys.append(prev)
-    return keys
-
-
-def geometry(total: int, hosts: int, slots: int) -> dict:
-    """Where everything goes in `total` bytes for `hosts` hosts of `slots` records each."""
-    if not 1 <= hosts <= 256:
-        raise KVError(f"hosts {hosts} is out of range (1..256)")
-    if slots < 1:
-        raise KVError(f"slots {slots} must be at least 1")
-    headers_off = PAGE
-    index_off = _up(headers_off + hosts * LINE, PAGE)
-    arena_off = _up(index_off + hosts * slots * LINE, PAGE)
-    arena_bytes = (total - arena_off) // hosts // PAGE * PAGE
-    if arena_bytes < PAGE:
-        raise KVError(f"{total} bytes hold no arena of at least {PAGE} bytes for {hosts} hosts x {slots} slots")
-    return dict(headers_off=headers_off, index_off=index_off, arena_off=arena_off, arena_bytes=arena_bytes)
-
-
-def _up(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
-class Mapping:
-    """`path` mapped MAP_SHARED from offset 0 in whole 2 MiB units (pfcxl_guest.Dax), as bytes."""
-
-    def __init__(self, path: str, size: int | None = None) -> None:
-        self.path = path
-        try:
-            self.dax = pfcxl_guest.Dax(path, size)
-        except OSError as exc:
-            raise KVError(f"cannot open {path}: {exc.strerror or exc}") from exc
-        if self.dax.size < 2 * PAGE:
-            self.dax.close()
-            raise KVError(f"{path} is {self.dax.size} bytes: too small for a store")
-        self.size, self.map = self.dax.size, self.dax.map
-        self.mem = memoryview(self.map)
-
-    def close(self) -> None:
-        self.mem.release()
-        self.dax.close()
-
-
-def format(path: str, hosts: int, slots: int, chunk_tokens: int, size: int | None = None) -> dict:
-    """Write an empty store over `path` (the first `size` bytes): every header and record zeroed,
-    then the superblock, whose magic goes last so that no one opens a half-formatted store."""
-    m = Mapping(path, size)
-    try:
-        g = geometry(m.size, hosts, slots)
-        m.mem[0:8] = bytes(8)
-        fence()
-        m.mem[g["headers_off"]:g["arena_off"]] = bytes(g["arena_off"] - g["headers_off"])
-        sb = dict(magic=MAGIC, version=VERSION, hosts=hosts, slots=slots, chunk_tokens=chunk_tokens,
-                  total=m.size, **g)
-        raw = SUPER.pack(**sb)
-        raw = raw[:-4] + struct.pack("<I", zlib.crc32(raw[:-4]))
-        m.mem[8:len(raw)] = raw[8:]
-        fence()
-        m.mem[0:8] = MAGIC
-        m.map.flush()
-        return SUPER.unpack(raw)
-    finally:
-        m.close()
+from pfcxl_kvlayout import (HEADER, HOME, LINE, MAGIC, PAGE, RECORD, SIGNED, SUPER, VERSION, Fields,  # noqa: F401
+                            KVError, Mapping, chunk_keys, default_base, fence, format, geometry, is_direct,
+                            key_digest, up)
 
 
 class Store:
@@ -156,11 +31,14 @@ class Store:
 
     def __init__(self, m: Mapping, host: int | None, stale_s: float) -> None:
         self.m, self.host, self.stale_s = m, host, stale_s
-        self.poisoned: list[tuple[int, int]] = []   # (offset, length) a reader must not use
+        self.poisoned: list[tuple[int, int]] = []   # device (offset, length) a reader must not use
         sb = SUPER.unpack(m.mem)
         raw = bytes(m.mem[:SUPER.st.size])
         if sb["magic"] != MAGIC:
-            raise KVError(f"{m.path} holds no store (no {MAGIC.decode()} magic at byte 0); format it first")
+            other = m.where_else()
+            hint = f"; one starts at byte {other}: open it with base {other}" if other is not None else \
+                "; format it first"
+            raise KVError(f"{m.path} holds no store (no {MAGIC.decode()} magic at byte {m.base}){hint}")
         if sb["version"] != VERSION or zlib.crc32(raw[:-4]) != sb["crc"]:
             raise KVError(f"store superblock version {sb['version']} / crc {sb['crc']:#x} is not version {VERSION} "
                           "with a good crc")
@@ -175,9 +53,11 @@ class Store:
             self._recover()
 
     @classmethod
-    def open(cls, path: str, host: int | None = None, size: int | None = None, stale_s: float = 5.0) -> "Store":
-        """host None: read-only use (get, scan, verify); host h: also put into arena h."""
-        m = Mapping(path, size)
+    def open(cls, path: str, host: int | None = None, size: int | None = None, stale_s: float = 5.0,
+             base: int | None = None) -> "Store":
+        """host None: read-only use (get, scan, verify); host h: also put into arena h. The store
+        starts at byte `base` of `path` (None: pfcxl_kvlayout.default_base)."""
+        m = Mapping(path, size, base)
         try:
             return cls(m, host, stale_s)
         except BaseException:
@@ -233,7 +113,7 @@ class Store:
         rec = RECORD.unpack(self.m.mem, at)
         if rec["state"] == 0 or rec["state"] & 1:
             return None
-        if zlib.crc32(self.m.mem[at:at + _SIGNED]) != rec["rcrc"]:
+        if zlib.crc32(self.m.mem[at:at + SIGNED]) != rec["rcrc"]:
             return None
         lo, hi = self.arena(host)
         if not (lo <= rec["offset"] and rec["offset"] + rec["length"] <= hi):
@@ -242,7 +122,7 @@ class Store:
 
     def _slots_keyed(self, host: int, digest: bytes):
         """Slots of `host` whose key field holds `digest` (mmap.find searches in place, no copy)."""
-        base = self._slot_at(host, 0)
+        base = self.m.base + self._slot_at(host, 0)      # mmap.find counts from the file's byte 0
         end = base + self.slots * LINE
         at = self.m.map.find(digest, base, end)
         while at >= 0:
@@ -269,7 +149,8 @@ class Store:
 
     def _poisoned(self, rec: dict) -> bool:
         """On the device's poison list (pfcxl_poison.media_errors): the bytes may read fine but are lost."""
-        return any(o < rec["offset"] + rec["length"] and rec["offset"] < o + n for o, n in self.poisoned)
+        at = self.m.device_off + rec["offset"]
+        return any(o < at + rec["length"] and at < o + n for o, n in self.poisoned)
 
     def get(self, key):
         """The block stored under `key` (bytes), or None: missing, evicted, or failing its check."""
@@ -327,7 +208,7 @@ class Store:
             for rec in sorted(self.own.values(), key=lambda r: r["offset"]):
                 if rec["offset"] - at >= length:
                     break
-                at = _up(rec["offset"] + rec["length"], LINE)
+                at = up(rec["offset"] + rec["length"], LINE)
             if free is not None and hi - at >= length:
                 return free, at
             self._evict(min(self.own, key=lambda s: self.own[s]["last_use"]))
@@ -391,13 +272,13 @@ class Store:
         clock = header["clock"] + 1
         rec = dict(state=seq * 2, key=digest, offset=offset, length=len(data), crc=zlib.crc32(data), last_use=clock)
         raw = bytearray(RECORD.pack(**rec))
-        struct.pack_into("<I", raw, _SIGNED, zlib.crc32(raw[:_SIGNED]))
+        struct.pack_into("<I", raw, SIGNED, zlib.crc32(raw[:SIGNED]))
         self.m.mem[at + 8:at + LINE] = raw[8:]
         fence()                                  # data and fields before the state that publishes them
         struct.pack_into("<Q", self.m.mem, at, seq * 2)
         fence()
         self._set_header(clock=clock)
-        rec["rcrc"] = struct.unpack_from("<I", raw, _SIGNED)[0]
+        rec["rcrc"] = struct.unpack_from("<I", raw, SIGNED)[0]
         self.own[slot] = rec
         return True
 

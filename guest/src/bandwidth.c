@@ -14,7 +14,7 @@
 #include <pthread.h>
 
 #define TOOL_NAME "bandwidth"
-#include "../include/pfcxl_tool.h"
+#include "../include/pfcxl_bench.h"
 
 #define MAX_THREADS 256
 #define MAX_LIST 64
@@ -25,7 +25,7 @@
 static const char HELP[] =
     "usage: bandwidth --target T [--pattern seq,random] [--op read,write,mixed]\n"
     "                 [--sizes 32,64,128,256,512,1024] [--threads 1,2,...] [--bytes BYTES]\n"
-    "                 [--span BYTES] [--read-pct P] [--seed S]\n"
+    "                 [--span BYTES] [--read-pct P] [--seed S] [--mark-rows 0|1]\n"
     "\n"
     "Memory bandwidth by transfer size. A transfer moves SIZE bytes with SIZE/8 volatile 8-byte\n"
     "loads (read) or stores (write). One measurement (row) per combination of pattern, op,\n"
@@ -50,6 +50,8 @@ static const char HELP[] =
     "  --span BYTES   region used, at least threads*size per slice (default 64M)\n"
     "  --read-pct P   percent of reads for --op mixed, 0..100 (default 50)\n"
     "  --seed S       seed of the random offsets (default 1)\n"
+    "  --mark-rows B  1: ring the target's pfcxl doorbell (start/stop) around each row, so\n"
+    "                 the TCG plugin captures each row's accesses as one phase (default 0)\n"
     "  -h, --help     show this text and exit 0\n"
     "  Numbers are decimal or 0x hex; BYTES accepts a suffix K, M or G (KiB, MiB, GiB).\n"
     "\n"
@@ -145,7 +147,7 @@ int main(int argc, char **argv)
 {
     struct opt o[] = {{"--target", 0}, {"--pattern", 0}, {"--op", 0},   {"--sizes", 0},
                       {"--threads", 0}, {"--bytes", 0},  {"--span", 0}, {"--read-pct", 0},
-                      {"--seed", 0},   {0, 0}};
+                      {"--seed", 0},   {"--mark-rows", 0}, {0, 0}};
     parse_opts(argc, argv, o, HELP);
     const char *target = o[0].val;
     if (!target || !*target)
@@ -161,6 +163,7 @@ int main(int argc, char **argv)
     uint64_t span = num(&o[6], 64ULL << 20, 1, 64, 1ULL << 50);
     uint64_t read_pct = num(&o[7], 50, 0, 0, 100);
     uint64_t seed = num(&o[8], 1, 0, 0, UINT64_MAX);
+    int mark_rows = (int)num(&o[9], 0, 0, 0, 1);
     for (size_t i = 0; i < ns; i++) {
         if (sizes[i] < 8 || sizes[i] > (1 << 20) || sizes[i] % 8)
             die("--sizes: %" PRIu64 " is not a multiple of 8 in [8, 1048576]", sizes[i]);
@@ -181,6 +184,8 @@ int main(int argc, char **argv)
     volatile uint64_t *p = map_target(target, span, &kind);
     for (uint64_t off = 0; off < span; off += 4096)
         p[off / 8] = p[off / 8]; /* fault the span in before the first row */
+    struct pfcxl_doorbell db = {0};
+    rows_marker_open(target, mark_rows, &db);
     struct worker *w = calloc(maxthreads, sizeof *w);
     size_t nrows = np * no * ns * nt, rows_len = 0;
     char *rows_json = NULL;
@@ -194,6 +199,7 @@ int main(int argc, char **argv)
         uint64_t slice = span / n / 64 * 64, first = UINT64_MAX, last = 0;
         uint64_t moved = 0, reads = 0, writes = 0;
         pthread_barrier_init(&g_start, NULL, (unsigned)n);
+        rows_marker_ring(&db, PFCXL_MARK_START);
         for (uint64_t t = 0; t < n; t++) {
             w[t] = (struct worker){.base = p, .off = t * slice, .slots = slice / size,
                                    .size = size, .read_pct = read_pct, .random = pat, .op = op,
@@ -211,6 +217,7 @@ int main(int argc, char **argv)
             first = w[t].t_start < first ? w[t].t_start : first;
             last = w[t].t_end > last ? w[t].t_end : last;
         }
+        rows_marker_ring(&db, PFCXL_MARK_STOP);
         pthread_barrier_destroy(&g_start);
         double sec = (double)(last - first) / 1e9;
         fprintf(rows, "%s{\"pattern\":\"%s\",\"op\":\"%s\",\"size\":%" PRIu64 ",\"threads\":%" PRIu64
@@ -224,6 +231,7 @@ int main(int argc, char **argv)
         fprintf(rows, "]}");
         short_row |= moved != bytes;
     }
+    pfcxl_doorbell_close(&db);
     if (fclose(rows) != 0)
         die("buffering output: %s", strerror(errno));
 

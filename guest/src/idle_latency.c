@@ -14,7 +14,7 @@
 #define _GNU_SOURCE
 
 #define TOOL_NAME "idle_latency"
-#include "../include/pfcxl_tool.h"
+#include "../include/pfcxl_bench.h"
 
 #define LINE ((uint64_t)64)
 #define WORDS_PER_LINE (LINE / 8)

@@ -5,6 +5,7 @@
 #define TOOL_NAME "kvstore"
 #include "../include/pfcxl_tool.h"
 #include "../include/pfcxl_kvstore.h"
+#include "../include/pfcxl_poison.h"
 
 static const char HELP[] =
     "usage: kvstore ACTION DEV [options]\n"
@@ -19,7 +20,12 @@ static const char HELP[] =
     "--poison-serial N: also consult the poison list of the memdev with serial N (`cxl list -M -L`,\n"
     "  tracefs mounted): a block overlapping a listed range is a miss (get) or bad (verify). The\n"
     "  region must be that one device, so a device address is a DAX offset.\n"
-    "  bench   --host H --blocks B --size BYTES           store then load B blocks, then drop them\n"
+    "  bench   --host H --blocks B --size BYTES           store then load (and check) B blocks of one\n"
+    "          pattern made before timing, then drop them\n"
+    "--base BYTES|auto (every action): the store's first byte in DEV. auto (the default): 0 on a\n"
+    "  direct-path DAX device (an NVDIMM under ACPI0012), 2 MiB on a CXL DAX device or a file: the\n"
+    "  store lives at device byte 2 MiB, which the direct path's namespace leaves alone, so both\n"
+    "  paths and the host's pool file see one store. A multiple of 4096.\n"
     "A block's bytes: 8-byte words of SplitMix64 seeded with the key's first 8 digest bytes\n"
     "(little-endian) xor salt*0x9E3779B97F4A7C15. Sizes are multiples of 8. Output: one JSON line.\n"
     "*_ns: guest wall-clock time; under QEMU TCG that is emulator time, not fabric latency.\n"
@@ -28,19 +34,42 @@ static const char HELP[] =
 static struct kv g_kv;
 static void *g_map;
 static uint64_t g_map_len;
+static const char *g_base_arg;     /* --base as given; NULL or "auto": by the device's path */
+static uint64_t g_dev_off;         /* the device address of the store's byte 0 (the poison list's) */
 
 static void open_store(const char *dev, int host)
 {
+    uint64_t base = 0;
+    int automatic = !g_base_arg || !strcmp(g_base_arg, "auto");
+    if (!automatic) {
+        const struct opt o = {"--base", g_base_arg};
+        base = num(&o, 0, 1, 0, UINT64_MAX);
+        if (base % KV_PAGE)
+            die("--base %" PRIu64 " is not a multiple of %u", base, KV_PAGE);
+    }
     struct stat st;
     int fd = open_dev(dev, 1, &st);
     uint64_t size = S_ISCHR(st.st_mode) ? dax_size(dev, &st) : (uint64_t)st.st_size;
     size &= ~(WINDOW_ALIGN - 1);
     if (size < WINDOW_ALIGN)
         die("%s: cannot find its size, or it is under 2 MiB", dev);
+    const int direct = kv_is_direct(&st);
+    if (automatic)
+        base = direct ? 0 : KV_HOME;
+    if (base > size - 2 * KV_PAGE)
+        die("%s: --base %" PRIu64 " leaves no room for a store in its %" PRIu64 " bytes", dev, base, size);
+    g_dev_off = (direct ? KV_HOME : 0) + base;
     uint64_t off;
     g_map = map_window(fd, dev, 0, size, 1, &off, &g_map_len);
     close(fd);
-    const char *why = kv_attach(&g_kv, g_map, size, host);
+    const char *why = kv_attach(&g_kv, (char *)g_map + base, size - base, host);
+    if (why == KV_NO_STORE) {
+        const uint64_t other = base ? 0 : KV_HOME; /* the other base a store may have been given */
+        if (other + 8 <= size && !memcmp((char *)g_map + other, KV_MAGIC, 8))
+            die("%s holds no store (no PFKVSTOR magic at byte %" PRIu64 "); one starts at byte %" PRIu64
+                ": open it with --base %" PRIu64, dev, base, other, other);
+        die("%s holds no store (no PFKVSTOR magic at byte %" PRIu64 "); format it first", dev, base);
+    }
     if (why)
         die("%s %s", dev, why);
     if (host >= 0)
@@ -58,56 +87,11 @@ static void fill(uint64_t *buf, uint64_t len, const uint8_t d[16], uint64_t salt
 
 /* ------------------------------------------------------------ the device's poison list */
 
-#define POISON_MAX 256
-static uint64_t g_poison[POISON_MAX][2]; /* device offset, length */
-static int g_npoison = -1;               /* -1: not consulted */
-
-/* The number after `"name"` and its colon at p (JSON whitespace allowed); *end past it. */
-static uint64_t json_number(char *p, const char *name, char **end)
-{
-    p += strlen(name) + 2;
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r' || *p == ':')
-        p++;
-    return strtoull(p, end, 10);
-}
-
-/* The media errors `cxl list -M -L` reports for the memdev whose serial is `serial`. */
-static void load_poison(uint64_t serial)
-{
-    FILE *f = popen("cxl list -M -L 2>/dev/null", "r");
-    if (!f)
-        die("cannot run cxl list: %s", strerror(errno));
-    static char text[1 << 20];
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    text[n] = 0;
-    if (pclose(f) != 0)
-        die("cxl list -M -L failed (is tracefs mounted at /sys/kernel/tracing?)");
-    char *dev = text, *end;
-    while ((dev = strstr(dev, "\"serial\"")) && json_number(dev, "serial", &end) != serial)
-        dev = end;
-    if (!dev)
-        die("no memdev with serial %" PRIu64 " in cxl list", serial);
-    char *start = dev, *stop = strstr(dev, "\"memdev\""); /* this memdev's object only */
-    while (start > text && strncmp(start, "\"memdev\"", 8) != 0)
-        start--;
-    if (stop)
-        *stop = 0;
-    g_npoison = 0;
-    for (char *p = strstr(start, "\"media_errors\""); p && (p = strstr(p, "\"offset\"")); p = end) {
-        if (g_npoison == POISON_MAX)
-            die("more than %d poisoned ranges", POISON_MAX);
-        g_poison[g_npoison][0] = json_number(p, "offset", &end);
-        char *len = strstr(end, "\"length\"");
-        if (!len)
-            break;
-        g_poison[g_npoison++][1] = json_number(len, "length", &end);
-    }
-}
-
 static int poisoned(const struct kv_record *rec)
 {
     for (int i = 0; i < g_npoison; i++)
-        if (g_poison[i][0] < rec->offset + rec->length && rec->offset < g_poison[i][0] + g_poison[i][1])
+        if (g_poison[i][0] < g_dev_off + rec->offset + rec->length &&
+            g_dev_off + rec->offset < g_poison[i][0] + g_poison[i][1])
             return 1;
     return 0;
 }
@@ -312,26 +296,34 @@ static int cmd_bench(struct opt *o, const char *dev)
     const uint64_t blocks = num(&o[1], 0, 0, 1, 100000), size = size_of(&o[2]);
     open_store(dev, (int)num(&o[0], 0, 0, 0, 255));
     char key[64];
+    uint8_t d[16];
+    /* one payload for every block, made before the clock starts: the rates are the store's */
+    uint64_t *payload = alloc(size);
+    kv_digest("bench", 5, d);
+    fill(payload, size, d, 0);
     uint64_t stored = 0, loaded = 0, t0 = now_ns();
     for (uint64_t i = 0; i < blocks; i++) {
         snprintf(key, sizeof key, "bench/%d/%" PRIu64, (int)getpid(), i);
-        stored += (uint64_t)put_pattern(key, size, 0);
+        kv_digest(key, strlen(key), d);
+        int r = kv_put(&g_kv, d, payload, size);
+        if (r < 0)
+            die("block of %" PRIu64 " bytes does not fit in an arena of %" PRIu64 " bytes", size,
+                g_kv.sb.arena_bytes);
+        stored += (uint64_t)r;
     }
     uint64_t t1 = now_ns();
     for (uint64_t i = 0; i < blocks; i++) {
         void *data;
         uint64_t len;
-        uint8_t d[16];
         snprintf(key, sizeof key, "bench/%d/%" PRIu64, (int)getpid(), i);
         kv_digest(key, strlen(key), d);
         if (get(d, &data, &len)) {
-            loaded += len == size;
+            loaded += len == size && !memcmp(data, payload, size); /* checked, as the Python bench does */
             free(data);
         }
     }
     uint64_t t2 = now_ns();
     for (uint64_t i = 0; i < blocks; i++) { /* drop them: a benchmark leaves no blocks behind */
-        uint8_t d[16];
         int h;
         uint32_t sl;
         struct kv_record rec;
@@ -342,9 +334,11 @@ static int cmd_bench(struct opt *o, const char *dev)
             kv_fence(kv_rec(&g_kv, h, sl));
         }
     }
-    printf("{\"tool\":\"kvstore\",\"op\":\"bench\",\"blocks\":%" PRIu64 ",\"size\":%" PRIu64
-           ",\"stored\":%" PRIu64 ",\"loaded\":%" PRIu64 ",\"store_ns\":%" PRIu64
-           ",\"load_ns\":%" PRIu64 "}\n", blocks, size, stored, loaded, t1 - t0, t2 - t1);
+    printf("{\"tool\":\"kvstore\",\"op\":\"bench\",\"base\":%" PRIu64 ",\"blocks\":%" PRIu64
+           ",\"size\":%" PRIu64 ",\"stored\":%" PRIu64 ",\"loaded\":%" PRIu64 ",\"store_ns\":%" PRIu64
+           ",\"load_ns\":%" PRIu64 "}\n", (uint64_t)(g_kv.base - (char *)g_map), blocks, size, stored, loaded,
+           t1 - t0, t2 - t1);
+    free(payload);
     finish_output();
     return (stored == blocks && loaded == blocks) ? 0 : 1;
 }
@@ -406,26 +400,30 @@ int main(int argc, char **argv)
         die_bus_error(action, dev, g_map, 0, g_map_len);
     if (!strcmp(action, "run")) {
         struct opt o[] = {{"--host", 0}, {"--hosts", 0}, {"--blocks", 0}, {"--sizes", 0},
-                          {"--timeout", 0}, {0, 0}};
+                          {"--timeout", 0}, {"--base", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
+        g_base_arg = o[5].val;
         return cmd_run(o, dev);
     }
     if (!strcmp(action, "bench")) {
-        struct opt o[] = {{"--host", 0}, {"--blocks", 0}, {"--size", 0}, {0, 0}};
+        struct opt o[] = {{"--host", 0}, {"--blocks", 0}, {"--size", 0}, {"--base", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
+        g_base_arg = o[3].val;
         return cmd_bench(o, dev);
     }
     if (!strcmp(action, "verify")) {
-        struct opt o[] = {{"--poison-serial", 0}, {0, 0}};
+        struct opt o[] = {{"--poison-serial", 0}, {"--base", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
+        g_base_arg = o[1].val;
         if (o[0].val)
             load_poison(num(&o[0], 0, 0, 0, UINT64_MAX));
         return cmd_verify(dev);
     }
     if (!strcmp(action, "put") || !strcmp(action, "get")) {
         struct opt o[] = {{"--host", 0}, {"--key", 0}, {"--size", 0}, {"--salt", 0},
-                          {"--poison-serial", 0}, {0, 0}};
+                          {"--poison-serial", 0}, {"--base", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
+        g_base_arg = o[5].val;
         return cmd_put_get(action, o, dev);
     }
     die("unknown action '%s' (put, get, run, verify, bench); see kvstore --help", action);

@@ -14,7 +14,7 @@
 #include <pthread.h>
 
 #define TOOL_NAME "loaded_latency"
-#include "../include/pfcxl_tool.h"
+#include "../include/pfcxl_bench.h"
 
 #define LINE ((uint64_t)64)
 #define WPL (LINE / 8) /* words per line */
@@ -26,7 +26,7 @@
 static const char HELP[] =
     "usage: loaded_latency --target T [--threads N] [--delays LIST [--delay-unit cycles|ns]]\n"
     "                      [--read-pct P] [--span BYTES] [--traffic-span BYTES] [--seed S]\n"
-    "                      [--laps L] [--min-ms M]\n"
+    "                      [--laps L] [--min-ms M] [--mark-rows 0|1]\n"
     "\n"
     "Loaded latency. The main thread is the latency thread: a dependent pointer chase over a\n"
     "random cyclic permutation of the 64-byte lines of [0, BYTES) (as idle_latency; the first\n"
@@ -55,6 +55,9 @@ static const char HELP[] =
     "  --seed S              permutation seed (default 1)\n"
     "  --laps L              minimum chase laps per row, at least 1 (default 1)\n"
     "  --min-ms M            minimum measurement window per row in ms (default 100)\n"
+    "  --mark-rows B         1: ring the target's pfcxl doorbell (start/stop) around each\n"
+    "                        row's window, so the TCG plugin captures each row's accesses as\n"
+    "                        one phase (default 0)\n"
     "  -h, --help            show this text and exit 0\n"
     "  Numbers are decimal or 0x hex; BYTES accepts a suffix K, M or G (KiB, MiB, GiB).\n"
     "\n"
@@ -116,7 +119,8 @@ int main(int argc, char **argv)
     struct opt o[] = {{"--target", 0},    {"--threads", 0},    {"--delays", 0},
                       {"--delay-unit", 0}, {"--delay-cycles", 0}, {"--delay-ns", 0},
                       {"--read-pct", 0},  {"--span", 0},       {"--traffic-span", 0},
-                      {"--seed", 0},      {"--laps", 0},       {"--min-ms", 0}, {0, 0}};
+                      {"--seed", 0},      {"--laps", 0},       {"--min-ms", 0},
+                      {"--mark-rows", 0}, {0, 0}};
     parse_opts(argc, argv, o, HELP);
     const char *target = o[0].val;
     if (!target || !*target)
@@ -145,6 +149,7 @@ int main(int argc, char **argv)
     uint64_t seed = num(&o[9], 1, 0, 0, UINT64_MAX);
     uint64_t laps = num(&o[10], 1, 0, 1, 1000000);
     uint64_t min_ms = num(&o[11], 100, 0, 0, 3600000);
+    int mark_rows = (int)num(&o[12], 0, 0, 0, 1);
     const uint64_t lines = span / LINE;
 
     uint32_t *order = malloc(lines * sizeof *order);
@@ -182,6 +187,8 @@ int main(int argc, char **argv)
         idx = chase(p, idx, 1, lines);
     }
     int closed = idx == order[0];
+    struct pfcxl_doorbell db = {0};
+    rows_marker_open(target, mark_rows, &db);
 
     for (size_t r = 0; r < ndelays; r++) {
         __atomic_store_n(&g_stop, 0, __ATOMIC_SEQ_CST);
@@ -202,6 +209,7 @@ int main(int argc, char **argv)
             }
         for (uint64_t i = 0; i < nthreads; i++)
             cnt[i] = __atomic_load_n(&tr[i].count, __ATOMIC_RELAXED);
+        rows_marker_ring(&db, PFCXL_MARK_START);
         uint64_t t0 = now_ns(), t1, done = 0, lagging;
         do { /* at least L laps, M ms, and until every traffic thread ran inside the window */
             idx = chase(p, idx, lines, lines);
@@ -219,6 +227,7 @@ int main(int argc, char **argv)
             cnt[i] = __atomic_load_n(&tr[i].count, __ATOMIC_RELAXED) - cnt[i];
             total += cnt[i];
         }
+        rows_marker_ring(&db, PFCXL_MARK_STOP);
         __atomic_store_n(&g_stop, 1, __ATOMIC_SEQ_CST);
         for (uint64_t i = 0; i < nthreads; i++)
             pthread_join(tr[i].tid, NULL);
@@ -233,6 +242,7 @@ int main(int argc, char **argv)
             fprintf(rows, i ? ",%" PRIu64 : "%" PRIu64, cnt[i]);
         fprintf(rows, "]}");
     }
+    pfcxl_doorbell_close(&db);
     if (fclose(rows) != 0)
         die("buffering output: %s", strerror(errno));
 

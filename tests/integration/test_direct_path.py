@@ -2,6 +2,7 @@
 devdax device next to the CXL region; bytes written through one path read back through the other
 and in the backing file on the host."""
 
+import json
 import re
 import zlib
 
@@ -12,11 +13,12 @@ from pfcxl.device import address_map, data_path
 from pfcxl.device import appliance_rundir as rundir
 from pfcxl.device.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools import appliance, calibration, qemu, timing
+from pfcxl.host_tools import appliance, calibration, debian_image, qemu, timing
 
 from .conftest import boot_on_appliance, daxio, load, pfcxl_cli
 
 pytestmark = pytest.mark.integration
+kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 SIZE = 4 * MiB
 READS, WRITES = 1000, 500
@@ -76,18 +78,39 @@ def test_direct_only_has_no_cxl_region_and_finds_its_namespace_again(boot, tmp_p
 
 
 def test_a_second_host_on_the_appliance_and_the_pool_see_the_direct_writes(running_appliance, boot):
-    """Host 0 writes the shared pool through its direct device, host 1 reads it through its CXL
-    region and writes back through its own direct device, and the pool file holds both."""
+    """A KV store formatted on the host survives the first direct boots (their namespaces' info
+    blocks take the pool's first 2 MiB; the store lives after them), and one store is seen through
+    the CXL region, the direct device and the pool file. Then raw bytes: host 0 writes the shared
+    pool through its direct device, host 1 reads it through its CXL region and writes back through
+    its own direct device, and the pool file holds both."""
     topo = data_path.with_data_path(load("pf-appliance"), "both")
     run_dir = running_appliance()
+    pool_file = str(rundir.shm_dir(run_dir) / "shared.pool")
+    assert pfcxl_cli("kv", "format", "--pool", pool_file, "--hosts", "3", "--slots", "16").returncode == 0
+    with kv.Store.open(pool_file, host=2) as s:
+        assert s.put("from-host", pattern.pattern_bytes(3, 0, 64 * 1024))
     with appliance.Client(run_dir) as c0, appliance.Client(run_dir) as c1:
         vm0, att0 = boot_on_appliance(boot, c0, 0, topo)
         vm1, att1 = boot_on_appliance(boot, c1, 1, topo)
         direct0 = next(d for d in vm0.ready["dax"] if d["kind"] == "direct" and d["device"] == "pool")
         direct1 = next(d for d in vm1.ready["dax"] if d["kind"] == "direct" and d["device"] == "pool")
+        cxl0 = next(d for d in vm0.ready["dax"] if d["kind"] == "cxl" and d["region"] == "region0")
         cxl1 = next(d for d in vm1.ready["dax"] if d["kind"] == "cxl" and d["region"] == "region0")
         assert direct0["offset"] == direct1["offset"] == 2 * MiB
         base = direct0["offset"]    # the pool region is the one "pool" device: region offset = device offset
+
+        # the KV store (its default base: 2 MiB on the CXL path, 0 on the direct one): the host's
+        # block through both paths, host 0's CXL write read by host 1 directly, and back
+        crc = f"0x{zlib.crc32(pattern.pattern_bytes(3, 0, 64 * 1024)):08x}"
+        for vm, dev in ((vm0, cxl0["path"]), (vm1, direct1["path"])):
+            got = json.loads(vm.check(f"kvstore get {dev} --key from-host"))
+            assert got["hit"] == 1 and got["crc32"] == crc, (dev, got)
+        assert json.loads(vm0.check(f"kvstore put {cxl0['path']} --host 0 --key via-cxl --size 1M"))["stored"] == 1
+        assert json.loads(vm1.check(f"kvstore get {direct1['path']} --key via-cxl --size 1M"))["match"] == 1
+        assert json.loads(vm1.check(f"kvstore put {direct1['path']} --host 1 --key via-direct --size 1M"))["stored"]
+        assert json.loads(vm0.check(f"kvstore get {cxl0['path']} --key via-direct --size 1M"))["match"] == 1
+        done = pfcxl_cli("kv", "verify", "--pool", pool_file, "--json")
+        assert done.returncode == 0 and json.loads(done.stdout) == {"good": 3, "bad": [], "claims": 0}
 
         wrote = daxio(vm0, f"fill {direct0['path']} --offset {8 * MiB} --size {SIZE} --seed 21")
         seen = daxio(vm1, f"crc {cxl1['path']} --offset {base + 8 * MiB} --size {SIZE}")

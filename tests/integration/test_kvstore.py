@@ -113,8 +113,10 @@ def test_poison_on_a_stored_block_is_a_miss_that_names_the_block(tmp_path, capsy
                 h0.check(f"kvstore put /dev/dax0.0 --host 0 --key {key} --size 64K")
             with kv.Store.open(str(pool)) as s:
                 (_, slot, rec), = s.find("p1")
-            # the region is the one device "pool": a DAX offset is its device address
-            h0.qmp("cxl-inject-poison", path="/machine/peripheral/pool", start=rec["offset"] + 4096, length=128)
+            # the region is the one device "pool": a DAX offset is its device address, and the store
+            # starts at its byte HOME
+            h0.qmp("cxl-inject-poison", path="/machine/peripheral/pool", start=kv.HOME + rec["offset"] + 4096,
+                   length=128)
             h0.check("mount -t tracefs nodev /sys/kernel/tracing")
             poisoned = h0.run(f"kvstore get /dev/dax0.0 --key p1 --size 64K --poison-serial {serial}")
             got = json.loads(next(l for l in poisoned.output.splitlines() if l.startswith("{")))

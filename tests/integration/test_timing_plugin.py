@@ -27,6 +27,7 @@ READS, WRITES = 1000, 500
 PF_READ_NS, ELECTRICAL_READ_NS = fabric_model.idle_ns("pf", False), fabric_model.idle_ns("electrical", False)
 CHASE = calibration.CALIBRATION_COMMAND   # in-TLB dependent chase over the DAX device
 ROUNDS = 5
+INJECT_ROUNDS = 9   # a chase run takes 10-30 ms: more of them cost little and steady the minimum
 
 
 @pytest.fixture
@@ -127,11 +128,13 @@ def test_injected_latency_difference_matches_the_model(timed):
     config = timing.TimingConfig("inject", read_ns=(PF_READ_NS, ELECTRICAL_READ_NS), baseline_ns=baseline)
     vm, session = timed(config, "inject")
     pf, electrical = [], []
-    for _ in range(ROUNDS):   # interleaved, so drift on the shared host hits both alike
+    for _ in range(INJECT_ROUNDS):   # interleaved, so drift on the shared host hits both alike
         pf.append(guest(vm, f"{CHASE} --profile 0", "chase")["ns_per_load"])
         electrical.append(guest(vm, f"{CHASE} --profile 1", "chase")["ns_per_load"])
     start = next(e for e in session.events() if e["event"] == "start")
-    pf_ns, el_ns = statistics.median(pf), statistics.median(electrical)
+    # The fastest run of each: another process on the shared host can only stretch a run (QEMU
+    # preempted mid-chase), never shorten it, so the minimum is the run least disturbed by load.
+    pf_ns, el_ns = min(pf), min(electrical)
     measured = el_ns - pf_ns
     modelled = ELECTRICAL_READ_NS - PF_READ_NS
     ratio = measured / modelled

@@ -27,7 +27,7 @@ def test_format_stats_dump_verify_and_a_corrupted_block_named(pool, capsys):
     assert run(capsys, "format", "--pool", pool, "--hosts", "4", "--slots", "32")[0] == 0
     status, _, err = run(capsys, "format", "--pool", pool)
     assert status == 1 and "already holds a store; --force" in err and len(err.strip().splitlines()) == 1
-    with cli_kv.store_module().Store.open(pool, host=2) as s:
+    with cli_kv.kv.Store.open(pool, host=2) as s:
         assert s.chunk_tokens == KV_CHUNK_TOKENS
         s.put("a", b"x" * 5000)
         s.put("b", b"y" * 7000)
@@ -40,7 +40,7 @@ def test_format_stats_dump_verify_and_a_corrupted_block_named(pool, capsys):
     assert {(r["host"], r["length"], r["state"]) for r in records} == {(2, 5000, "published"), (2, 7000, "published")}
     assert run(capsys, "verify", "--pool", pool)[0] == 0
     with open(pool, "r+b") as f:                     # one byte of b's block flipped
-        f.seek(rec["offset"] + 10)
+        f.seek(cli_kv.kv.HOME + rec["offset"] + 10)   # the store starts at the file's byte HOME
         f.write(b"Z")
     status, text, _ = run(capsys, "verify", "--pool", pool)
     assert status == 1 and f"bad: host 2 slot {slot} key {rec['key'].hex()}: block fails its crc" in text
@@ -62,7 +62,7 @@ def test_bench_measures_the_host_path_and_prints_the_modelled_table(pool, capsys
 
 def test_bad_input_is_one_line(pool, capsys, tmp_path):
     status, _, err = run(capsys, "stats", "--pool", pool)
-    assert status == 1 and err.strip() == f"pfcxl: error: {pool} holds no store (no PFKVSTOR magic at byte 0); " \
+    assert status == 1 and err.strip() == f"pfcxl: error: {pool} holds no store (no PFKVSTOR magic at byte 2097152); " \
                                           "format it first"
     run(capsys, "format", "--pool", pool, "--hosts", "2")
     status, _, err = run(capsys, "bench", "--pool", pool, "--host", "5")
@@ -74,3 +74,43 @@ def test_bad_input_is_one_line(pool, capsys, tmp_path):
     assert status == 1 and "cannot open" in err and len(err.strip().splitlines()) == 1
     status, _, err = run(capsys, "stats", "--run-dir", str(tmp_path / "nowhere"))
     assert status == 1 and "no pool there" in err and len(err.strip().splitlines()) == 1
+
+
+def test_every_action_takes_the_stores_base(pool, capsys):
+    """--offset (or --base) puts the store anywhere in the file; every action opens it there, and a
+    bad base is one line before anything is written."""
+    status, text, _ = run(capsys, "format", "--pool", pool, "--hosts", "2", "--slots", "8", "--offset", "4M")
+    assert status == 0 and "store at byte 4194304" in text
+    with open(pool, "rb") as f:
+        assert f.read(4 << 20) == bytes(4 << 20) and f.read(8) == cli_kv.kv.MAGIC
+    status, text, _ = run(capsys, "bench", "--pool", pool, "--base", "4M", "--blocks", "2", "--size", "8K", "--json")
+    assert status == 0 and json.loads(text)["measured"]["blocks"] == 2
+    for action in ("stats", "dump", "verify"):
+        assert run(capsys, action, "--pool", pool, "--offset", "4194304")[0] == 0
+    status, _, err = run(capsys, "stats", "--pool", pool)
+    assert status == 1 and err.strip().endswith("(no PFKVSTOR magic at byte 2097152); format it first")
+    for bad, why in (("100", "store base 100 is not a non-negative multiple of 4096"),
+                     ("32M", f"{pool} is 33554432 bytes: too small for a store at byte 33554432")):
+        status, _, err = run(capsys, "format", "--pool", pool, "--force", "--base", bad)
+        assert status == 1 and err.strip() == f"pfcxl: error: {why}"
+    with pytest.raises(SystemExit):
+        cli.main(["kv", "stats", "--pool", pool, "--base", "x"])
+    assert "argument --base/--offset: 'x' is not a size" in capsys.readouterr().err
+    assert run(capsys, "verify", "--pool", pool, "--base", "4M")[0] == 0      # still there, untouched
+
+
+@pytest.mark.parametrize("argv,why", [(["--size", "12"], "--size 12 must be a positive multiple of 8"),
+                                      (["--blocks", "0"], "--blocks 0 at least 1"),
+                                      (["--size", "lots"], "'lots' is not a size")])
+def test_the_kv_path_benchmark_refuses_bad_input_before_booting(argv, why, capsys):
+    from pfcxl.host_tools import kv_path_bench
+    with pytest.raises(SystemExit) as exc:
+        kv_path_bench.main(argv)
+    assert exc.value.code == 2 and why in capsys.readouterr().err
+
+
+def test_the_kv_path_benchmark_rates():
+    from pfcxl.host_tools import kv_path_bench
+    r = kv_path_bench.row("direct", "guest C", 16, 1 << 20, store_s=2.0, load_s=0.5, base=0)
+    assert (r["store_blocks_s"], r["load_blocks_s"]) == (8.0, 32.0)
+    assert r["store_GBps"] == 16 * (1 << 20) / 2.0 / 1e9 and r["load_GBps"] == 4 * r["store_GBps"]

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from pfcxl.device import data_path
 from pfcxl.host_tools import debian_image
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes
 from pfcxl.serving.inputs import load_model
@@ -60,6 +61,32 @@ def test_a_store_that_is_not_formatted_is_one_clear_error(tmp_path):
     p = pool(tmp_path, hosts=2)
     with pytest.raises(kv.KVError, match=r"host 2 is out of range \(0 <= host < 2\)"):
         kv.Store.open(p, host=2)
+    for base, why in ((1000, "store base 1000 is not a non-negative multiple of 4096"),
+                      (-4096, "store base -4096 is not a non-negative multiple of 4096"),
+                      (64 << 20, f"{p} is 67108864 bytes: too small for a store at byte 67108864")):
+        with pytest.raises(kv.KVError, match=f"^{why}$"):
+            kv.Store.open(p, base=base)
+        with pytest.raises(kv.KVError, match=f"^{why}$"):
+            kv.format(p, hosts=2, slots=4, chunk_tokens=KV_CHUNK_TOKENS, base=base)
+    assert kv.Store.open(p).sb["hosts"] == 2                 # nothing half-written by the refusals
+
+
+def test_the_store_lives_where_the_direct_paths_namespace_leaves_the_device_alone(tmp_path):
+    """HOME is the direct device's byte 0 in its device (data_path.DIRECT_OFFSET); a file, like a
+    CXL DAX device, holds the store there, and bytes below HOME stay the file's own."""
+    assert kv.HOME == data_path.DIRECT_OFFSET
+    p = pool(tmp_path, size=8 << 20, hosts=2)
+    assert not kv.is_direct(p) and kv.default_base(p) == kv.HOME
+    with open(p, "rb") as f:
+        assert f.read(kv.HOME) == bytes(kv.HOME) and f.read(8) == kv.MAGIC
+    with kv.Store.open(p, host=1) as s:
+        assert s.m.base == s.m.device_off == kv.HOME and s.sb["total"] == (8 << 20) - kv.HOME
+        assert s.put("x", b"y" * 5000)
+        (_, _, rec), = s.find("x")
+    with open(p, "rb") as f:
+        assert f.read(kv.HOME) == bytes(kv.HOME)
+        f.seek(kv.HOME + rec["offset"])
+        assert f.read(5000) == b"y" * 5000
 
 
 def test_a_full_arena_evicts_least_recently_used_blocks_and_verifies_clean(tmp_path):

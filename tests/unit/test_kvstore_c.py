@@ -86,7 +86,7 @@ def test_c_eviction_keeps_the_store_clean(tool, pool):
         arena = s.sb["arena_bytes"]
     blocks = 3 * arena // (1 << 20)
     got, _ = kvstore(tool, "bench", pool, "--host", "1", "--blocks", "4", "--size", "1M")
-    assert got["stored"] == 4 and got["loaded"] == 4
+    assert got["stored"] == 4 and got["loaded"] == 4 and got["base"] == kv.HOME     # a file: the store's home
     for i in range(blocks):
         kvstore(tool, "put", pool, "--host", "1", "--key", f"e{i}", "--size", "1M")
     with kv.Store.open(pool) as s:
@@ -101,9 +101,45 @@ def test_bad_input_is_one_line(tool, pool, tmp_path):
     blank = tmp_path / "blank"
     blank.write_bytes(bytes(4 << 20))
     _, err = kvstore(tool, "verify", str(blank), status=2)
-    assert err == f"kvstore: {blank} holds no store (no PFKVSTOR magic at byte 0); format it first\n"
+    assert err == f"kvstore: {blank} holds no store (no PFKVSTOR magic at byte 2097152); format it first\n"
     _, err = kvstore(tool, "put", pool, "--host", "0", "--key", "k", "--size", "12", status=2)
     assert err == "kvstore: --size 12 is not a multiple of 8\n"
+    _, err = kvstore(tool, "verify", pool, "--base", "1000", status=2)
+    assert err == "kvstore: --base 1000 is not a multiple of 4096\n"
+    _, err = kvstore(tool, "verify", pool, "--base", "32M", status=2)
+    assert err == f"kvstore: {pool}: --base 33554432 leaves no room for a store in its 33554432 bytes\n"
+    _, err = kvstore(tool, "verify", pool, "--base", "two", status=2)
+    assert err.startswith("kvstore: bad value 'two' for --base") and err.count("\n") == 1
+
+
+def test_the_store_lives_at_home_and_any_base_is_one_store_for_both_sides(tool, tmp_path):
+    """Python's default base (HOME in a file) is the tool's; a store formatted elsewhere opens with
+    that base on both sides, and the default names where it is."""
+    path = tmp_path / "pool"
+    path.write_bytes(b"")
+    os.truncate(path, 16 << 20)
+    kv.format(str(path), hosts=2, slots=16, chunk_tokens=256)
+    with open(path, "rb") as f:
+        assert f.read(8) == bytes(8) and f.seek(kv.HOME) and f.read(8) == kv.MAGIC
+    kvstore(tool, "put", str(path), "--host", "1", "--key", "home", "--size", "4096")
+    with kv.Store.open(str(path)) as s:
+        assert s.get("home") == pattern("home", 4096)
+    kv.format(str(path), hosts=2, slots=16, chunk_tokens=256, base=1 << 20, size=1 << 20)   # [1M, 2M)
+    kvstore(tool, "put", str(path), "--base", "1M", "--host", "0", "--key", "mid", "--size", "8192")
+    with kv.Store.open(str(path), base=1 << 20) as s:
+        assert s.get("mid") == pattern("mid", 8192) and s.get("home") is None
+    with kv.Store.open(str(path)) as s:           # the store at HOME was left alone
+        assert s.get("home") == pattern("home", 4096) and s.get("mid") is None
+    with open(path, "r+b") as f:                  # a store only at byte 0: the default says where it is
+        f.seek(kv.HOME)
+        f.write(bytes(8))
+    kv.format(str(path), hosts=2, slots=16, chunk_tokens=256, base=0)
+    _, err = kvstore(tool, "verify", str(path), status=2)
+    assert err == (f"kvstore: {path} holds no store (no PFKVSTOR magic at byte 2097152); one starts at byte 0: "
+                   "open it with --base 0\n")
+    with pytest.raises(kv.KVError, match="one starts at byte 0: open it with base 0"):
+        kv.Store.open(str(path))
+    assert kvstore(tool, "verify", str(path), "--base", "0")[0]["good"] == 0
 
 
 def test_a_block_on_the_devices_poison_list_is_a_miss_and_verify_names_it(tool, pool, tmp_path):
@@ -135,7 +171,7 @@ def fake_cxl(tmp_path, rec) -> dict:
     environment that finds it first on PATH."""
     listing = [{"memdev": "mem1", "serial": 7, "media_errors": [{"offset": 0, "length": 1 << 24}]},
                {"memdev": "mem0", "ram_size": 1 << 30, "serial": 1346768897,
-                "media_errors": [{"offset": rec["offset"] + 4096, "length": 128, "source": "Injected"}]}]
+                "media_errors": [{"offset": kv.HOME + rec["offset"] + 4096, "length": 128, "source": "Injected"}]}]
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "cxl").write_text(f"#!/bin/sh\ncat <<'END'\n{json.dumps(listing)}\nEND\n")
@@ -151,7 +187,7 @@ def test_the_python_reader_consults_the_poison_list_too(pool, tmp_path, monkeypa
         (_, slot, rec), = s.find("hit")
         monkeypatch.setenv("PATH", fake_cxl(tmp_path, rec)["PATH"])
         s.poisoned = poison.media_errors(1346768897)
-        assert s.poisoned == [(rec["offset"] + 4096, 128)]
+        assert s.poisoned == [(kv.HOME + rec["offset"] + 4096, 128)]     # a device address
         assert s.get("hit") is None and s.get("clean") == b"c" * 8192
         assert s.verify()["bad"] == [dict(host=0, slot=slot, key=kv.key_digest("hit").hex(),
                                           why="poisoned (the device's poison list)")]

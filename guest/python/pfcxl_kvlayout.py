@@ -1,0 +1,187 @@
+"""The KV block store's layout (docs/kvstore.md): where the store lives in a mapping, its binary
+structures, key digests, and `format`. Standard library only; pfcxl_kvstore re-exports all of it.
+
+Where the store lives: at device byte HOME, the first byte the direct data path's namespace leaves
+alone (its info block takes each device's first 2 MiB). So its base is HOME in a CXL DAX device
+and in the pool file on the host, and 0 in a direct DAX device, whose byte 0 is device byte HOME:
+every path sees one store, and a direct boot does not overwrite it. `default_base` applies the rule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import struct
+import threading
+import zlib
+
+import pfcxl_guest
+
+MAGIC = b"PFKVSTOR"
+VERSION = 1
+LINE = 64
+PAGE = 4096
+# device byte of the store = data_path.DIRECT_OFFSET on the host side (tests/unit/test_kvstore.py
+# checks that they are equal): the direct path's devdax namespace data starts there
+HOME = 2 << 20
+NFIT = "ACPI0012"       # the ACPI NVDIMM root device: the direct path's DAX devices sit under it
+
+
+class KVError(Exception):
+    """A store that cannot be opened or formatted as asked; the message names the value."""
+
+
+class Fields:
+    """One binary structure declared once: (name, struct code) in order, little-endian."""
+
+    def __init__(self, *fields: tuple[str, str]) -> None:
+        self.names = [n for n, _ in fields]
+        self.st = struct.Struct("<" + "".join(c for _, c in fields))
+        self.offset = {}
+        pos = 0
+        for name, code in fields:
+            self.offset[name] = pos
+            pos += struct.calcsize("<" + code)
+
+    def pack(self, **values) -> bytes:
+        return self.st.pack(*(values.get(n, 0) for n in self.names))
+
+    def unpack(self, buf, at: int = 0) -> dict:
+        return dict(zip(self.names, self.st.unpack_from(buf, at)))
+
+
+SUPER = Fields(("magic", "8s"), ("version", "I"), ("hosts", "I"), ("slots", "I"), ("chunk_tokens", "I"),
+               ("headers_off", "Q"), ("index_off", "Q"), ("arena_off", "Q"), ("arena_bytes", "Q"),
+               ("total", "Q"), ("crc", "I"))
+HEADER = Fields(("heartbeat", "Q"), ("next_seq", "Q"), ("clock", "Q"), ("evictions", "Q"))
+# state: 0 empty, seq*2+1 a claim (being written), seq*2 (seq >= 1) published.
+RECORD = Fields(("state", "Q"), ("key", "16s"), ("offset", "Q"), ("length", "Q"), ("crc", "I"),
+                ("rcrc", "I"), ("last_use", "Q"), ("reserved", "Q"))
+assert RECORD.st.size == LINE and HEADER.st.size <= LINE
+SIGNED = RECORD.offset["rcrc"]        # the record crc covers state..crc; last_use is the owner's own
+
+_FENCE = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier: an uncontended lock is a locked read-modify-write on x86, which
+    orders earlier stores before later loads (what the claim scan needs)."""
+    with _FENCE:
+        pass
+
+
+def key_digest(key) -> bytes:
+    """Every key (bytes, str or int, e.g. a chunk hash) as the 16 bytes the index holds."""
+    if isinstance(key, int):
+        key = key.to_bytes(32, "little", signed=True)
+    elif isinstance(key, str):
+        key = key.encode()
+    return hashlib.blake2b(bytes(key), digest_size=16).digest()
+
+
+def chunk_keys(tokens, chunk_tokens: int) -> list[bytes]:
+    """LMCache's prefix keys: chunk i's key hashes chunk i-1's key and chunk i's tokens, so a key
+    names the whole prefix up to its chunk's end. Only whole chunks get a key."""
+    keys, prev = [], b""
+    for start in range(0, len(tokens) - chunk_tokens + 1, chunk_tokens):
+        raw = struct.pack(f"<{chunk_tokens}q", *tokens[start:start + chunk_tokens])
+        prev = hashlib.blake2b(prev + raw, digest_size=16).digest()
+        keys.append(prev)
+    return keys
+
+
+def geometry(total: int, hosts: int, slots: int) -> dict:
+    """Where everything goes in `total` bytes for `hosts` hosts of `slots` records each."""
+    if not 1 <= hosts <= 256:
+        raise KVError(f"hosts {hosts} is out of range (1..256)")
+    if slots < 1:
+        raise KVError(f"slots {slots} must be at least 1")
+    headers_off = PAGE
+    index_off = up(headers_off + hosts * LINE, PAGE)
+    arena_off = up(index_off + hosts * slots * LINE, PAGE)
+    arena_bytes = (total - arena_off) // hosts // PAGE * PAGE
+    if arena_bytes < PAGE:
+        raise KVError(f"{total} bytes hold no arena of at least {PAGE} bytes for {hosts} hosts x {slots} slots")
+    return dict(headers_off=headers_off, index_off=index_off, arena_off=arena_off, arena_bytes=arena_bytes)
+
+
+def up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def is_direct(path: str) -> bool:
+    """True if `path` is a direct-path DAX device (an NVDIMM namespace under the ACPI NFIT)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if not stat.S_ISCHR(st.st_mode):
+        return False
+    node = os.path.realpath(f"/sys/dev/char/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+    return f"/{NFIT}:" in node
+
+
+def default_base(path: str) -> int:
+    """The store's byte in `path`: 0 on a direct DAX device, HOME on anything else (module doc)."""
+    return 0 if is_direct(path) else HOME
+
+
+class Mapping:
+    """`path` mapped MAP_SHARED in whole 2 MiB units (pfcxl_guest.Dax); `mem` is the store's
+    bytes, from `base` (None: default_base) for `size` bytes (None: to the end)."""
+
+    def __init__(self, path: str, size: int | None = None, base: int | None = None) -> None:
+        self.path = path
+        self.base = default_base(path) if base is None else base
+        if self.base < 0 or self.base % PAGE:
+            raise KVError(f"store base {self.base} is not a non-negative multiple of {PAGE}")
+        if size is not None and size < 2 * PAGE:
+            raise KVError(f"store size {size} is under {2 * PAGE} bytes")
+        try:
+            self.dax = pfcxl_guest.Dax(path, None if size is None else self.base + size)
+        except OSError as exc:
+            raise KVError(f"cannot open {path}: {exc.strerror or exc}") from exc
+        if self.dax.size < self.base + 2 * PAGE:
+            self.dax.close()
+            raise KVError(f"{path} is {self.dax.size} bytes: too small for a store at byte {self.base}")
+        self.size, self.map = self.dax.size - self.base, self.dax.map
+        # the device address of the store's byte 0, as the device's poison list counts
+        self.device_off = (HOME if is_direct(path) else 0) + self.base
+        self.mem = memoryview(self.map)[self.base:]
+
+    def where_else(self) -> int | None:
+        """Another base at which this mapping holds a store's magic (for an error's hint)."""
+        whole = memoryview(self.map)
+        try:
+            return next((b for b in (0, HOME) if b != self.base and b + len(MAGIC) <= len(whole)
+                         and whole[b:b + len(MAGIC)] == MAGIC), None)
+        finally:
+            whole.release()
+
+    def close(self) -> None:
+        self.mem.release()
+        self.dax.close()
+
+
+def format(path: str, hosts: int, slots: int, chunk_tokens: int, size: int | None = None,
+           base: int | None = None) -> dict:
+    """Write an empty store over `path` at `base` (`size` bytes): every header and record zeroed,
+    then the superblock, whose magic goes last so that no one opens a half-formatted store."""
+    m = Mapping(path, size, base)
+    try:
+        g = geometry(m.size, hosts, slots)
+        m.mem[0:8] = bytes(8)
+        fence()
+        m.mem[g["headers_off"]:g["arena_off"]] = bytes(g["arena_off"] - g["headers_off"])
+        sb = dict(magic=MAGIC, version=VERSION, hosts=hosts, slots=slots, chunk_tokens=chunk_tokens,
+                  total=m.size, **g)
+        raw = SUPER.pack(**sb)
+        raw = raw[:-4] + struct.pack("<I", zlib.crc32(raw[:-4]))
+        m.mem[8:len(raw)] = raw[8:]
+        fence()
+        m.mem[0:8] = MAGIC
+        m.map.flush()
+        return SUPER.unpack(raw)
+    finally:
+        m.close()

@@ -1,0 +1,36 @@
+"""Appliance-side timing with real guests: two hosts on a timed appliance (`multihost --timing
+trace`) chase pointers through the shared pool; the appliance drains both hosts' trace rings,
+merges them and models them on the PF fabric (device/appliance_timing.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pfcxl.device import fabric_constants as fc
+from pfcxl.device import fabric_model, topology
+from pfcxl.host_tools import multihost
+
+pytestmark = pytest.mark.integration
+
+LOADS = 5000
+
+
+def test_two_timed_hosts_are_merged_and_modelled_on_the_pf_fabric():
+    path = topology.resolve("pf-appliance")
+    figures: dict = {}
+    results = multihost.run(topology.load(path), path, 2, f"chase --dax /dev/dax0.0 --loads {LOADS}",
+                            timing="pf", telemetry=figures.update)
+    assert [(r.host, r.status, r.error) for r in results] == [(0, 0, None), (1, 0, None)], results
+    hosts = {h["host"]: h for h in figures["hosts"]}
+    assert sorted(hosts) == [0, 1]
+    idle = fabric_model.idle_ns("pf", write=False)
+    for h in hosts.values():
+        assert h["reads"] >= LOADS, h                    # every load of the chase reached the model
+        assert h["ring"]["drained"] == h["reads"] + h["writes"] and h["ring"]["dropped"] == 0
+        p50 = h["latency_ns"]["pf"]["read"]["p50"]
+        assert idle - fc.PF_JITTER_READ_NS <= p50 <= fc.PF_PAPER_LOADED_READ_NS[1], h["latency_ns"]
+    # every record was one of the hosts' pool addresses, and the modules saw what the hosts sent
+    assert figures["unmapped"] == 0 and figures["records"] == sum(h["reads"] + h["writes"] for h in hosts.values())
+    assert sum(m["reads"] for m in figures["modules"]) == sum(h["reads"] for h in hosts.values())
+    assert figures["rings"]["dropped"] == 0 and 0 < figures["rings"]["largest_fill"] <= figures["rings"]["capacity"]
+    assert figures["error"] is None and figures["pending"] == 0

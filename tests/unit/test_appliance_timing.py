@@ -1,0 +1,120 @@
+"""A timed appliance service (`appliance start --timing`), run for real without VMs: the test plays
+the TCG plugin, writing records into the ring the service handed out, and checks what the
+service's `stats` op then reports; and the op's hostile input."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from pfcxl.device import address_map, fabric_model
+from pfcxl.device import trace_format as tf
+from pfcxl.device.appliance_ops import MAX_SYNC_WAITING
+from pfcxl.host_tools import appliance
+from pfcxl.host_tools.trace_ring import Ring
+
+from .appliance_helpers import Raw, _stop_and_check, services, write_topology  # noqa: F401 (a fixture)
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory):
+    base = tmp_path_factory.mktemp("timed")
+    topo, path = write_topology(base / "small.toml")
+    run_dir = base / "run"
+    pid = appliance.start(topo, path, run_dir, scan_interval=3600, timing="pf")
+    try:
+        yield topo, run_dir
+    finally:
+        _stop_and_check(run_dir, pid)
+
+
+def play_plugin(att: appliance.Attachment, records: np.ndarray) -> None:
+    """What the plugin does: records after the header, then head moved past them."""
+    ring = Ring.open(f"/proc/self/fd/{att.ring_fd}")
+    try:
+        start = tf.HEADER_SIZE + ring.head * tf.RECORD_SIZE
+        ring._mm[start:start + records.nbytes] = records.tobytes()
+        ring._head.value = ring.head + len(records)
+    finally:
+        ring.close()
+
+
+def reads_of_the_shared_region(topo, n: int) -> np.ndarray:
+    r = np.zeros(n, np.dtype(tf.RECORD_FIELDS))
+    r["insn"] = np.arange(n, dtype=np.uint64) * 5000          # far apart: an idle fabric
+    r["hpa"] = address_map.dax_placements(topo)[0].base + np.arange(n, dtype=np.uint64) * 4096
+    r["size"] = 8
+    return r
+
+
+def test_each_host_gets_its_own_ring_and_its_records_are_modelled(timed):
+    topo, run_dir = timed
+    with appliance.Client(run_dir) as c:
+        att = c.attach(1)
+        assert att.ring == {"capacity": att.ring["capacity"], "system": "pf", "issue": "dependent"}
+        assert os.readlink(f"/proc/self/fd/{att.ring_fd}").startswith("/memfd:pfcxl-ring-host1")
+        play_plugin(att, reads_of_the_shared_region(topo, 3000))
+        stats = c.call("stats", sync=True)
+        host = next(h for h in stats["hosts"] if h["host"] == 1)
+        assert (host["port"], host["reads"], host["writes"], host["attached"]) == (att.port, 3000, 0, True)
+        assert host["ring"]["largest_fill"] == 3000 and host["ring"]["dropped"] == 0
+        idle = fabric_model.idle_ns("pf", write=False)
+        read = host["latency_ns"]["pf"]["read"]
+        assert read["count"] == 3000 and abs(read["p50"] - idle) <= fabric_model.fc.PF_JITTER_READ_NS
+        assert sum(m["reads"] for m in stats["modules"]) == 3000
+        assert stats["rings"]["largest_fill"] >= 3000 and stats["pending"] == 0
+    with appliance.Client(run_dir) as c:                       # the host is gone; its figures stay
+        stats = c.call("stats", sync=True)
+        host = next(h for h in stats["hosts"] if h["host"] == 1)
+        assert host["reads"] == 3000 and not host["attached"]
+        assert c.call("status")["appliance"]["timing"] == {"system": "pf", "issue": "dependent"}
+
+
+BAD_STATS = [b'{"op": "stats", "sync": 1}', b'{"op": "stats", "sync": "yes"}', b'{"op": "stats", "sync": null}',
+             b'{"op": "stats", "host": 0}', b'{"op": "stats", "sync": [true]}']
+
+
+def test_bad_stats_requests_get_one_clear_error_each(timed):
+    _, run_dir = timed
+    raw = Raw(run_dir)
+    try:
+        raw.send(b"\n".join(BAD_STATS) + b"\n")
+        errors = [r["error"] for r in raw.replies(len(BAD_STATS))]
+    finally:
+        raw.close()
+    assert errors[:3] == ["stats: field 'sync' must be bool, got int", "stats: field 'sync' must be bool, got str",
+                          "stats: field 'sync' must be bool, got NoneType"]
+    assert errors[3] == "stats: unknown field 'host'"
+    assert errors[4] == "stats: field 'sync' must be bool, got list"
+
+
+def test_a_flood_of_synced_stats_is_answered_without_piling_up(timed):
+    _, run_dir = timed
+    raw = Raw(run_dir)
+    try:
+        n = MAX_SYNC_WAITING * 3
+        raw.send(b"".join(json.dumps({"op": "stats", "sync": True, "id": i}).encode() + b"\n" for i in range(n)))
+        replies = raw.replies(n)
+    finally:
+        raw.close()
+    ok = [r for r in replies if r["ok"]]
+    refused = [r for r in replies if not r["ok"]]
+    assert len(ok) >= MAX_SYNC_WAITING and len(ok) + len(refused) == n
+    assert all("already waiting" in r["error"] for r in refused)
+    assert sorted(r["id"] for r in replies) == list(range(n))
+    with appliance.Client(run_dir) as c:
+        assert c.call("hello")["appliance"]["timing"]["system"] == "pf"
+
+
+def test_an_untimed_appliance_says_why_it_has_no_figures(services):
+    s = services()
+    with s.client() as c:
+        reply, _ = c.request("stats")
+        assert not reply["ok"]
+        assert reply["error"] == ("this appliance models no traffic: it was started without --timing "
+                                  "(pfcxl appliance start --timing pf|electrical)")
+        att = c.attach(0)
+        assert att.ring_fd is None and att.ring is None
