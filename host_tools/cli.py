@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -330,7 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()   # a reader that went away shows here, not as a message at exit
+        return status
+    except BrokenPipeError:
+        # `pfcxl ... | head`: the reader has what it wanted. Stop quietly with status 1, as rich
+        # does for what it prints; later flushes go nowhere instead of failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except PfcxlError as exc:
         if args.debug:
             raise
