@@ -86,11 +86,11 @@ struct worker {
 };
 
 static pthread_barrier_t g_start;
-static uint64_t g_granule, g_every = 1, g_at; /* --stripe: offset o of [0, span) -> granule K of N */
+static uint64_t g_stripe, g_every = 1, g_at; /* --stripe: offset o of [0, span) -> granule K of N */
 
 static inline uint64_t striped(uint64_t o)
 {
-    return g_every == 1 ? o : ((o / g_granule) * g_every + g_at) * g_granule + o % g_granule;
+    return g_every == 1 ? o : ((o / g_stripe) * g_every + g_at) * g_stripe + o % g_stripe;
 }
 
 static void *worker_main(void *arg)
@@ -185,14 +185,14 @@ int main(int argc, char **argv)
             st[0] % 64 || span % st[0])
             die("--stripe '%s': want G,N,K with G a multiple of 64 dividing span, N >= 1, K < N",
                 o[10].val);
-        g_granule = st[0], g_every = st[1], g_at = st[2];
+        g_stripe = st[0], g_every = st[1], g_at = st[2];
     }
     for (size_t i = 0; i < ns; i++) {
         if (sizes[i] < 8 || sizes[i] > (1 << 20) || sizes[i] % 8)
             die("--sizes: %" PRIu64 " is not a multiple of 8 in [8, 1048576]", sizes[i]);
         if (bytes % sizes[i])
             die("--bytes %" PRIu64 " is not a multiple of size %" PRIu64, bytes, sizes[i]);
-        if (rotate % sizes[i] || (g_every > 1 && g_granule % sizes[i]))
+        if (rotate % sizes[i] || (g_every > 1 && g_stripe % sizes[i]))
             die("--rotate %" PRIu64 " and the --stripe granule must be multiples of size %" PRIu64,
                 rotate, sizes[i]);
         maxsize = sizes[i] > maxsize ? sizes[i] : maxsize;
@@ -211,7 +211,7 @@ int main(int argc, char **argv)
         die("--span %" PRIu64 " times --stripe's N is too large", span);
     volatile uint64_t *p = map_target(target, span * g_every, &kind);
     for (uint64_t off = 0; off < span; off += 64)
-        if (off % 4096 == 0 || (g_every > 1 && off % g_granule == 0))
+        if (off % 4096 == 0 || (g_every > 1 && off % g_stripe == 0))
             p[striped(off) / 8] = p[striped(off) / 8]; /* fault the used pages in before row 1 */
     struct pfcxl_doorbell db = {0};
     rows_marker_open(target, mark_rows, &db);
@@ -271,7 +271,7 @@ int main(int argc, char **argv)
            ",\"seed\":%" PRIu64 ",\"write_seed\":%llu,\"cpus_online\":%ld,\"stripe\":[%" PRIu64
            ",%" PRIu64 ",%" PRIu64 "],\"rotate\":%" PRIu64 ",\"results\":[%s",
            kind, span, bytes, read_pct, seed, WRITE_SEED, sysconf(_SC_NPROCESSORS_ONLN),
-           g_granule ? g_granule : span, g_every, g_at, rotate, rows_json);
+           g_stripe ? g_stripe : span, g_every, g_at, rotate, rows_json);
     printf("],\"clock\":\"%s\"}\n", CLOCK_NOTE);
     finish_output();
     if (short_row)
