@@ -149,7 +149,8 @@ def run_hosts(args) -> dict:
         got, rows = bench_paper_bw_hosts.load(out)
     report = {"capture": f"{len(got['hosts'])} guests on a timed pf-appliance (multihost, TCG plugin, the "
               "appliance's capture): own module (--stripe) and all-to-all (--rotate) rows of each",
-              "hosts": len(got["hosts"]), "load": args.load, "offered_gbs_per_host": args.load * PORT_GBS,
+              "hosts": len(got["hosts"]), "captured_records": sum(len(h["records"]) for h in got["hosts"].values()),
+              "appliance": bench_paper_bw_hosts.appliance_figures(Path(args.capture_dir or out)), "load": args.load, "offered_gbs_per_host": args.load * PORT_GBS,
               "all_to_all_load": args.all_to_all_load, "rows": []}
     for (pattern, op, size), by in bench_paper_bw_hosts.streams(got, rows).items():
         own = by["own_module"]
@@ -259,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     for t in tables(report):
         console.print(t)
+    if report.get("appliance"):
+        a = report["appliance"]
+        console.print(f"capture: {report['captured_records']} records of {report['hosts']} guests; the live appliance "
+                      f"modelled {a['records']} ({a['unmapped']} unmapped), largest ring fill "
+                      f"{a['rings']['largest_fill']} of {a['rings']['capacity']}, dropped {a['rings']['dropped']}")
     console.print(f"report: {Path(args.out) / 'paper_bw.json'}")
     return 0
 

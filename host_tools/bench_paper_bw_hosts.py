@@ -30,6 +30,7 @@ from . import bench_model, cli_model, multihost, timing_report
 
 TARGET = "/dev/dax0.0"          # the shared pool region of pf-appliance (region0)
 ROWS_FILE = "hosts_rows.json"
+STATS_FILE = "appliance_stats.json"      # the live appliance's own figures: records, unmapped, ring fill
 
 
 def command(app, *, sizes: str, nbytes: str, span: str) -> str:
@@ -67,14 +68,17 @@ def capture(topo, topo_path: Path, hosts: int, out: Path, *, sizes: str, nbytes:
     folder = out / "capture"
     if (folder / trace_capture.MANIFEST).exists():
         shutil.rmtree(folder)                   # this bench's own earlier capture
+    figures: dict = {}
     results = multihost.run(topo, topo_path, hosts, command(app, sizes=sizes, nbytes=nbytes, span=span),
-                            timing="pf", issue="independent", capture=folder, say=say,
+                            timing="pf", issue="independent", capture=folder, say=say, telemetry=figures.update,
                             host_done=lambda r: say(f"host {r.host}: exit {r.status} {r.error or ''}"))
     bad = [r for r in results if r.error or r.status != 0]
     if bad:
         raise PfcxlError(f"hosts {', '.join(str(r.host) for r in bad)} failed: "
                          f"{(bad[0].error or bad[0].output.strip())[-300:]}")
     rows = {r.host: _rows(r.output, r.host) for r in results}
+    (out / STATS_FILE).write_text(json.dumps({k: figures.get(k) for k in ("records", "unmapped", "rings", "error")},
+                                             indent=1))
     (out / ROWS_FILE).write_text(json.dumps({"hosts": rows}, indent=1))
     return folder
 
@@ -89,6 +93,14 @@ def load(out: Path) -> tuple[dict, dict]:
     if sorted(rows) != sorted(got["hosts"]):
         raise PfcxlError(f"{out}: rows for hosts {sorted(rows)} but records for {sorted(got['hosts'])}")
     return got, rows
+
+
+def appliance_figures(out: Path) -> dict | None:
+    """What the live appliance said of the capture run (records modelled, unmapped, ring fill), if kept."""
+    try:
+        return json.loads((out / STATS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def streams(got: dict, rows: dict) -> dict[tuple, dict[str, np.ndarray]]:

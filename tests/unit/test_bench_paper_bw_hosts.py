@@ -56,6 +56,8 @@ def fake_capture(out):
         trace_capture.write_phases(out / "capture", h, phases)
     w.close()
     (out / bh.ROWS_FILE).write_text(json.dumps({"hosts": rows}))
+    (out / bh.STATS_FILE).write_text(json.dumps({"records": HOSTS * 8 * LINES, "unmapped": 0, "error": None,
+                                                 "rings": {"largest_fill": 999, "capacity": 1 << 19, "dropped": 0}}))
 
 
 def test_rows_are_cut_by_phase_and_land_on_the_hosts_own_modules(tmp_path):
@@ -99,3 +101,5 @@ def test_the_script_reports_the_real_hosts_capture(tmp_path):
         assert r["own_module"]["electrical"]["ports"]["switch_link_up"]["utilisation_min"] >= 0.97
         assert r["electrical_curve"]["knee"]["load"] == 0.7
     assert "own module" in done.stdout and "on own module" in done.stdout
+    assert report["captured_records"] == HOSTS * 8 * LINES == report["appliance"]["records"]
+    assert "largest ring fill 999 of 524288, dropped 0" in done.stdout
