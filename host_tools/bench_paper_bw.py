@@ -1,12 +1,14 @@
 """The paper's bandwidth experiment from real traffic: python -m pfcxl.host_tools.bench_paper_bw --help.
 
-Capture (what is real, said plainly): ONE guest runs the `bandwidth` benchmark on its CXL DAX
-device under the TCG plugin, one row per pattern (seq, random), op (read, write) and transfer
-size (32 B .. 1 KB), each row one plugin phase (--mark-rows 1). Booting sixteen guests at once
-does not fit this machine, so the sixteen hosts are that one guest's captured row stream,
-copied sixteen times: each copy keeps the captured order, sizes and reads/writes, and its
-addresses are moved, line by line, either onto the host's own module (host i -> module i, the
-paper's experiment) or by i interleave granules (all-to-all: every host crosses every module).
+Capture (what is real, said plainly). Default: ONE guest runs the `bandwidth` benchmark on its
+CXL DAX device under the TCG plugin, one row per pattern (seq, random), op (read, write) and
+transfer size (32 B .. 1 KB), each row one plugin phase (--mark-rows 1), and the sixteen hosts
+are that one guest's captured row stream, copied sixteen times: each copy keeps the captured
+order, sizes and reads/writes, and its addresses are moved, line by line, either onto the host's
+own module (host i -> module i, the paper's experiment) or by i interleave granules (all-to-all:
+every host crosses every module). --hosts N: N real guests on a timed pf-appliance stream to
+their own module and then all-to-all themselves, and the appliance's capture of them is
+replayed (bench_paper_bw_hosts.py; a few rows, so sixteen guests take minutes).
 
 Replay (device/fabric_replay.py, as `pfcxl model replay --load`): every host offers `--load`
 PF ports (1.0 = 25.6 GB/s), evenly by bytes in captured order, on the PF appliance (DDR5 path,
@@ -143,7 +145,6 @@ def run_hosts(args) -> dict:
         got, rows = bench_paper_bw_hosts.load(Path(args.capture_dir))
         out.mkdir(parents=True, exist_ok=True)
     else:
-        out.mkdir(parents=True, exist_ok=True)
         bench_paper_bw_hosts.capture(topo, path, args.hosts, out, sizes=args.sizes or HOSTS_SIZES,
                                      nbytes=args.bytes or HOSTS_BYTES, span=args.span or HOSTS_SPAN)
         got, rows = bench_paper_bw_hosts.load(out)

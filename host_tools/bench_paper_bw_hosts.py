@@ -56,15 +56,22 @@ def _rows(output: str, host: int) -> list[dict]:
             for layout, run in zip(("own_module", "all_to_all"), runs) for r in run["results"]]
 
 
-def capture(topo, topo_path: Path, hosts: int, out: Path, *, sizes: str, nbytes: str, span: str,
-            say=print) -> Path:
-    """Boot `hosts` guests, run the rows, keep the capture in out/capture and the rows of every
-    host in out/hosts_rows.json; the capture directory."""
+def check(topo, hosts: int):
+    """The topology's appliance, if it gives each of `hosts` guests a module of its own."""
     app = topo.appliance
     if app is None:
         raise PfcxlError(f"topology '{topo.name}' has no [appliance] section: --hosts needs one, e.g. pf-appliance")
     if not 1 <= hosts <= min(app.ports, app.modules):
         raise PfcxlError(f"--hosts {hosts}: 1 to {min(app.ports, app.modules)} (one module per host)")
+    return app
+
+
+def capture(topo, topo_path: Path, hosts: int, out: Path, *, sizes: str, nbytes: str, span: str,
+            say=print) -> Path:
+    """Boot `hosts` guests, run the rows, keep the capture in out/capture and the rows of every
+    host in out/hosts_rows.json; the capture directory."""
+    app = check(topo, hosts)
+    out.mkdir(parents=True, exist_ok=True)
     folder = out / "capture"
     if (folder / trace_capture.MANIFEST).exists():
         shutil.rmtree(folder)                   # this bench's own earlier capture
