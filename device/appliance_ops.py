@@ -216,7 +216,9 @@ class Operations:
         return {"topology": self.topo.name, "modules": a.modules, "module_capacity": a.module_capacity,
                 "hbm_cache": a.hbm_cache, "ports": a.ports, "granularity": a.granularity,
                 "shared": a.shared, "private": a.private, "backing": a.backing, **self._identity(),
-                "timing": None if self.timing is None else {"system": self.timing.system, "issue": self.timing.issue}}
+                "timing": None if self.timing is None else {
+                    "system": self.timing.system, "issue": self.timing.issue,
+                    "capture": str(self.timing.capture.folder) if self.timing.capture is not None else None}}
 
     def _region_info(self, name: str) -> dict:
         p = self.pool.partition(name)

@@ -64,7 +64,8 @@ class Client:
 
 class Service(Operations):
     def __init__(self, topo: topology.Topology, run_dir: Path, socket_path: Path, scan_interval: float,
-                 idle_timeout: float = IDLE_TIMEOUT, timing: str | None = None, issue: str = "dependent") -> None:
+                 idle_timeout: float = IDLE_TIMEOUT, timing: str | None = None, issue: str = "dependent",
+                 capture: Path | None = None) -> None:
         if topo.appliance is None:
             raise PfcxlError(f"topology '{topo.name}' has no [appliance] section")
         self.topo, self.appliance = topo, topo.appliance
@@ -86,7 +87,9 @@ class Service(Operations):
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         # --timing: one fabric model over every attached host's trace ring (appliance_timing.py)
-        self.timing = ApplianceTiming(topo, timing, issue).start() if timing else None
+        if capture is not None and not timing:
+            raise PfcxlError("--capture keeps what the timing drains: it needs --timing pf|electrical")
+        self.timing = ApplianceTiming(topo, timing, issue, capture=capture).start() if timing else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -346,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT)
     ap.add_argument("--timing", choices=tuple(SYSTEMS), help="model every host's traffic on this fabric")
     ap.add_argument("--issue", choices=ISSUES, default="dependent")
+    ap.add_argument("--capture", type=Path, help="with --timing: keep every host's drained records here")
     ap.add_argument("--temporary-for", type=int, metavar="PID",
                     help="a temporary appliance of process PID, its parent (which has it signalled when it "
                     "dies): remove the run directory at exit")
@@ -368,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         if removed:
             log.warning("took over %s from a service that died", " and ".join(removed))
         service = Service(topology.load(topology.resolve(args.topology)), run_dir, run_dir / rundir.SOCKET,
-                          args.scan_interval, args.idle_timeout, args.timing, args.issue)
+                          args.scan_interval, args.idle_timeout, args.timing, args.issue, args.capture)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, service.stop)
         (run_dir / rundir.PID).write_text(f"{os.getpid()}\n")

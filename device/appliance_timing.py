@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from pfcxl.host_tools.trace_ring import Ring
@@ -27,6 +28,7 @@ from pfcxl.host_tools.trace_ring import Ring
 from . import address_map
 from .fabric_telemetry import ISSUES, SYSTEMS, Telemetry
 from .topology import Topology
+from .trace_capture import CaptureWriter
 
 log = logging.getLogger("pfcxl.appliance")
 RING_CAPACITY = 1 << 19          # records per host (12 MiB): half a second of the busiest host's traffic
@@ -74,13 +76,15 @@ class ApplianceTiming:
     """The rings, the drainer thread and the telemetry of one timed appliance service."""
 
     def __init__(self, topo: Topology, system: str, issue: str = "dependent",
-                 capacity: int = RING_CAPACITY) -> None:
+                 capacity: int = RING_CAPACITY, capture: Path | None = None) -> None:
         if system not in SYSTEMS:
             raise ValueError(f"appliance timing '{system}' is not one of {', '.join(SYSTEMS)}")
         if issue not in ISSUES:
             raise ValueError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
         self.topo, self.system, self.issue, self.capacity = topo, system, issue, capacity
         self.telemetry = Telemetry(topo, system, issue=issue)
+        # --capture: every stream's records as they are modelled (device/trace_capture.py)
+        self.capture = CaptureWriter(capture, system) if capture is not None else None
         self._keys = itertools.count(1)
         self._lock = threading.Lock()
         self._live: dict[int, _Attached] = {}               # stream key -> its ring
@@ -111,6 +115,8 @@ class ApplianceTiming:
                 att.ring.close()
                 att.closed = True
             self._live.clear()
+        if self.capture is not None:
+            self.capture.close()                            # the manifest last, saying it is complete
 
     # ------------------------------------------------------------------ attachments (service thread)
 
@@ -119,6 +125,8 @@ class ApplianceTiming:
         ring = Ring.create_memfd(f"pfcxl-ring-host{host}", self.capacity)
         key = next(self._keys)
         self.telemetry.add_stream(key, host, port, host_ranges(self.topo, partitions, slot))
+        if self.capture is not None:
+            self.capture.stream(key, host, port)
         with self._lock:
             self._live[key] = _Attached(host, port, ring)
             self._by_host[host] = key
@@ -171,6 +179,9 @@ class ApplianceTiming:
             for _, att in live:
                 att.batches = []
         if batches:
+            if self.capture is not None:
+                for key, recs in batches.items():
+                    self.capture.add(key, recs)
             self.telemetry.model(batches)
         gone = [(key, att) for key, att in live if att.detached]
         if gone:
@@ -179,6 +190,9 @@ class ApplianceTiming:
                     att.ring.close()
                     att.closed = True
                     del self._live[key]
+            if self.capture is not None:
+                for key, _ in gone:
+                    self.capture.finish(key)
 
     def _pending(self) -> int:
         with self._lock:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pfcxl.device import appliance_protocol as proto
 from pfcxl.device import appliance_rundir as rundir
+from pfcxl.device import trace_capture
 from pfcxl.device.fabric_modes import ISSUES, SYSTEMS
 from pfcxl.device.topology import Topology
 from pfcxl.errors import ApplianceError
@@ -205,17 +206,23 @@ def _alive(pid: int) -> bool:
 
 def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = False,
           scan_interval: float = 5.0, idle_timeout: float | None = None, temporary: bool = False,
-          timing: str | None = None, issue: str = "dependent") -> int:
+          timing: str | None = None, issue: str = "dependent", capture: Path | None = None) -> int:
     """Start the service for `topo` (read from `topo_path`) in the background and wait until it
     answers; its pid. A `temporary` one is stopped (SIGTERM) when this process dies, however it
     dies, and removes `run_dir` as it exits. `timing` (pf, electrical) has it model every host's
-    traffic on that fabric (device/appliance_timing.py), with `issue` dependent or independent."""
+    traffic on that fabric (device/appliance_timing.py), with `issue` dependent or independent;
+    `capture` (an absent or empty directory) keeps every host's drained records there
+    (device/trace_capture.py)."""
     if topo.appliance is None:
         raise ApplianceError(f"topology '{topo.name}' has no [appliance] section")
     if timing is not None and timing not in SYSTEMS:
         raise ApplianceError(f"appliance timing '{timing}' is not one of {', '.join(SYSTEMS)}")
     if issue not in ISSUES:
         raise ApplianceError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
+    if capture is not None:
+        if timing is None:
+            raise ApplianceError("--capture keeps what the appliance's timing drains: give --timing pf|electrical too")
+        capture = trace_capture.check_dir(capture)
     if idle_timeout is not None and not idle_timeout > 0:
         raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
     try:
@@ -233,6 +240,8 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
         argv += ["--temporary-for", str(os.getpid())]
     if timing is not None:
         argv += ["--timing", timing, "--issue", issue]
+    if capture is not None:
+        argv += ["--capture", str(capture)]
     if foreground:
         os.execv(argv[0], argv)
     with open(run_dir / LOG, "ab") as log:

@@ -1,12 +1,14 @@
 """The paper's bandwidth experiment from real traffic: python -m pfcxl.host_tools.bench_paper_bw --help.
 
-Capture (what is real, said plainly): ONE guest runs the `bandwidth` benchmark on its CXL DAX
-device under the TCG plugin, one row per pattern (seq, random), op (read, write) and transfer
-size (32 B .. 1 KB), each row one plugin phase (--mark-rows 1). Booting sixteen guests at once
-does not fit this machine, so the sixteen hosts are that one guest's captured row stream,
-copied sixteen times: each copy keeps the captured order, sizes and reads/writes, and its
-addresses are moved, line by line, either onto the host's own module (host i -> module i, the
-paper's experiment) or by i interleave granules (all-to-all: every host crosses every module).
+Capture (what is real, said plainly). Default: ONE guest runs the `bandwidth` benchmark on its
+CXL DAX device under the TCG plugin, one row per pattern (seq, random), op (read, write) and
+transfer size (32 B .. 1 KB), each row one plugin phase (--mark-rows 1), and the sixteen hosts
+are that one guest's captured row stream, copied sixteen times: each copy keeps the captured
+order, sizes and reads/writes, and its addresses are moved, line by line, either onto the host's
+own module (host i -> module i, the paper's experiment) or by i interleave granules (all-to-all:
+every host crosses every module). --hosts N: N real guests on a timed pf-appliance stream to
+their own module and then all-to-all themselves, and the appliance's capture of them is
+replayed (bench_paper_bw_hosts.py; a few rows, so sixteen guests take minutes).
 
 Replay (device/fabric_replay.py, as `pfcxl model replay --load`): every host offers `--load`
 PF ports (1.0 = 25.6 GB/s), evenly by bytes in captured order, on the PF appliance (DDR5 path,
@@ -34,9 +36,10 @@ from pfcxl.device.fabric_workloads import module_offsets
 from pfcxl.device.trace_format import LINE
 from pfcxl.errors import PfcxlError
 
-from . import argtypes, bench, bench_model, cli_model, image, timing_report
+from . import argtypes, bench, bench_model, bench_paper_bw_hosts, cli_model, image, timing_report
 
 SIZES = "32,64,128,256,512,1024"
+HOSTS_SIZES, HOSTS_BYTES, HOSTS_SPAN = "64,1024", "1M", "2M"     # --hosts: few rows, so 16 guests fit minutes
 PORT_GBS = fc.PF_PORT_BANDWIDTH_MBS / 1000
 
 
@@ -102,13 +105,22 @@ def _ports(report: dict, names: tuple[str, ...]) -> dict:
 
 
 def replay_row(records: np.ndarray, topo, load: float, full_load: float, curve_loads: list[float]) -> dict:
+    """One captured row, copied to every host (hosts()), replayed as replay_streams does."""
+    own, spread = hosts(records, topo, all_to_all=False), hosts(records, topo, all_to_all=True)
+    return replay_streams({"own_module": own, "all_to_all": spread}, topo, load, full_load, curve_loads)
+
+
+def replay_streams(streams: dict[str, np.ndarray], topo, load: float, full_load: float,
+                   curve_loads: list[float]) -> dict:
+    """Every host's records of one row, own-module and all-to-all (`host`: the port), replayed at
+    `load` on PF and electrical, all-to-all once more at `full_load`; the electrical knee of own-module."""
     base, granularity = cli_model.placement(topo)
     app = timing_report.appliance_for(topo)
     models = {"pf": fabric_model.pf_appliance(app, cache=False),
               "electrical": fabric_model.electrical_pool(app.ports, app.modules)}
     out = {}
     for layout, at in (("own_module", load), ("all_to_all", load), ("all_to_all_full", full_load)):
-        tr = hosts(records, topo, all_to_all=layout != "own_module")
+        tr = streams["own_module" if layout == "own_module" else "all_to_all"]
         out[layout] = {}
         for system, model in models.items():
             r = fabric_replay.replay(model, tr, base_hpa=base, granularity=granularity, load=at)
@@ -118,15 +130,46 @@ def replay_row(records: np.ndarray, topo, load: float, full_load: float, curve_l
                 "ports": _ports(rates, ("port_up", "port_down", "switch_link_up", "switch_link_down",
                                         "device_link_up", "device_link_down", "host_link_up", "host_link_down")),
                 "per_host_gbs_min": float(per_host.min()), "per_host_gbs_max": float(per_host.max())}
-    own = hosts(records, topo, all_to_all=False)
-    points = fabric_replay.curve(models["electrical"], own, curve_loads, base_hpa=base, granularity=granularity)
+    points = fabric_replay.curve(models["electrical"], streams["own_module"], curve_loads, base_hpa=base,
+                                 granularity=granularity)
     out["electrical_curve"] = {"points": points, "knee": fabric_replay.knee(points)}
     return out
 
 
-def run(args) -> dict:
-    topo = topology.load(topology.resolve(args.topology))
+def run_hosts(args) -> dict:
+    """--hosts N: every host a real guest (bench_paper_bw_hosts); the same report."""
+    path = topology.resolve(args.topology or "pf-appliance")
+    topo = topology.load(path)
     out = Path(args.out)
+    if args.capture_dir:
+        got, rows = bench_paper_bw_hosts.load(Path(args.capture_dir))
+        out.mkdir(parents=True, exist_ok=True)
+    else:
+        bench_paper_bw_hosts.capture(topo, path, args.hosts, out, sizes=args.sizes or HOSTS_SIZES,
+                                     nbytes=args.bytes or HOSTS_BYTES, span=args.span or HOSTS_SPAN)
+        got, rows = bench_paper_bw_hosts.load(out)
+    report = {"capture": f"{len(got['hosts'])} guests on a timed pf-appliance (multihost, TCG plugin, the "
+              "appliance's capture): own module (--stripe) and all-to-all (--rotate) rows of each",
+              "hosts": len(got["hosts"]), "captured_records": sum(len(h["records"]) for h in got["hosts"].values()),
+              "appliance": bench_paper_bw_hosts.appliance_figures(Path(args.capture_dir or out)), "load": args.load, "offered_gbs_per_host": args.load * PORT_GBS,
+              "all_to_all_load": args.all_to_all_load, "rows": []}
+    for (pattern, op, size), by in bench_paper_bw_hosts.streams(got, rows).items():
+        own = by["own_module"]
+        report["rows"].append({"pattern": pattern, "op": op, "size": size, "records": len(own),
+                               "all_to_all_records": len(by["all_to_all"]),
+                               "mean_record_bytes": float(own["size"].mean()) if len(own) else 0.0,
+                               "on_own_module": bench_paper_bw_hosts.on_own_module(own, topo)}
+                              | replay_streams(by, topo, args.load, args.all_to_all_load, args.curve_loads))
+    (out / "paper_bw.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def run(args) -> dict:
+    if args.hosts:
+        return run_hosts(args)
+    topo = topology.load(topology.resolve(args.topology or "pf-nic"))
+    out = Path(args.out)
+    args.sizes, args.bytes, args.span = args.sizes or SIZES, args.bytes or "1M", args.span or "8M"
     if args.capture_dir:
         records, rows = load_capture(Path(args.capture_dir))
         out.mkdir(parents=True, exist_ok=True)
@@ -164,6 +207,9 @@ def tables(report: dict) -> list[Table]:
                   *((f"{knee['load']:g}", f"{knee['load'] * PORT_GBS:.1f}") if knee else ("none", "-")))
     t.caption = ("PF port = each host's optical path to its module, in the row's direction; electrical knee: the "
                  "first of --curve-loads whose achieved bandwidth is below 95% of offered")
+    if report.get("hosts"):
+        t.caption += ("; records on own module (host i -> module i): "
+                      + ", ".join(f"{r['pattern']} {r['size']} B {r['on_own_module']:.3f}" for r in report["rows"]))
     out = [t]
     for load, key in ((report["load"], "all_to_all"), (report["all_to_all_load"], "all_to_all_full")):
         a = Table(title=f"all-to-all (host i starts i granules on: every host crosses every module), offered "
@@ -190,12 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pfcxl.host_tools.bench_paper_bw", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/paper-bw", help="directory for capture.npy/json, paper_bw.json")
-    p.add_argument("--capture-dir", help="reuse the capture of an earlier run (its --out) instead of booting")
-    p.add_argument("--topology", "-t", default="pf-nic", help="the topology the guest boots (default pf-nic)")
+    p.add_argument("--capture-dir", help="reuse the capture of an earlier run (its --out, with the same --hosts "
+                   "or none) instead of booting")
+    p.add_argument("--hosts", type=argtypes.count, help="N real guests on a timed pf-appliance, each streaming to "
+                   "its own module then all-to-all (default: one pf-nic guest's rows copied to every host)")
+    p.add_argument("--topology", "-t", help="the topology the guest boots (default pf-nic; with --hosts "
+                   "pf-appliance)")
     p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox", help="guest image (default busybox)")
-    p.add_argument("--sizes", default=SIZES, help=f"transfer sizes of the captured rows (default {SIZES})")
-    p.add_argument("--bytes", default="1M", help="bytes per captured row (default 1M)")
-    p.add_argument("--span", default="8M", help="region the captured rows use (default 8M)")
+    p.add_argument("--sizes", help=f"transfer sizes of the captured rows (default {SIZES}; --hosts {HOSTS_SIZES})")
+    p.add_argument("--bytes", help=f"bytes per captured row (default 1M; --hosts {HOSTS_BYTES})")
+    p.add_argument("--span", help=f"region the captured rows use (default 8M; --hosts {HOSTS_SPAN} per host)")
     p.add_argument("--load", type=argtypes.positive, default=1.0, help="offered load per host in PF ports (default 1.0)")
     p.add_argument("--all-to-all-load", type=argtypes.positive, default=bench_model.HOST_LINK_LOAD,
                    help=f"a second all-to-all load (default {bench_model.HOST_LINK_LOAD:g}: the host's "
@@ -211,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     for t in tables(report):
         console.print(t)
+    if report.get("appliance"):
+        a = report["appliance"]
+        console.print(f"capture: {report['captured_records']} records of {report['hosts']} guests; the live appliance "
+                      f"modelled {a['records']} ({a['unmapped']} unmapped), largest ring fill "
+                      f"{a['rings']['largest_fill']} of {a['rings']['capacity']}, dropped {a['rings']['dropped']}")
     console.print(f"report: {Path(args.out) / 'paper_bw.json'}")
     return 0
 

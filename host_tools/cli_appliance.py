@@ -35,12 +35,14 @@ def cmd_start(args) -> int:
     topo, path = _topology(args)
     run_dir = _dir(args, topo)
     pid = appliance.start(topo, path, run_dir, foreground=args.foreground, scan_interval=args.scan_interval,
-                          idle_timeout=args.idle_timeout, timing=args.timing, issue=args.issue)
+                          idle_timeout=args.idle_timeout, timing=args.timing, issue=args.issue,
+                          capture=Path(args.capture) if args.capture else None)
     a = topo.appliance
     out.print(f"appliance '{topo.name}' running (pid {pid}): {a.modules} modules x {human(a.module_capacity)}, "
               f"{a.ports} ports, shared {human(a.shared)}, private {human(a.private)} per host, {a.backing}"
               + (f"; timing every host's traffic on the {args.timing} model ({args.issue} issue)"
-                 if args.timing else ""))
+                 if args.timing else "")
+              + (f"; keeping every host's drained records in {args.capture}" if args.capture else ""))
     out.print(f"socket {run_dir / appliance.SOCKET}, log {run_dir / appliance.LOG}", highlight=False)
     return 0
 
@@ -124,7 +126,7 @@ def cmd_multihost(args) -> int:
                             ready_timeout=args.timeout, command_timeout=args.command_timeout,
                             parallel_boots=args.parallel_boots, say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"),
                             host_done=host_done, timing=args.fabric if args.timing else None, issue=args.issue,
-                            telemetry=figures.update)
+                            telemetry=figures.update, capture=Path(args.capture) if args.capture else None)
     for r in results:
         out.print(f"== host {r.host} (port {r.port}, exit {r.status if r.status is not None else '-'})",
                   highlight=False)
@@ -160,6 +162,9 @@ def add_parsers(sub, common) -> None:
                    "see 'appliance top' and docs/appliance-timing.md)")
     p.add_argument("--issue", choices=ISSUES, default="dependent", help="--timing: each vCPU's requests "
                    "wait for the previous one (dependent, a pointer chase; default) or not (independent)")
+    p.add_argument("--capture", metavar="DIR", help="--timing: keep every host's drained trace records and a "
+                   "manifest in DIR (absent or empty; the manifest says complete once the appliance stops; "
+                   "docs/appliance-timing.md)")
     p.set_defaults(func=cmd_start)
     base(asub.add_parser("stop", help="stop it (or clean up after a crashed one)")).set_defaults(func=cmd_stop)
     p = base(asub.add_parser("status", help="modules, ports, attached hosts, bytes mapped and changed"))
@@ -191,5 +196,8 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--issue", choices=ISSUES, default="dependent", help="--timing with a temporary appliance: "
                    "dependent (default) or independent issue")
     p.add_argument("--report", help="--timing: also write the appliance's figures as JSON to this file")
+    p.add_argument("--capture", metavar="DIR", help="--timing: keep every host's drained trace records and its "
+                   "plugin phases in DIR (absent or empty; a temporary appliance completes the manifest as it "
+                   "stops, a running one must have been started with this --capture)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command for each guest")
     p.set_defaults(func=cmd_multihost)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from pfcxl.device import trace_capture
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
 
@@ -28,8 +29,9 @@ from pfcxl.machine import Machine
 
 from . import appliance
 from .console import shell_command
+from .bench_model import marks_rows
 from .process import cpu_seconds
-from .timing import bracket
+from .timing import bracket, plugin_events, plugin_log
 
 
 @dataclass
@@ -51,10 +53,11 @@ def expand(command: str | Sequence[str], host: int, hosts: int) -> str:
 
 @contextlib.contextmanager
 def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, say: Callable[[str], None],
-                  timing: str | None = None, issue: str = "dependent"):
+                  timing: str | None = None, issue: str = "dependent", capture: Path | None = None):
     """(run directory, temporary?) of a running appliance for `topo`: the given or default one
     if it is up, else a temporary one started here and stopped afterwards. With `timing`, the
-    appliance must model the hosts' traffic: a temporary one is started so, a running one must be."""
+    appliance must model the hosts' traffic: a temporary one is started so, a running one must be.
+    With `capture` it keeps what it drains there: a running one must already do so."""
     where = appliance_dir or appliance.default_dir(topo)
     if appliance.running_pid(where) is not None:
         if timing is not None:
@@ -63,6 +66,9 @@ def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, s
             if timed is None:
                 raise PfcxlError(f"the appliance running in {where} models no traffic: stop it, or start it with "
                                  f"'pfcxl appliance start --timing {timing}'")
+            if capture is not None and timed.get("capture") != str(Path(capture).absolute()):
+                raise PfcxlError(f"the appliance running in {where} captures into {timed.get('capture')}, not "
+                                 f"{capture}: stop it, or start it with '--capture {capture}'")
         yield where, False
         return
     if appliance_dir is not None:
@@ -70,7 +76,8 @@ def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, s
     tmp = Path(tempfile.mkdtemp(prefix="pfcxl-appliance-"))
     say(f"starting a temporary appliance in {tmp}")
     try:
-        appliance.start(topo, topo_path, tmp, temporary=True, timing=timing, issue=issue)   # removes tmp as it exits
+        appliance.start(topo, topo_path, tmp, temporary=True, timing=timing, issue=issue,   # removes tmp as it exits
+                        capture=capture)
         yield tmp, True
     finally:
         appliance.stop(tmp)
@@ -94,6 +101,11 @@ def check_incarnation(where: Path, att: appliance.Attachment, say: Callable[[str
     return f"{change} with new memory: the hosts' writes are not in its pool"
 
 
+def _phases(vm: Machine) -> list[dict]:
+    """The plugin's finished phases of one host, from its log."""
+    return [e for e in plugin_events(plugin_log(vm.run_dir or vm.run_dir_arg, vm.name)) if e.get("event") == "phase"]
+
+
 def boot_slots() -> int:
     """How many guests boot at once: two per CPU this process may run on. A boot waits part of
     its time (timers, init's polling), so one per CPU left cores idle (-n 16: 97 s against 78 s
@@ -106,10 +118,14 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         parallel_boots: int | None = None, lean: bool = True,
         say: Callable[[str], None] = lambda m: None,
         host_done: Callable[[HostResult], None] = lambda r: None, timing: str | None = None,
-        issue: str = "dependent", telemetry: Callable[[dict], None] = lambda s: None) -> list[HostResult]:
+        issue: str = "dependent", telemetry: Callable[[dict], None] = lambda s: None,
+        capture: Path | None = None) -> list[HostResult]:
     """Boot `hosts` guests on one appliance and run `command` in each. With `timing` (pf,
     electrical) the appliance traces and models every host's CXL requests (each command is
-    bracketed by the phase markers), and `telemetry` gets its figures once they are modelled."""
+    bracketed by the phase markers, unless it marks its rows itself: --mark-rows 1), and
+    `telemetry` gets its figures once they are modelled. With `capture` (needs `timing`) the
+    appliance keeps every host's drained records in that directory and each host's plugin phases
+    are written beside them (device/trace_capture.py); a temporary appliance completes it as it stops."""
     if not any(d.appliance for d in topo.devices):
         raise PfcxlError(f"topology '{topo.name}' has no devices served by the appliance "
                          "(appliance = \"shared\"/\"private\"); multihost needs one, e.g. pf-appliance")
@@ -119,12 +135,18 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         raise PfcxlError(f"{parallel_boots} parallel boots: at least 1 guest must boot at a time")
     if topo.appliance is not None and hosts > topo.appliance.ports:
         raise PfcxlError(f"{hosts} hosts but the appliance has {topo.appliance.ports} ports")
+    if capture is not None and timing is None:
+        raise PfcxlError("--capture keeps what the appliance's timing drains: it needs --timing trace")
     results: dict[int, HostResult] = {}
     with contextlib.ExitStack() as stack:
-        where, temporary = stack.enter_context(appliance_for(topo, topo_path, appliance_dir, say, timing, issue))
+        where, temporary = stack.enter_context(appliance_for(topo, topo_path, appliance_dir, say, timing, issue,
+                                                             capture))
         if run_dir is None:       # the hosts' logs: where a temporary appliance removes them as it dies
             run_dir = where / "hosts" if temporary else Path(
                 stack.enter_context(tempfile.TemporaryDirectory(prefix="pfcxl-multihost-")))
+        machines: dict[int, Machine] = {}
+        if capture is not None:   # runs once every guest is closed (their logs complete), before the appliance stops
+            stack.callback(lambda: [trace_capture.write_phases(capture, h, _phases(vm)) for h, vm in machines.items()])
         slots = parallel_boots or boot_slots()
         say(f"booting {hosts} guests, {min(slots, hosts)} at a time")
         boots_started = time.monotonic()
@@ -137,6 +159,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
                 vm = Machine(topo, host=h, appliance=where, run_dir=run_dir / f"host{h}", name=f"host{h}",
                              ready_timeout=ready_timeout, prebuilt=prebuilt, lean=lean)
                 stack.callback(vm.close)
+                machines[h] = vm
                 vm.launch()
                 prebuilt, last = vm.boot_image(), vm
                 booting.append((h, vm, time.monotonic(), vm.attachment.port))
@@ -161,7 +184,8 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         cpu_total = sum(r.cpu_seconds or 0 for r in results.values())
         say(f"{len(ready)} of {hosts} guests ready in {time.monotonic() - boots_started:.1f}s wall, "
             f"{cpu_total:.1f}s of QEMU CPU time ({len(os.sched_getaffinity(0))} CPUs); running the command in each")
-        started_cmds = [(h, vm, vm.start_command(expand(command, h, hosts) if timing is None else
+        marked = timing is None or marks_rows(command if isinstance(command, str) else " ".join(command))
+        started_cmds = [(h, vm, vm.start_command(expand(command, h, hosts) if marked else
                                                  bracket(expand(command, h, hosts), vm.ready)))
                         for h, vm, _ in ready]
         for h, vm, token in started_cmds:

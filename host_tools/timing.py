@@ -79,6 +79,28 @@ def ring_path(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / f"{name}.ring"
 
 
+def plugin_log(run_dir: Path, name: str) -> Path:
+    """Where the plugin of the VM named `name` writes its JSON lines (-D)."""
+    return Path(run_dir) / f"{name}.plugin.log"
+
+
+def plugin_events(log: Path) -> list[dict]:
+    """The plugin's JSON lines in `log` so far (start, one per finished phase, exit)."""
+    try:
+        text = Path(log).read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{\"event\""):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass   # a line still being written
+    return out
+
+
 def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfig, name: str = "guest",
                 ring: str | None = None) -> list[str]:
     """QEMU's plugin options for a VM named `name` in `run_dir`: -plugin (absolute path, mode,
@@ -98,7 +120,7 @@ def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfi
         opts += ["read_ns=" + ":".join(f"{v:g}" for v in _ns_list(config.read_ns)),
                  "write_ns=" + ":".join(f"{v:g}" for v in _ns_list(config.write_ns)),
                  f"baseline_ns={config.baseline_ns:g}"]
-    log = Path(run_dir) / f"{name}.plugin.log"
+    log = plugin_log(run_dir, name)
     return ["-plugin", ",".join(opts), "-d", "plugin", "-D", str(log)]
 
 
@@ -110,7 +132,7 @@ class TimingSession:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.plugin = build_plugin()
-        self.log = self.run_dir / f"{name}.plugin.log"
+        self.log = plugin_log(self.run_dir, name)
         self.log.unlink(missing_ok=True)
         self.ring: Ring | None = None
         self.trace_file: Path | None = None
@@ -153,19 +175,7 @@ class TimingSession:
 
     def events(self) -> list[dict]:
         """The plugin's JSON lines so far (start, one per finished phase, exit)."""
-        try:
-            text = self.log.read_text(errors="replace")
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in text.splitlines():
-            line = line.strip()
-            if line.startswith("{\"event\""):
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass   # a line still being written
-        return out
+        return plugin_events(self.log)
 
     def phases(self) -> list[dict]:
         return [e for e in self.events() if e.get("event") == "phase"]

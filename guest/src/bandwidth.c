@@ -26,6 +26,7 @@ static const char HELP[] =
     "usage: bandwidth --target T [--pattern seq,random] [--op read,write,mixed]\n"
     "                 [--sizes 32,64,128,256,512,1024] [--threads 1,2,...] [--bytes BYTES]\n"
     "                 [--span BYTES] [--read-pct P] [--seed S] [--mark-rows 0|1]\n"
+    "                 [--stripe G,N,K] [--rotate BYTES]\n"
     "\n"
     "Memory bandwidth by transfer size. A transfer moves SIZE bytes with SIZE/8 volatile 8-byte\n"
     "loads (read) or stores (write). One measurement (row) per combination of pattern, op,\n"
@@ -52,6 +53,12 @@ static const char HELP[] =
     "  --seed S       seed of the random offsets (default 1)\n"
     "  --mark-rows B  1: ring the target's pfcxl doorbell (start/stop) around each row, so\n"
     "                 the TCG plugin captures each row's accesses as one phase (default 0)\n"
+    "  --stripe G,N,K use only the K-th of every N granules of G bytes: the slots of [0, span)\n"
+    "                 are laid on those granules, so the target must hold N*span bytes (a host's\n"
+    "                 share of an N-way interleave at granularity G: one module). G a multiple\n"
+    "                 of every size and of 64, span a multiple of G, K < N (default: off)\n"
+    "  --rotate BYTES start each thread's walk this far into its slice, wrapping (seq: where it\n"
+    "                 begins; a multiple of every size; default 0)\n"
     "  -h, --help     show this text and exit 0\n"
     "  Numbers are decimal or 0x hex; BYTES accepts a suffix K, M or G (KiB, MiB, GiB).\n"
     "\n"
@@ -72,19 +79,25 @@ static const char *const OPS[] = {"read", "write", "mixed", NULL};
 
 struct worker {
     volatile uint64_t *base; /* the mapping; the slice starts at word off/8 */
-    uint64_t off, slots, size, transfers, read_pct, seed;
+    uint64_t off, slots, size, transfers, read_pct, seed, first_slot;
     int random, op;
     pthread_t tid;
     uint64_t moved, reads, writes, t_start, t_end, sink;
 };
 
 static pthread_barrier_t g_start;
+static uint64_t g_stripe, g_every = 1, g_at; /* --stripe: offset o of [0, span) -> granule K of N */
+
+static inline uint64_t striped(uint64_t o)
+{
+    return g_every == 1 ? o : ((o / g_stripe) * g_every + g_at) * g_stripe + o % g_stripe;
+}
 
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     const uint64_t words = w->size / 8, magic = 0x5046000000000000ULL ^ (WRITE_SEED << 40);
-    uint64_t rs = w->seed, slot = 0, acc = 0, moved = 0, reads = 0, writes = 0, sink = 0;
+    uint64_t rs = w->seed, slot = w->first_slot, acc = 0, moved = 0, reads = 0, writes = 0, sink = 0;
     pthread_barrier_wait(&g_start);
     w->t_start = now_ns();
     for (uint64_t t = 0; t < w->transfers; t++) {
@@ -93,7 +106,7 @@ static void *worker_main(void *arg)
             s = (uint64_t)(((unsigned __int128)splitmix64(&rs) * w->slots) >> 64);
         else
             slot = slot + 1 == w->slots ? 0 : slot + 1;
-        uint64_t o = w->off + s * w->size; /* byte offset from the start of the target */
+        uint64_t o = striped(w->off + s * w->size); /* byte offset from the start of the target */
         volatile uint64_t *q = w->base + o / 8;
         int rd = w->op == OP_READ;
         if (w->op == OP_MIXED && (acc += w->read_pct) >= 100) { /* Bresenham interleave */
@@ -147,7 +160,8 @@ int main(int argc, char **argv)
 {
     struct opt o[] = {{"--target", 0}, {"--pattern", 0}, {"--op", 0},   {"--sizes", 0},
                       {"--threads", 0}, {"--bytes", 0},  {"--span", 0}, {"--read-pct", 0},
-                      {"--seed", 0},   {"--mark-rows", 0}, {0, 0}};
+                      {"--seed", 0},   {"--mark-rows", 0}, {"--stripe", 0}, {"--rotate", 0},
+                      {0, 0}};
     parse_opts(argc, argv, o, HELP);
     const char *target = o[0].val;
     if (!target || !*target)
@@ -164,11 +178,23 @@ int main(int argc, char **argv)
     uint64_t read_pct = num(&o[7], 50, 0, 0, 100);
     uint64_t seed = num(&o[8], 1, 0, 0, UINT64_MAX);
     int mark_rows = (int)num(&o[9], 0, 0, 0, 1);
+    uint64_t rotate = num(&o[11], 0, 1, 0, 1ULL << 50);
+    if (o[10].val) {
+        uint64_t st[3];
+        if (num_list("--stripe", o[10].val, st, 3) != 3 || !st[1] || st[2] >= st[1] || !st[0] ||
+            st[0] % 64 || span % st[0])
+            die("--stripe '%s': want G,N,K with G a multiple of 64 dividing span, N >= 1, K < N",
+                o[10].val);
+        g_stripe = st[0], g_every = st[1], g_at = st[2];
+    }
     for (size_t i = 0; i < ns; i++) {
         if (sizes[i] < 8 || sizes[i] > (1 << 20) || sizes[i] % 8)
             die("--sizes: %" PRIu64 " is not a multiple of 8 in [8, 1048576]", sizes[i]);
         if (bytes % sizes[i])
             die("--bytes %" PRIu64 " is not a multiple of size %" PRIu64, bytes, sizes[i]);
+        if (rotate % sizes[i] || (g_every > 1 && g_stripe % sizes[i]))
+            die("--rotate %" PRIu64 " and the --stripe granule must be multiples of size %" PRIu64,
+                rotate, sizes[i]);
         maxsize = sizes[i] > maxsize ? sizes[i] : maxsize;
     }
     for (size_t i = 0; i < nt; i++) {
@@ -181,9 +207,12 @@ int main(int argc, char **argv)
             "least %" PRIu64 " bytes", span, maxthreads, maxsize);
 
     const char *kind;
-    volatile uint64_t *p = map_target(target, span, &kind);
-    for (uint64_t off = 0; off < span; off += 4096)
-        p[off / 8] = p[off / 8]; /* fault the span in before the first row */
+    if (g_every > 1 && span > (1ULL << 50) / g_every)
+        die("--span %" PRIu64 " times --stripe's N is too large", span);
+    volatile uint64_t *p = map_target(target, span * g_every, &kind);
+    for (uint64_t off = 0; off < span; off += 64)
+        if (off % 4096 == 0 || (g_every > 1 && off % g_stripe == 0))
+            p[striped(off) / 8] = p[striped(off) / 8]; /* fault the used pages in before row 1 */
     struct pfcxl_doorbell db = {0};
     rows_marker_open(target, mark_rows, &db);
     struct worker *w = calloc(maxthreads, sizeof *w);
@@ -202,6 +231,7 @@ int main(int argc, char **argv)
         rows_marker_ring(&db, PFCXL_MARK_START);
         for (uint64_t t = 0; t < n; t++) {
             w[t] = (struct worker){.base = p, .off = t * slice, .slots = slice / size,
+                                   .first_slot = rotate / size % (slice / size),
                                    .size = size, .read_pct = read_pct, .random = pat, .op = op,
                                    .transfers = transfers / n + (t < transfers % n),
                                    .seed = seed + t * 0x632BE59BD9B4E019ULL};
@@ -238,9 +268,10 @@ int main(int argc, char **argv)
     printf("{\"tool\":\"bandwidth\",\"target\":");
     json_str(target);
     printf(",\"kind\":\"%s\",\"span\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"read_pct\":%" PRIu64
-           ",\"seed\":%" PRIu64 ",\"write_seed\":%llu,\"cpus_online\":%ld,\"results\":[%s",
+           ",\"seed\":%" PRIu64 ",\"write_seed\":%llu,\"cpus_online\":%ld,\"stripe\":[%" PRIu64
+           ",%" PRIu64 ",%" PRIu64 "],\"rotate\":%" PRIu64 ",\"results\":[%s",
            kind, span, bytes, read_pct, seed, WRITE_SEED, sysconf(_SC_NPROCESSORS_ONLN),
-           rows_json);
+           g_stripe ? g_stripe : span, g_every, g_at, rotate, rows_json);
     printf("],\"clock\":\"%s\"}\n", CLOCK_NOTE);
     finish_output();
     if (short_row)

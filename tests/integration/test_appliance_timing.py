@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pfcxl.device import fabric_constants as fc
-from pfcxl.device import fabric_model, topology
+from pfcxl.device import fabric_model, topology, trace_capture
 from pfcxl.host_tools import multihost
 
 pytestmark = pytest.mark.integration
@@ -15,11 +15,11 @@ pytestmark = pytest.mark.integration
 LOADS = 5000
 
 
-def test_two_timed_hosts_are_merged_and_modelled_on_the_pf_fabric():
+def test_two_timed_hosts_are_merged_and_modelled_on_the_pf_fabric(tmp_path):
     path = topology.resolve("pf-appliance")
     figures: dict = {}
     results = multihost.run(topology.load(path), path, 2, f"chase --dax /dev/dax0.0 --loads {LOADS}",
-                            timing="pf", telemetry=figures.update)
+                            timing="pf", telemetry=figures.update, capture=tmp_path / "capture")
     assert [(r.host, r.status, r.error) for r in results] == [(0, 0, None), (1, 0, None)], results
     hosts = {h["host"]: h for h in figures["hosts"]}
     assert sorted(hosts) == [0, 1]
@@ -34,3 +34,12 @@ def test_two_timed_hosts_are_merged_and_modelled_on_the_pf_fabric():
     assert sum(m["reads"] for m in figures["modules"]) == sum(h["reads"] for h in hosts.values())
     assert figures["rings"]["dropped"] == 0 and 0 < figures["rings"]["largest_fill"] <= figures["rings"]["capacity"]
     assert figures["error"] is None and figures["pending"] == 0
+    # --capture: each host's capture holds exactly the records the service drained and modelled,
+    # complete (the temporary appliance closed it), with the plugin's one phase (the bracket) per host
+    got = trace_capture.read_capture(tmp_path / "capture")
+    assert got["complete"] and got["system"] == "pf" and sorted(got["hosts"]) == [0, 1]
+    for host, cap in got["hosts"].items():
+        h = hosts[host]
+        assert len(cap["records"]) == h["ring"]["drained"] == h["reads"] + h["writes"]
+        assert int((cap["records"]["write"] == 0).sum()) == h["reads"]
+        assert [p["reads"] + p["writes"] for p in cap["phases"]] == [len(cap["records"])]

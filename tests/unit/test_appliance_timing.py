@@ -10,9 +10,10 @@ import os
 import numpy as np
 import pytest
 
-from pfcxl.device import address_map, fabric_model
+from pfcxl.device import address_map, fabric_model, trace_capture
 from pfcxl.device import trace_format as tf
 from pfcxl.device.appliance_ops import MAX_SYNC_WAITING
+from pfcxl.errors import PfcxlError
 from pfcxl.host_tools import appliance
 from pfcxl.host_tools.trace_ring import Ring
 
@@ -70,7 +71,32 @@ def test_each_host_gets_its_own_ring_and_its_records_are_modelled(timed):
         stats = c.call("stats", sync=True)
         host = next(h for h in stats["hosts"] if h["host"] == 1)
         assert host["reads"] == 3000 and not host["attached"]
-        assert c.call("status")["appliance"]["timing"] == {"system": "pf", "issue": "dependent"}
+        assert c.call("status")["appliance"]["timing"] == {"system": "pf", "issue": "dependent", "capture": None}
+
+
+def test_a_capturing_service_keeps_exactly_what_it_modelled(tmp_path):
+    topo, path = write_topology(tmp_path / "small.toml")
+    run_dir, folder = tmp_path / "run", tmp_path / "capture"
+    pid = appliance.start(topo, path, run_dir, scan_interval=3600, timing="pf", capture=folder)
+    played = reads_of_the_shared_region(topo, 2500)
+    try:
+        with appliance.Client(run_dir) as c:
+            assert c.call("hello")["appliance"]["timing"]["capture"] == str(folder)
+            att = c.attach(2)
+            play_plugin(att, played[:1000])
+            c.call("stats", sync=True)
+            play_plugin(att, played[1000:])
+            host = next(h for h in c.call("stats", sync=True)["hosts"] if h["host"] == 2)
+            assert host["reads"] == 2500
+            # attached: its stream is still being written, and the manifest does not list it yet
+            assert list(folder.glob("host02.s*.records.partial"))
+            with pytest.raises(PfcxlError, match="not closed"):
+                trace_capture.read_capture(folder)
+    finally:
+        _stop_and_check(run_dir, pid)
+    got = trace_capture.read_capture(folder)
+    assert got["complete"] and list(got["hosts"]) == [2] and got["hosts"][2]["port"] == att.port
+    assert np.array_equal(got["hosts"][2]["records"], played)
 
 
 BAD_STATS = [b'{"op": "stats", "sync": 1}', b'{"op": "stats", "sync": "yes"}', b'{"op": "stats", "sync": null}',

@@ -56,7 +56,8 @@ SCHEMA = {
     },
     "bandwidth": {
         "tool": str, "target": str, "kind": str, "span": int, "bytes": int, "read_pct": int,
-        "seed": int, "write_seed": int, "cpus_online": int, "results": [_BW_ROW], "clock": str,
+        "seed": int, "write_seed": int, "cpus_online": int, "stripe": [int], "rotate": int,
+        "results": [_BW_ROW], "clock": str,
     },
 }
 OPTIONS = {
@@ -66,7 +67,7 @@ OPTIONS = {
                        "--delay-ns", "--read-pct", "--span", "--traffic-span", "--seed", "--laps",
                        "--min-ms"],
     "bandwidth": ["--target", "--pattern", "--op", "--sizes", "--threads", "--bytes", "--span",
-                  "--read-pct", "--seed"],
+                  "--read-pct", "--seed", "--stripe", "--rotate"],
 }
 
 
@@ -316,6 +317,30 @@ def test_bandwidth_writes_land_where_they_should(tools, tmp_path):
         assert all(chunk) or not any(chunk), slot
 
 
+def test_bandwidth_stripe_touches_only_granule_k_of_every_n(tools, tmp_path):
+    # one module of a 16-way 4 KiB interleave: every access, seq and random, lands in granule 3 mod 16
+    span, g, n, k = 64 * 1024, 4096, 16, 3
+    dev = sparse(tmp_path, 2 * MiB)
+    out = run(tools, "bandwidth", "--target", dev, "--pattern", "seq,random", "--op", "write",
+              "--sizes", "64,1024", "--bytes", span, "--span", span, "--stripe", f"{g},{n},{k}",
+              "--rotate", "8K")
+    assert out["stripe"] == [g, n, k] and out["rotate"] == 8192
+    mem = words(dev, 0, n * span // 8)
+    written = [i for i, w in enumerate(mem) if w]
+    assert {8 * i // g % n for i in written} == {k}
+    assert all(mem[i] == pattern.word(0x4257, 8 * i) for i in written)
+    # seq at 64 B writes the whole logical span: every byte of each K-th granule
+    assert len(written) == span // 8
+
+
+def test_bandwidth_rotate_starts_the_seq_walk_later(tools, tmp_path):
+    dev = sparse(tmp_path, 2 * MiB)
+    run(tools, "bandwidth", "--target", dev, "--pattern", "seq", "--op", "write", "--sizes", "1024",
+        "--bytes", "2K", "--span", "64K", "--rotate", "4K")
+    written = {8 * i // 1024 for i, w in enumerate(words(dev, 0, 8192)) if w}
+    assert written == {4, 5}
+
+
 def test_bandwidth_on_a_file_read_and_mixed(tools, tmp_path):
     dev = sparse(tmp_path, 2 * MiB)
     out = run(tools, "bandwidth", "--target", dev, "--sizes", ",".join(map(str, SIZES)),
@@ -361,6 +386,11 @@ BAD = [
     ("bandwidth", ["--target", "anon", "--threads", "0"]),
     ("bandwidth", ["--target", "anon", "--threads", "4", "--span", "2K", "--sizes", "1024"]),
     ("bandwidth", ["--target", "{small}", "--span", "8K"]),
+    ("bandwidth", ["--target", "anon", "--span", "64K", "--stripe", "4096,16,16"]),   # K >= N
+    ("bandwidth", ["--target", "anon", "--span", "64K", "--stripe", "4000,16,1"]),    # G not 64-aligned
+    ("bandwidth", ["--target", "anon", "--span", "64K", "--stripe", "4096,16"]),
+    ("bandwidth", ["--target", "anon", "--span", "64K", "--sizes", "64", "--rotate", "100"]),
+    ("bandwidth", ["--target", "anon", "--span", "64K", "--sizes", "1024", "--stripe", "512,2,0"]),
 ]
 
 
