@@ -36,7 +36,7 @@ tables: setup
 	$(PFCXL) tables $(T) --out tables-$(T)
 
 test: setup
-	$(PYTEST) -n auto tests
+	$(PYTEST) -n auto --dist worksteal --durations=30 tests
 
 test-unit: setup
 	$(PYTEST) -m "not integration" tests

@@ -43,6 +43,26 @@ def module_bytes(path: Path) -> bytes:
     return data
 
 
+# Linux appends a module's signature as: signature, struct module_signature (12 bytes, the
+# signature's length big-endian in its last 4), then this marker (scripts/sign-file, module_signature.h).
+SIGNATURE_MARKER = b"~Module signature appended~\n"
+SIGNATURE_INFO_BYTES = 12
+
+
+def unsigned_module(data: bytes, origin: str = "<module>") -> bytes:
+    """The module without its appended signature (unchanged when it has none). Under TCG the
+    guest kernel's SHA-512 and RSA check of each signed module is a noticeable share of the boot;
+    an unsigned module loads all the same where signatures are not enforced (Debian's default)."""
+    if not data.endswith(SIGNATURE_MARKER):
+        return data
+    info_end = len(data) - len(SIGNATURE_MARKER)
+    sig_len = int.from_bytes(data[info_end - 4:info_end], "big")
+    elf_end = info_end - SIGNATURE_INFO_BYTES - sig_len
+    if elf_end <= 0 or data[:4] != b"\x7fELF":
+        raise ImageError(f"{origin}: its signature trailer claims {sig_len} bytes, more than the module holds")
+    return data[:elf_end]
+
+
 def modinfo(elf_bytes: bytes, origin: str = "<module>") -> dict[str, list[str]]:
     """The key=value pairs of a module's .modinfo section (keys may repeat, e.g. alias)."""
     try:
@@ -102,7 +122,7 @@ def module_closure(tree: ModuleTree, wanted: list[str]) -> list[Module]:
             who = f" (needed by {needed_by})" if needed_by else ""
             raise ImageError(f"kernel module '{name}'{who} is neither in {tree.root} nor built in")
         state[name] = "visiting"
-        elf = module_bytes(index[name])
+        elf = unsigned_module(module_bytes(index[name]), str(index[name]))
         for dep in module_depends(modinfo(elf, str(index[name]))):
             visit(dep, name)
         state[name] = "done"

@@ -286,3 +286,25 @@ def test_resolve_in_root_never_uses_the_host(fake_root):
 def test_resolve_in_root_symlink_loop(fake_root):
     with pytest.raises(ImageError, match="too many symlinks resolving loop-a"):
         elf_deps.resolve_in_root(fake_root, "loop-a")
+
+
+def test_real_modules_are_signed_and_the_image_gets_them_unsigned(tree):
+    """Debian signs its modules; the closure (what the image carries) has each one's ELF alone:
+    the same sections, the marker and signature gone, the very bytes up to the signature."""
+    for module in elf_deps.module_closure(tree, ["cxl_acpi", "dax_cxl"]):
+        signed = elf_deps.module_bytes(module.path)
+        assert signed.endswith(elf_deps.SIGNATURE_MARKER), module.path
+        assert len(module.elf) < len(signed) and signed.startswith(module.elf)
+        assert elf_deps.SIGNATURE_MARKER not in module.elf
+        assert elf_deps.modinfo(module.elf) == elf_deps.modinfo(signed)   # still a whole ELF
+
+
+def test_unsigned_module_cuts_exactly_the_trailer():
+    elf = b"\x7fELF" + bytes(range(200))
+    signature = b"S" * 77
+    info = bytes(8) + len(signature).to_bytes(4, "big")
+    assert elf_deps.unsigned_module(elf + signature + info + elf_deps.SIGNATURE_MARKER) == elf
+    assert elf_deps.unsigned_module(elf) == elf                       # none: unchanged
+    lying = bytes(8) + (10**6).to_bytes(4, "big")
+    with pytest.raises(ImageError, match="claims 1000000 bytes"):
+        elf_deps.unsigned_module(elf + lying + elf_deps.SIGNATURE_MARKER, "m.ko")
