@@ -29,8 +29,16 @@
  * A store of 0x100 + k selects inject profile k (so one guest run can compare, say, the
  * photonic and the electrical fabric's latencies side by side).
  *
- * Output (qemu_plugin_outs, i.e. QEMU's log with -d plugin): one JSON line at start, one per
- * finished phase and one at exit, each with the request counters.
+ * With doorbells the plugin starts dormant: until the guest executes the arm instruction
+ * (PFCXL_ARM_INSN, a 7-byte NOP that guest/include/pfcxl_mark.h emits; the guest's init runs
+ * `pfcxl_mark arm` just before it reports ready), it instruments nothing but that instruction, so
+ * the boot runs at plain TCG speed instead of paying a memory callback on every access. Arming
+ * resets the plugin (QEMU flushes every translated block) and registers the full
+ * instrumentation, so no code translated before it escapes. Nothing is counted before a phase
+ * starts anyway; without doorbells the plugin is armed from the start.
+ *
+ * Output (qemu_plugin_outs, i.e. QEMU's log with -d plugin): one JSON line at start, one when
+ * armed, one per finished phase and one at exit, each with the request counters.
  *
  * Timing is injected by busy-waiting on the TSC inside the vCPU thread, so the guest's own
  * clock (host time under TCG without icount) sees it. Virtual time is never moved.
@@ -496,6 +504,45 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     }
 }
 
+/* ---------------------------------------------------------------- arming */
+
+/* nopl 0x50464358(%rax): a NOP whose displacement spells "XCFP" (guest/include/pfcxl_mark.h) */
+static const uint8_t ARM_INSN[] = {0x0f, 0x1f, 0x80, 0x58, 0x43, 0x46, 0x50};
+static qemu_plugin_id_t plugin_id;
+static int armed, arming;
+
+static void register_instrumentation(qemu_plugin_id_t id);
+
+static void on_armed(qemu_plugin_id_t id)
+{
+    register_instrumentation(id);
+    __atomic_store_n(&armed, 1, __ATOMIC_RELEASE);
+    say("{\"event\":\"armed\"}\n");
+}
+
+static void on_arm_insn(unsigned int vcpu_index, void *userdata)
+{
+    (void)vcpu_index;
+    (void)userdata;
+    if (!__atomic_exchange_n(&arming, 1, __ATOMIC_ACQ_REL))
+        qemu_plugin_reset(plugin_id, on_armed);
+}
+
+/* Dormant: only the arm instruction gets a callback. */
+static void on_tb_trans_dormant(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
+{
+    (void)id;
+    size_t n = qemu_plugin_tb_n_insns(tb);
+    for (size_t i = 0; i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        uint8_t bytes[sizeof ARM_INSN];
+        if (qemu_plugin_insn_size(insn) == sizeof ARM_INSN &&
+            qemu_plugin_insn_data(insn, bytes, sizeof bytes) == sizeof bytes &&
+            !memcmp(bytes, ARM_INSN, sizeof bytes))
+            qemu_plugin_register_vcpu_insn_exec_cb(insn, on_arm_insn, QEMU_PLUGIN_CB_NO_REGS, NULL);
+    }
+}
+
 static void on_vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
 {
     (void)id;
@@ -511,11 +558,19 @@ static void on_qemu_exit(qemu_plugin_id_t id, void *userdata)
     for (unsigned i = 0; i < n_vcpus; i++)
         flush(i);
     counters_json(buf, sizeof buf, 0);
-    say("{\"event\":\"exit\",\"mode\":\"%s\",\"phases\":%" PRIu64 ",%s,\"records\":%" PRIu64
-        ",\"dropped\":%" PRIu64 "}\n", MODE_NAMES[mode], phases, buf, records_written,
-        ring ? ring->dropped : 0);
+    say("{\"event\":\"exit\",\"mode\":\"%s\",\"armed\":%d,\"phases\":%" PRIu64 ",%s,\"records\":%" PRIu64
+        ",\"dropped\":%" PRIu64 "}\n", MODE_NAMES[mode], __atomic_load_n(&armed, __ATOMIC_ACQUIRE), phases, buf,
+        records_written, ring ? ring->dropped : 0);
     if (insn_score)
         qemu_plugin_scoreboard_free(insn_score);
+}
+
+/* Everything an armed plugin needs (also after the reset that arms it, which dropped them all). */
+static void register_instrumentation(qemu_plugin_id_t id)
+{
+    qemu_plugin_register_vcpu_init_cb(id, on_vcpu_init);
+    qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans);
+    qemu_plugin_register_atexit_cb(id, on_qemu_exit, NULL);
 }
 
 /* ---------------------------------------------------------------- arguments */
@@ -678,9 +733,15 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
     in_phase = !have_doorbell;
     n_vcpus = (unsigned)(info->system.smp_vcpus > 0 ? info->system.smp_vcpus : 1);
 
-    qemu_plugin_register_vcpu_init_cb(id, on_vcpu_init);
-    qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans);
-    qemu_plugin_register_atexit_cb(id, on_qemu_exit, NULL);
+    plugin_id = id;
+    armed = !have_doorbell;
+    if (armed) {
+        register_instrumentation(id);
+    } else {
+        qemu_plugin_register_vcpu_init_cb(id, on_vcpu_init);
+        qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans_dormant);
+        qemu_plugin_register_atexit_cb(id, on_qemu_exit, NULL);
+    }
     char prof[512];
     size_t off = 0;
     for (int k = 0; k < n_profiles && off < sizeof prof; k++)
@@ -690,9 +751,9 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
                                 read_ns[n_read_ns > 1 ? k : 0], write_ns[n_write_ns > 1 ? k : 0],
                                 tsc_per_ns > 0 ? read_spin[k] / tsc_per_ns : 0.0,
                                 tsc_per_ns > 0 ? write_spin[k] / tsc_per_ns : 0.0);
-    say("{\"event\":\"start\",\"mode\":\"%s\",\"api\":[%d,%d],\"doorbell\":\"0x%" PRIx64 "\","
+    say("{\"event\":\"start\",\"mode\":\"%s\",\"armed\":%d,\"api\":[%d,%d],\"doorbell\":\"0x%" PRIx64 "\","
         "\"baseline_ns\":%.1f,\"tsc_per_ns\":%.4f,\"profiles\":[%s],\"capacity\":%" PRIu64
-        "}\n", MODE_NAMES[mode], info->version.min, info->version.cur,
+        "}\n", MODE_NAMES[mode], armed, info->version.min, info->version.cur,
         have_doorbell ? doorbell_lines[0] : 0, baseline_ns, tsc_per_ns, prof, ring_capacity);
     return 0;
 }

@@ -33,6 +33,14 @@
 #define PFCXL_MARK_STOP 2
 #define PFCXL_MARK_PROFILE(k) (0x100ULL + (uint64_t)(k))
 #define PFCXL_DOORBELL_LINE 64ULL
+
+/* Arms pfcxl's TCG plugin, which stays dormant (no memory callbacks, so the boot runs at plain
+ * TCG speed) until a vCPU executes this: nopl 0x50464358(%rax), a 7-byte NOP whose displacement
+ * spells "XCFP" (device/plugin/pfcxl_plugin.c looks for exactly these bytes). Harmless anywhere. */
+static inline void pfcxl_arm(void)
+{
+    __asm__ volatile(".byte 0x0f, 0x1f, 0x80, 0x58, 0x43, 0x46, 0x50" ::: "memory");
+}
 /* device-DAX maps only in multiples of the region's alignment (2 MiB) */
 #define PFCXL_DAX_ALIGN (2ULL << 20)
 

@@ -2,10 +2,13 @@
  * pfcxl_mark: start or stop a measured phase of pfcxl's TCG plugin from a shell.
  *
  *     pfcxl_mark start|stop|profile K [--dax /dev/dax0.0]
+ *     pfcxl_mark arm
  *
  * Stores 1 (start), 2 (stop) or 0x100 + K (select inject latency profile K) into the doorbell,
  * the last 64-byte line of the DAX device (guest/include/pfcxl_mark.h). Without the plugin the store is harmless: that line is
- * reserved for markers. Prints one JSON line; exit status 0, or 2 on any error.
+ * reserved for markers. `arm` wakes the plugin from its dormant boot state (pfcxl_arm in
+ * pfcxl_mark.h; the guest's init runs it just before reporting ready) and touches no device.
+ * Prints one JSON line; exit status 0, or 2 on any error.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +18,8 @@
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: pfcxl_mark start|stop|profile K [--dax DEV]   (default DEV: /dev/dax0.0)\n");
+    fprintf(stderr, "usage: pfcxl_mark start|stop|profile K [--dax DEV]   (default DEV: /dev/dax0.0)\n"
+                    "       pfcxl_mark arm\n");
     return 2;
 }
 
@@ -24,6 +28,11 @@ int main(int argc, char **argv)
     const char *dax = "/dev/dax0.0";
     uint64_t value = 0;
     const char *what = NULL;
+    if (argc == 2 && !strcmp(argv[1], "arm")) {
+        pfcxl_arm();
+        printf("{\"tool\":\"pfcxl_mark\",\"mark\":\"arm\"}\n");
+        return 0;
+    }
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "start"))
             value = PFCXL_MARK_START, what = argv[i];
