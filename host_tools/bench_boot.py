@@ -1,12 +1,14 @@
 """Cold boot to PFCXL-READY, classic against lean, interleaved in one run so both see the same load:
 
     python -m pfcxl.host_tools.bench_boot [-t TOPOLOGY] [-n N] [--json FILE]
-                                          [--exec] [--multihost HOSTS]
+                                          [--exec] [--multihost HOSTS] [--plugin]
 
 --exec also times `pfcxl run -- true` against `pfcxl exec` of the same in an up machine (and the
 exec request alone, without the CLI's start-up), N times each, interleaved. --multihost H times
 `multihost -n H -- true` as it was (all guests booting at once, classic kernel) against now
-(one boot per CPU at a time, lean kernel).
+(one boot per CPU at a time, lean kernel). --plugin times lean boots with the TCG timing plugin
+(count mode) as it boots now, dormant until init arms it, against the plugin instrumenting every
+access from the first instruction (what doorbell=False still does), and against no plugin.
 
 Each boot is split into phases: the image (build or cache check), QEMU's start (spawn to QMP
 connected), firmware and kernel decompression (wall time from spawn to the guest's clock zero),
@@ -55,10 +57,10 @@ def kernel_gaps(dmesg: str, top: int = 5) -> tuple[float | None, list[tuple[floa
     return at_init, sorted(gaps, reverse=True)[:top]
 
 
-def boot_once(topology: str, lean: bool, run_dir: Path) -> dict:
-    """One cold boot, timed phase by phase."""
+def boot_once(topology: str, lean: bool, run_dir: Path, timing=None) -> dict:
+    """One cold boot, timed phase by phase (`timing`: a TimingConfig, or None for no plugin)."""
     t0 = time.monotonic()
-    machine = Machine(topology, lean=lean, run_dir=run_dir, ready_timeout=600)
+    machine = Machine(topology, lean=lean, run_dir=run_dir, ready_timeout=600, timing=timing)
     machine.boot_image()
     t1 = time.monotonic()
     try:
@@ -144,6 +146,25 @@ def bench_multihost(hosts: int) -> dict:
     return seconds
 
 
+def bench_plugin(topology: str, n: int, tmp: Path) -> dict:
+    """Lean boots to READY: no plugin, the plugin dormant until armed, the plugin armed from boot."""
+    from .timing import TimingConfig
+    profiles = {"no_plugin": None, "plugin_dormant_until_armed": TimingConfig("count"),
+                "plugin_armed_from_boot": TimingConfig("count", doorbell=False)}
+    rows: dict[str, list[dict]] = {k: [] for k in profiles}
+    for i in range(n):
+        for label, config in profiles.items():      # interleaved, as the profiles above
+            b = boot_once(topology, True, tmp / f"plugin-{i}-{label}", timing=config)
+            rows[label].append(b)
+            print(f"{label:27} ready={b['ready']:.2f}s qemu_cpu={b['qemu_cpu']:.2f}s", flush=True)
+    out: dict = {k: {p: {"median": round(statistics.median(b[p] for b in v), 3), "best": round(min(b[p] for b in v), 3)}
+                     for p in ("ready", "qemu_cpu")} for k, v in rows.items()}
+    for k in ("no_plugin", "plugin_armed_from_boot"):
+        out[f"ratio_dormant_over_{k}"] = round(out["plugin_dormant_until_armed"]["ready"]["median"]
+                                               / out[k]["ready"]["median"], 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pfcxl.host_tools.bench_boot", description=__doc__.split("\n\n")[0])
     parser.add_argument("-t", "--topology", default="pf-nic")
@@ -151,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every boot and the summary here")
     parser.add_argument("--exec", action="store_true", help="also: pfcxl run against pfcxl exec")
     parser.add_argument("--multihost", type=argtypes.count, metavar="HOSTS", help="also: multihost -n HOSTS before/after")
+    parser.add_argument("--plugin", action="store_true", help="also: boots with the timing plugin, dormant until armed "
+                        "against armed from boot and no plugin")
     args = parser.parse_args(argv)
     if args.boots < 1:
         parser.error(f"--boots {args.boots}: at least 1")
@@ -164,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'lean   ' if lean else 'classic'} " + " ".join(
                     f"{p}={b[p]:.2f}s" for p in PHASES if b[p] is not None), flush=True)
                 print("    longest kernel gaps: " + "; ".join(f"{d:.2f}s before '{t}'" for d, t in b["gaps"]))
-    result = summary(boots)
+        result = summary(boots)
+        if args.plugin:
+            result["plugin"] = bench_plugin(args.topology, args.boots, Path(tmp))
     if args.exec:
         result["exec"] = bench_exec(args.topology, args.boots)
     if args.multihost:
