@@ -11,6 +11,7 @@ gives it no way to reach another host's private memory.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from pfcxl.errors import ApplianceError
 
 from .address_map import interleave
+from .crc_zeros import crc32_zeros
 from .topology_model import Appliance
 
 LAYOUT_FILE = "layout.json"
@@ -180,22 +182,26 @@ class Pool:
         # Read with preadv, not through a mapping: a read fault on a never-written page of a
         # memfd allocates that page, so checksumming through mmap filled the whole pool with
         # zero pages (GiBs of RAM for pf-appliance), and every later scan then read all of it.
-        # pread of a hole returns zeros without allocating.
+        # Only the data extents are read; a hole's zeros are carried over arithmetically
+        # (crc_zeros), which took an empty pf-appliance's checksum from ~4.5 s to well under one.
         out, total = {}, 0
         buffer = memoryview(bytearray(4 << 20))
         for p in self.partitions:
-            crc = 0
-            for off in range(0, p.size, len(buffer)):
-                chunk = buffer[:min(len(buffer), p.size - off)]
-                got = 0
-                while got < len(chunk):
-                    n = os.preadv(p.fd, [chunk[got:]], off + got)
-                    if n == 0:
-                        raise ApplianceError(f"partition {p.name} ends at {off + got:#x}, "
-                                             f"short of its {p.size:#x} bytes")
-                    got += n
-                crc = zlib.crc32(chunk, crc)
-                total = zlib.crc32(chunk, total)
+            crc, pos = 0, 0
+            for start, end in [*_data_extents(p.fd, p.size), (p.size, p.size)]:
+                crc, total = crc32_zeros(start - pos, crc), crc32_zeros(start - pos, total)
+                for off in range(start, end, len(buffer)):
+                    chunk = buffer[:min(len(buffer), end - off)]
+                    got = 0
+                    while got < len(chunk):
+                        n = os.preadv(p.fd, [chunk[got:]], off + got)
+                        if n == 0:
+                            raise ApplianceError(f"partition {p.name} ends at {off + got:#x}, "
+                                                 f"short of its {p.size:#x} bytes")
+                        got += n
+                    crc = zlib.crc32(chunk, crc)
+                    total = zlib.crc32(chunk, total)
+                pos = end
             out[p.name] = f"{crc:#010x}"
         out["pool"] = f"{total:#010x}"
         return out
@@ -222,8 +228,10 @@ def _data_extents(fd: int, size: int):
     while pos < size:
         try:
             start = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError:           # ENXIO: no data after pos
-            return
+        except OSError as exc:    # ENXIO: no data after pos; anything else would be read as zeros
+            if exc.errno == errno.ENXIO:
+                return
+            raise ApplianceError(f"cannot find the data in a pool partition: {exc}") from exc
         end = os.lseek(fd, start, os.SEEK_HOLE)
         yield start, min(end, size)
         pos = end
