@@ -81,13 +81,17 @@ def boot_once(topology: str, lean: bool, run_dir: Path, timing=None) -> dict:
             "ready": t3 - t1, "qemu_cpu": qemu_cpu, "gaps": gaps}
 
 
+def median_best(values) -> dict:
+    values = list(values)
+    return {"median": round(statistics.median(values), 3), "best": round(min(values), 3)}
+
+
 def summary(boots: list[dict]) -> dict:
     """Per profile the median and best of each phase, and lean/classic ratios of the medians."""
     out: dict = {}
     for name, lean in (("classic", False), ("lean", True)):
         rows = [b for b in boots if b["lean"] is lean]
-        out[name] = {p: {"median": round(statistics.median(b[p] for b in rows), 3),
-                         "best": round(min(b[p] for b in rows), 3)} for p in PHASES}
+        out[name] = {p: median_best(b[p] for b in rows) for p in PHASES}
     out["ratio_lean_over_classic"] = {p: round(out["lean"][p]["median"] / out["classic"][p]["median"], 3)
                                       for p in PHASES if out["classic"][p]["median"] > 0}
     return out
@@ -116,7 +120,7 @@ def bench_exec(topology: str, n: int) -> dict:
             rows["exec_request"].append(time.monotonic() - start)
     finally:
         detached.down(name)
-    out = {k: {"median": round(statistics.median(v), 3), "best": round(min(v), 3)} for k, v in rows.items()}
+    out = {k: median_best(v) for k, v in rows.items()}
     out["ratio_exec_over_run"] = round(out["exec"]["median"] / out["run"]["median"], 3)
     return out
 
@@ -157,8 +161,7 @@ def bench_plugin(topology: str, n: int, tmp: Path) -> dict:
             b = boot_once(topology, True, tmp / f"plugin-{i}-{label}", timing=config)
             rows[label].append(b)
             print(f"{label:27} ready={b['ready']:.2f}s qemu_cpu={b['qemu_cpu']:.2f}s", flush=True)
-    out: dict = {k: {p: {"median": round(statistics.median(b[p] for b in v), 3), "best": round(min(b[p] for b in v), 3)}
-                     for p in ("ready", "qemu_cpu")} for k, v in rows.items()}
+    out: dict = {k: {p: median_best(b[p] for b in v) for p in ("ready", "qemu_cpu")} for k, v in rows.items()}
     for k in ("no_plugin", "plugin_armed_from_boot"):
         out[f"ratio_dormant_over_{k}"] = round(out["plugin_dormant_until_armed"]["ready"]["median"]
                                                / out[k]["ready"]["median"], 3)

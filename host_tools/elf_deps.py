@@ -58,8 +58,10 @@ def unsigned_module(data: bytes, origin: str = "<module>") -> bytes:
     info_end = len(data) - len(SIGNATURE_MARKER)
     sig_len = int.from_bytes(data[info_end - 4:info_end], "big")
     elf_end = info_end - SIGNATURE_INFO_BYTES - sig_len
-    if elf_end <= 0 or data[:4] != b"\x7fELF":
+    if elf_end <= 0:
         raise ImageError(f"{origin}: its signature trailer claims {sig_len} bytes, more than the module holds")
+    if data[:4] != b"\x7fELF":
+        raise ImageError(f"{origin}: has a module signature trailer but is not an ELF file")
     return data[:elf_end]
 
 

@@ -140,6 +140,8 @@ static uint64_t doorbell_lines[MAX_DOORBELLS];
 static int n_direct;
 static uint64_t direct_base[MAX_DIRECT], direct_end[MAX_DIRECT];
 static int in_phase;            /* read on every CXL access, written by the marker */
+static qemu_plugin_id_t plugin_id;
+static int armed, arming;      /* dormant until the arm instruction (see "arming") */
 static spinlock phase_lock;     /* serialises phase starts and ends */
 static uint64_t phases;
 
@@ -504,45 +506,6 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     }
 }
 
-/* ---------------------------------------------------------------- arming */
-
-/* nopl 0x50464358(%rax): a NOP whose displacement spells "XCFP" (guest/include/pfcxl_mark.h) */
-static const uint8_t ARM_INSN[] = {0x0f, 0x1f, 0x80, 0x58, 0x43, 0x46, 0x50};
-static qemu_plugin_id_t plugin_id;
-static int armed, arming;
-
-static void register_instrumentation(qemu_plugin_id_t id);
-
-static void on_armed(qemu_plugin_id_t id)
-{
-    register_instrumentation(id);
-    __atomic_store_n(&armed, 1, __ATOMIC_RELEASE);
-    say("{\"event\":\"armed\"}\n");
-}
-
-static void on_arm_insn(unsigned int vcpu_index, void *userdata)
-{
-    (void)vcpu_index;
-    (void)userdata;
-    if (!__atomic_exchange_n(&arming, 1, __ATOMIC_ACQ_REL))
-        qemu_plugin_reset(plugin_id, on_armed);
-}
-
-/* Dormant: only the arm instruction gets a callback. */
-static void on_tb_trans_dormant(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
-{
-    (void)id;
-    size_t n = qemu_plugin_tb_n_insns(tb);
-    for (size_t i = 0; i < n; i++) {
-        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
-        uint8_t bytes[sizeof ARM_INSN];
-        if (qemu_plugin_insn_size(insn) == sizeof ARM_INSN &&
-            qemu_plugin_insn_data(insn, bytes, sizeof bytes) == sizeof bytes &&
-            !memcmp(bytes, ARM_INSN, sizeof bytes))
-            qemu_plugin_register_vcpu_insn_exec_cb(insn, on_arm_insn, QEMU_PLUGIN_CB_NO_REGS, NULL);
-    }
-}
-
 static void on_vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
 {
     (void)id;
@@ -571,6 +534,40 @@ static void register_instrumentation(qemu_plugin_id_t id)
     qemu_plugin_register_vcpu_init_cb(id, on_vcpu_init);
     qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans);
     qemu_plugin_register_atexit_cb(id, on_qemu_exit, NULL);
+}
+
+/* ---------------------------------------------------------------- arming */
+
+/* nopl 0x50464358(%rax): a NOP whose displacement spells "XCFP" (guest/include/pfcxl_mark.h) */
+static const uint8_t ARM_INSN[] = {0x0f, 0x1f, 0x80, 0x58, 0x43, 0x46, 0x50};
+static void on_armed(qemu_plugin_id_t id)
+{
+    register_instrumentation(id);
+    __atomic_store_n(&armed, 1, __ATOMIC_RELEASE);
+    say("{\"event\":\"armed\"}\n");
+}
+
+static void on_arm_insn(unsigned int vcpu_index, void *userdata)
+{
+    (void)vcpu_index;
+    (void)userdata;
+    if (!__atomic_exchange_n(&arming, 1, __ATOMIC_ACQ_REL))
+        qemu_plugin_reset(plugin_id, on_armed);
+}
+
+/* Dormant: only the arm instruction gets a callback. */
+static void on_tb_trans_dormant(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
+{
+    (void)id;
+    size_t n = qemu_plugin_tb_n_insns(tb);
+    for (size_t i = 0; i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        uint8_t bytes[sizeof ARM_INSN];
+        if (qemu_plugin_insn_size(insn) == sizeof ARM_INSN &&
+            qemu_plugin_insn_data(insn, bytes, sizeof bytes) == sizeof bytes &&
+            !memcmp(bytes, ARM_INSN, sizeof bytes))
+            qemu_plugin_register_vcpu_insn_exec_cb(insn, on_arm_insn, QEMU_PLUGIN_CB_NO_REGS, NULL);
+    }
 }
 
 /* ---------------------------------------------------------------- arguments */
