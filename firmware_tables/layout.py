@@ -107,6 +107,7 @@ def encode(layout: Layout, values: dict, where: str | None = None) -> bytes:
     for f in layout.fields:
         if f.kind == "reserved":
             continue
+        value: int | str
         if f.key == layout.length_key:
             value = layout.length_of(values)
         elif f.key in values:
@@ -134,14 +135,14 @@ class Decoded:
     violations: list[str]
 
 
-def _get(data: bytes, base: int, f: Field) -> int | str:
+def _get(data: bytes | memoryview, base: int, f: Field) -> int | str:
     raw = data[base + f.offset: base + f.end]
     if f.kind == "ascii":
         return bytes(raw).decode("ascii", errors="replace")
     return int.from_bytes(raw, "little")
 
 
-def decode(layout: Layout, data: bytes, base: int = 0, length: int | None = None,
+def decode(layout: Layout, data: bytes | memoryview, base: int = 0, length: int | None = None,
            where: str | None = None) -> Decoded:
     """Read one structure at `base`. `length` bounds it (defaults to its length field or size)."""
     where = where or f"{layout.name} at offset {base:#x}"
@@ -161,7 +162,7 @@ def decode(layout: Layout, data: bytes, base: int = 0, length: int | None = None
         if f.enum is not None and value not in f.enum:
             problems.append(f"{where}: {f.label} {value:#x} is not a defined value "
                             f"({', '.join(f'{k}={v}' for k, v in f.enum.items())})")
-        if f.flags is not None:
+        if f.flags is not None and isinstance(value, int):
             undefined = value & ~sum(1 << bit for bit in f.flags)
             if undefined:
                 problems.append(f"{where}: {f.label} {value:#x} sets reserved bits {undefined:#x}")
@@ -237,7 +238,7 @@ def violation_lines(violations: list[str]) -> list[str]:
 
 
 def _show(f: Field, value: int | str) -> str:
-    if f.kind == "ascii":
+    if f.kind == "ascii" or isinstance(value, str):
         return f'"{value}"'
     text = f"{value:0{2 * f.width}X}"
     if f.enum is not None:

@@ -1,26 +1,25 @@
-"""pfcxl: emulate a photonic-fabric CXL memory appliance (see README.md and DESIGN.md).
+"""pfcxl: emulate a photonic-fabric CXL memory appliance (see README.md and docs/ARCHITECTURE.md).
 
-The public API is `pfcxl.Machine` (one booted host) and `pfcxl.Appliance` (the service that
-owns the pooled memory); see pfcxl/machine.py. They are imported on first use, so that the
-appliance service and the table tools do not load the QMP and console modules.
+The public API is `pfcxl.Machine` (one booted appliance host) and `pfcxl.Appliance` (the service
+that owns the pooled memory); see pfcxl/machine.py. They are imported on first use, so that the
+appliance service and the table tools do not load the QMP and console modules; a type checker
+sees them through the TYPE_CHECKING import below.
 
-In a checkout, the top-level folders (device/, firmware_tables/, guest/, host_tools/) are this
-package's subpackages: the checkout that holds this file is where they come from, so a second
-checkout (its tests, its `python3 -m pfcxl.host_tools.provision`) uses its own code, never the
-one a virtualenv was installed from. Installed as a wheel, they sit inside this folder instead.
+The top-level folders (device/, firmware_tables/, guest/, host_tools/, serving/) are this
+package's subpackages through links committed in this folder (pfcxl/device -> ../device, ...):
+a checkout always runs its own code, and tools that only read files resolve every import.
 """
 
-from pathlib import Path as _Path
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 __all__ = ["Machine", "Appliance", "Result", "Plan"]
 
-_CHECKOUT = _Path(__file__).resolve().parent.parent
-if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "host_tools" / "__init__.py").is_file():
-    __path__.append(str(_CHECKOUT))   # noqa: F821  (the package's own search path)
+if TYPE_CHECKING:
+    from pfcxl.machine import Appliance, Machine, Plan, Result
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in __all__:
         from pfcxl import machine
         return getattr(machine, name)

@@ -62,3 +62,18 @@ def test_setup_runs_under_the_package_name():
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "pfcxl.host_tools.provision" in done.stdout
+
+
+@pytest.mark.parametrize("folder", ["device", "firmware_tables", "guest", "host_tools", "serving"])
+def test_each_subpackage_is_a_committed_link_a_file_reader_can_follow(folder):
+    # Type checkers and IDEs run no code: pfcxl/<folder> must exist on disk as the folder itself.
+    link = REPO / "pfcxl" / folder
+    assert link.is_symlink() and link.resolve() == (REPO / folder).resolve()
+    assert (link / "__init__.py").is_file()
+
+
+def test_there_is_no_second_copy_of_the_package_under_itself():
+    done = subprocess.run([sys.executable, "-c", "import pfcxl.pfcxl.errors"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "No module named 'pfcxl.pfcxl'" in done.stderr
