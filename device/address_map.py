@@ -1,7 +1,7 @@
 """Predicted host physical address map of a topology under QEMU 10 q35, and interleave decode.
 
 The rules are QEMU's and Linux's, read from their sources and checked on booted guests
-(shared/PLATFORM.md, "Where QEMU 10.0.2 puts things"); integration tests compare every
+(docs/notes/qemu-10-facts.md, "Where QEMU 10.0.2 puts things"); integration tests compare every
 prediction here against what the guest reports.
 """
 

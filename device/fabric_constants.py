@@ -5,7 +5,7 @@ will the fabric model. Nothing else in pfcxl writes a latency or bandwidth liter
 
 Sources:
   [PF]  Marvell, "A Photonic-CXL Memory Appliance for Scalable KV Cache Management in LLM
-        Inference", arXiv 2607.27187 (July 2026), as digested in shared/seed/DIGEST.md:
+        Inference", arXiv 2607.27187 (July 2026), summarised in docs/paper.md:
         latency model T = T_CXL_req + T_mem + T_CXL_resp; idle write 24 + 153 + 47 = 224 ns,
         idle read 24 + 212 + 47 = 283 ns; 25.6 GB/s effective per port; 128 GB/s per host
         per direction (PCIe Gen6 limit).

@@ -1,5 +1,5 @@
 """What we know of QEMU 10.0.2's behaviour, each fact once: read from its source and checked on
-this machine (shared/PLATFORM.md). device/address_map.py computes the address placement from
+this machine (docs/notes/qemu-10-facts.md). device/address_map.py computes the address placement from
 these; the table generator, the predictor and the topology rules read the rest.
 """
 

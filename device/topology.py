@@ -1,4 +1,4 @@
-"""The topology: the one object that flows through pfcxl (see DESIGN.md).
+"""The topology: the one object that flows through pfcxl (see docs/ARCHITECTURE.md).
 
 A TOML file is read once into an immutable, validated `Topology`. Every mistake found is
 reported, one line each, naming the field and the rule; nothing downstream re-checks.

@@ -89,7 +89,7 @@ class Device:
 
 @dataclass(frozen=True)
 class Appliance:
-    """The pooled-memory appliance (seed/DIGEST.md): memory modules interleaved into one pool,
+    """The pooled-memory appliance (docs/paper.md): memory modules interleaved into one pool,
     ports for hosts, a shared region every host maps and an optional private region per host."""
 
     modules: int

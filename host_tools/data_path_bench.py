@@ -1,4 +1,4 @@
-"""The direct path against the CXL path and local memory, measured in one run (issue 13):
+"""The direct path against the CXL path and local memory, measured in one run:
 
     python -m pfcxl.host_tools.data_path_bench [--out results.json] [--skip-hosts]
 

@@ -1,4 +1,4 @@
-"""The KV block store's store and load throughput on each data path, measured in one run (issue 15):
+"""The KV block store's store and load throughput on each data path, measured in one run:
 
     python -m pfcxl.host_tools.kv_path_bench [--blocks 16] [--size 1M] [--out kv-path-bench.json]
 

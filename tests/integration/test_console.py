@@ -1,4 +1,4 @@
-"""Commands on a booted guest's console (issue 11, items 1, 4, 5 and 14): long commands, bad
+"""Commands on a booted guest's console: long commands, bad
 syntax, stdin readers, exit statuses and large output, all on the session's shared pf-nic guest."""
 
 import subprocess

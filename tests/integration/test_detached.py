@@ -1,4 +1,4 @@
-"""Machines that stay up (issue 12 item 2): pfcxl up / exec / ps / down / run --reuse, booted for real.
+"""Machines that stay up: pfcxl up / exec / ps / down / run --reuse, booted for real.
 
 Each test names its machines after its own pid, so parallel sessions do not meet."""
 

@@ -66,7 +66,7 @@ def test_pmem_region_namespace_and_data_survive_a_reboot(boot, tmp_path):
 
 
 def test_ram_region_without_memory_hotplug_room(boot):
-    # PLATFORM.md once said region setup needs maxmem above memory; it does not (devdax,
+    # An early note once said region setup needs maxmem above memory; it does not (devdax,
     # system-ram and pmem regions all come up without it).
     doc = tomllib.loads(topology.resolve("pf-nic").read_text())
     doc["guest"] = {"memory": "1G", "maxmem": "1G"}

@@ -1,6 +1,6 @@
 """The appliance service's life, run for real (no VMs): one service per run directory, crashes
 that keep the pool, connections that cannot lock anyone out, temporary appliances that die with
-their parent, private files. Hostile cases of issue 11 (items 2, 3, 6, 7, 12).
+their parent, private files. Hostile cases.
 
 Every service is started and stopped through `appliance` (the `services` fixture checks that
 its process is gone); anything else a test starts, it kills."""

@@ -1,5 +1,5 @@
-"""How pfcxl turns a command into what the guest runs, and how it reads the console back
-(issue 11, items 1 and 5). Booted behaviour is in tests/integration/test_console.py."""
+"""How pfcxl turns a command into what the guest runs, and how it reads the console back.
+Booted behaviour is in tests/integration/test_console.py."""
 
 import re
 import socket

@@ -1,4 +1,4 @@
-"""Every fact is written once (issue 9): CXL and ACPI specification facts in
+"""Every fact is written once: CXL and ACPI specification facts in
 firmware_tables/cxl_spec.py, what QEMU does in device/qemu_facts.py (the address placement
 computed from it in device/address_map.py), fabric figures in device/fabric_constants.py, guest
 C constants in guest/include, one interleave decoder. A literal that restates one of them

@@ -1,5 +1,5 @@
 """Filesystem problems are one line naming the path and the reason, never a traceback, and leave
-nothing half-written (issue 11, item 8; the interrupted image build of item 14)."""
+nothing half-written; an interrupted image build leaves nothing either."""
 
 import os
 import pathlib

@@ -1,4 +1,4 @@
-"""Hostile but realistic inputs (issues 10 and 11): odd table files, odd topology files, names used
+"""Hostile but realistic inputs: odd table files, odd topology files, names used
 as paths. Each gets one clear line, or the work it asked for, never a traceback or a hang."""
 
 from __future__ import annotations

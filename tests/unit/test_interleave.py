@@ -61,7 +61,7 @@ def test_decoder_on_arrays_equals_decoder_on_ints(base_units, ways, g_log):
 
 
 def test_three_way_window_starts_on_the_second_device():
-    """Issue 10: base 0x2_5000_0000 is not a multiple of 3 x 4 KiB, so granule 0 of the region is
+    """Base 0x2_5000_0000 is not a multiple of 3 x 4 KiB, so granule 0 of the region is
     routed to target 1, and granule 1 to target 2."""
     topo = layout("three-hb-3way")
     region = topo.regions[0]

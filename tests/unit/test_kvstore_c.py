@@ -167,7 +167,7 @@ def test_a_block_on_the_devices_poison_list_is_a_miss_and_verify_names_it(tool, 
 
 def fake_cxl(tmp_path, rec) -> dict:
     """`cxl` cannot run on the host: a stand-in prints what ndctl 81's `cxl list -M -L` printed in
-    the guest (PLATFORM.md) for two memdevs, the second with a media error on `rec`'s block; the
+    the guest (docs/notes/qemu-10-facts.md) for two memdevs, the second with a media error on `rec`'s block; the
     environment that finds it first on PATH."""
     listing = [{"memdev": "mem1", "serial": 7, "media_errors": [{"offset": 0, "length": 1 << 24}]},
                {"memdev": "mem0", "ram_size": 1 << 30, "serial": 1346768897,

@@ -175,7 +175,7 @@ def _with_guest(memory: str, maxmem: str, slots: int) -> topology.Topology:
 
 
 def test_cxl_base_follows_q35_layout():
-    # Figures from QEMU's q35 layout (shared/PLATFORM.md).
+    # Figures from QEMU's q35 layout (docs/notes/qemu-10-facts.md).
     assert address_map.cxl_base(_with_guest("4G", "8G", 8)) == 0x4_8000_0000
     assert address_map.cxl_base(_with_guest("1G", "2G", 4)) == 0x2_4000_0000
 
