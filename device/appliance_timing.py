@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pfcxl.host_tools.trace_ring import Ring
+from pfcxl.device.trace_ring import Ring
 
 from . import address_map
 from .fabric_telemetry import ISSUES, SYSTEMS, Telemetry

@@ -35,8 +35,8 @@ class _Model(ctypes.Structure):
 
 @functools.cache
 def _library() -> ctypes.CDLL:
-    from pfcxl.host_tools import cache                      # build helpers live with the CLI
-    from pfcxl.host_tools.compile import compile_cached
+    from pfcxl import cache
+    from pfcxl.compile import compile_cached
     so = compile_cached(KERNEL, [KERNEL], CFLAGS, cache.cache_dir() / "engine", "fabric_network", ".so")
     lib = ctypes.CDLL(str(so))
     for fn in (lib.network, lib.chase, lib.jitter):

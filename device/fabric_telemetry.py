@@ -34,6 +34,7 @@ from . import fabric_constants as fc
 from . import fabric_engine
 from .address_map import interleave
 from .fabric_model import PS_PER_NS, FabricModel
+from . import fabric_systems
 from .fabric_modes import ISSUES, SYSTEMS
 from .fabric_replay import PS_PER_STAMP
 from .topology import Topology
@@ -55,13 +56,11 @@ def _ns(bin_index: int) -> int:
 
 
 def _models(topo: Topology) -> dict[str, FabricModel]:
-    from pfcxl.host_tools import timing_report     # the one place the report's models are chosen
-    return timing_report.models(topo)
+    return fabric_systems.models(topo)
 
 
 def labels() -> dict[str, str]:
-    from pfcxl.host_tools import timing_report
-    return {k: timing_report.LABELS[k] for k in ("pf", "pf_hbm", "electrical", "local")}
+    return {k: fabric_systems.LABELS[k] for k in ("pf", "pf_hbm", "electrical", "local")}
 
 
 class _Stream:

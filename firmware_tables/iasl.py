@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pfcxl.errors import TableError
-from pfcxl.host_tools import cache
+from pfcxl import cache
 
 from . import acpi, cdat, cedt
 from .layout import decode, flat_fields

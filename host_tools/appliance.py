@@ -30,7 +30,8 @@ from pfcxl.device.fabric_modes import ISSUES, SYSTEMS
 from pfcxl.device.topology import Topology
 from pfcxl.errors import ApplianceError
 
-from . import cache, process
+from pfcxl import cache
+from pfcxl import process
 
 SOCKET, PID, LOG = rundir.SOCKET, rundir.PID, rundir.LOG
 START_TIMEOUT = 30.0

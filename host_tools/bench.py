@@ -22,7 +22,7 @@ from pfcxl.device import data_path
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
 
-from . import cache
+from pfcxl import cache
 
 
 @dataclass(frozen=True)

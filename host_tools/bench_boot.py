@@ -34,7 +34,7 @@ from pathlib import Path
 from pfcxl.machine import Machine
 
 from . import argtypes
-from .process import cpu_seconds
+from pfcxl.process import cpu_seconds
 
 DMESG_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
 RUN_INIT = "Run /init as init process"

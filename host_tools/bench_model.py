@@ -36,6 +36,8 @@ from pfcxl.device import fabric_constants as fc, fabric_engine, fabric_replay
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TimingError
 
+from pfcxl.device import fabric_systems
+
 from . import cli_model, timing_report
 
 SYSTEMS = cli_model.CURVE_SYSTEMS                     # pf, electrical, dram: the columns
@@ -61,7 +63,7 @@ def split_rows(records: np.ndarray, phases: list[dict]) -> list[np.ndarray]:
 
 
 def _models(topo: Topology) -> dict:
-    models = timing_report.models(topo)
+    models = fabric_systems.models(topo)
     return {s: models[cli_model.SYSTEMS[s]] for s in SYSTEMS}
 
 

@@ -36,7 +36,9 @@ from pfcxl.device.fabric_workloads import module_offsets
 from pfcxl.device.trace_format import LINE
 from pfcxl.errors import PfcxlError
 
-from . import argtypes, bench, bench_model, bench_paper_bw_hosts, cli_model, image, timing_report
+from pfcxl.device import fabric_systems
+
+from . import argtypes, bench, bench_model, bench_paper_bw_hosts, cli_model, image
 
 SIZES = "32,64,128,256,512,1024"
 HOSTS_SIZES, HOSTS_BYTES, HOSTS_SPAN = "64,1024", "1M", "2M"     # --hosts: few rows, so 16 guests fit minutes
@@ -76,7 +78,7 @@ def load_capture(folder: Path) -> tuple[np.ndarray, list[dict]]:
 
 def hosts(records: np.ndarray, topo, *, all_to_all: bool) -> np.ndarray:
     """The row stream as every host of the appliance issues it: on its own module, or shifted."""
-    app = timing_report.appliance_for(topo)
+    app = fabric_systems.appliance_for(topo)
     base, _ = cli_model.placement(topo)
     offset = (records["hpa"] - np.uint64(base)).astype(np.int64)
     copies = []
@@ -115,7 +117,7 @@ def replay_streams(streams: dict[str, np.ndarray], topo, load: float, full_load:
     """Every host's records of one row, own-module and all-to-all (`host`: the port), replayed at
     `load` on PF and electrical, all-to-all once more at `full_load`; the electrical knee of own-module."""
     base, granularity = cli_model.placement(topo)
-    app = timing_report.appliance_for(topo)
+    app = fabric_systems.appliance_for(topo)
     models = {"pf": fabric_model.pf_appliance(app, cache=False),
               "electrical": fabric_model.electrical_pool(app.ports, app.modules)}
     out = {}

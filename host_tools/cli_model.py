@@ -94,9 +94,9 @@ def read_trace(path: Path) -> np.ndarray:
 def placement(topo: topology.Topology) -> tuple[int, int]:
     """(base HPA, interleave granularity) the trace's addresses were captured with."""
     from pfcxl.device import address_map
-    from . import timing_report
+    from pfcxl.device import fabric_systems
     return (address_map.dax_placements(topo)[0].base if topo.regions else 0,
-            timing_report.appliance_for(topo).granularity)
+            fabric_systems.appliance_for(topo).granularity)
 
 
 def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, load: float | None,
@@ -105,18 +105,18 @@ def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, 
     import numpy as np
 
     from pfcxl.device import fabric_replay
-    from . import timing_report
+    from pfcxl.device import fabric_systems
     key = SYSTEMS[system]
-    model = timing_report.models(topo)[key]
+    model = fabric_systems.models(topo)[key]
     base, granularity = placement(topo)
     try:
         result = fabric_replay.replay(model, records, base_hpa=base, granularity=granularity,
                                       ns_per_insn=ns_per_insn, load=load, dilate=dilate)
     except ValueError as exc:                       # an address or host the system does not have
         raise TimingError(f"cannot replay on {model.name}: {exc}") from exc
-    return {"system": timing_report.LABELS[key], "model": model.name, "load": load, "dilate": dilate,
+    return {"system": fabric_systems.LABELS[key], "model": model.name, "load": load, "dilate": dilate,
             "offered_gbs_per_host": load * fc.PF_PORT_BANDWIDTH_MBS / 1000 if load else None,
-            "modelled_system": timing_report.modelled_system(topo), "requests": int(len(records)),
+            "modelled_system": fabric_systems.modelled_system(topo), "requests": int(len(records)),
             "hosts": int(len(np.unique(records["host"]))), "window_ns": result.window_ps / 1000,
             "read": result.percentiles("read"), "write": result.percentiles("write"),
             "ports": fabric_replay.port_rates(result)}
@@ -161,9 +161,9 @@ CURVE_SYSTEMS = ("pf", "electrical", "dram")
 
 def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float], ns_per_insn: float = 1.0) -> dict:
     from pfcxl.device import fabric_replay
-    from . import timing_report
+    from pfcxl.device import fabric_systems
     base, granularity = placement(topo)
-    models = timing_report.models(topo)
+    models = fabric_systems.models(topo)
     out = {}
     for system in CURVE_SYSTEMS:
         key = SYSTEMS[system]
@@ -172,7 +172,7 @@ def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float
                                          ns_per_insn=ns_per_insn)
         except ValueError as exc:
             raise TimingError(f"cannot replay on {models[key].name}: {exc}") from exc
-        out[system] = {"label": timing_report.LABELS[key], "points": points, "knee": fabric_replay.knee(points)}
+        out[system] = {"label": fabric_systems.LABELS[key], "points": points, "knee": fabric_replay.knee(points)}
     return out
 
 

@@ -19,8 +19,9 @@ from pathlib import Path, PurePosixPath
 
 from pfcxl.errors import ImageError
 
-from . import cache, cpio
-from .process import run
+from pfcxl import cache
+from . import cpio
+from pfcxl.process import run
 
 SUITE = "trixie"                  # ndctl 81: bookworm's cxl cannot create RAM regions
 MIRROR = "http://deb.debian.org/debian"

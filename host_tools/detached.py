@@ -35,7 +35,7 @@ from pathlib import Path
 
 from pfcxl.errors import PfcxlError, VMError
 
-from . import cache
+from pfcxl import cache
 
 SOCKET, REQUEST, DAEMON, ERROR, LOG = "control.sock", "request.json", "daemon.json", "error", "daemon.log"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

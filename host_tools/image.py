@@ -20,9 +20,10 @@ from pfcxl.device.topology import Topology
 from pfcxl.errors import ImageError
 from pfcxl.guest import plan
 
-from . import cache, cpio, debian_image
-from .compile import compile_cached
-from .process import run
+from pfcxl import cache
+from . import cpio, debian_image
+from pfcxl.compile import compile_cached
+from pfcxl.process import run
 
 if TYPE_CHECKING:
     from .elf_deps import Module

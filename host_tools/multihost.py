@@ -30,7 +30,7 @@ from pfcxl.machine import Machine
 from . import appliance
 from .console import shell_command
 from .bench_model import marks_rows
-from .process import cpu_seconds
+from pfcxl.process import cpu_seconds
 from .timing import bracket, plugin_events, plugin_log
 
 

@@ -33,7 +33,7 @@ from pfcxl.device.topology import Topology
 from pfcxl.errors import TimingError
 
 from .timing_plugin import build_plugin, doorbell_hpa, doorbell_hpas
-from .trace_ring import DEFAULT_CAPACITY, Drainer, Ring
+from pfcxl.device.trace_ring import DEFAULT_CAPACITY, Drainer, Ring
 
 MODES = ("count", "trace", "inject")
 

@@ -10,8 +10,8 @@ from pfcxl.device import trace_format as tf
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TimingError
 
-from . import cache
-from .compile import compile_cached
+from pfcxl import cache
+from pfcxl.compile import compile_cached
 
 PLUGIN_DIR = Path(__file__).resolve().parent.parent / "device" / "plugin"
 PLUGIN_SOURCES = ("pfcxl_plugin.c", "qemu_plugin_api.h")

@@ -28,7 +28,7 @@ from pfcxl.firmware_tables.table_files import write as write_tables
 from . import kernel_pvh, qemu
 from .console import CommandRunner, Console, ConsoleClosed, ConsoleTimeout, shell_command
 from .image import BootImage
-from .process import describe_exit, spawn
+from pfcxl.process import describe_exit, spawn
 
 # Descriptor numbers QEMU gets: the console and QMP socket pairs, then each appliance-served
 # device's memory in device order. Fixed, so the printed command line is the exec'd one.

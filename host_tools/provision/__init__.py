@@ -2,7 +2,7 @@
 
 Run from the repository root as ``python3 -m pfcxl.host_tools.provision``. It runs before the package
 is installed, so it uses the standard library only and imports nothing from the project but
-``pfcxl.host_tools.cache`` (the cache layout). The steps are listed in ``steps.py``.
+``pfcxl.cache`` (the cache layout). The steps are listed in ``steps.py``.
 
 Modules, each with one job:
   cli         arguments, --help, --check, the per-step progress lines and timings, exit codes

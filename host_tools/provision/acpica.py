@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import cache
+from pfcxl import cache
 from .apt import download_debs, trixie_apt
 from .files import read_json
 from .runner import Setup, StepError

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from .. import cache
+from pfcxl import cache
 from .debian import DebURI, mentions_suite, mirror_and_keyring, parse_print_uris
 from .files import file_digest
 from .runner import Setup, StepError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import cache
+from pfcxl import cache
 from .apt import download_debs, system_apt, trixie_apt
 from .debian import (BACKPORTS_SUITE, KERNEL_PACKAGE_RE, NDCTL_MAJOR, choose_kernel_package,
                      is_ndctl_major, kernel_release)

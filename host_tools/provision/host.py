@@ -7,7 +7,7 @@ import hashlib
 import time
 from pathlib import Path
 
-from .. import cache
+from pfcxl import cache
 from .apt import (APT_ETC, APT_INSTALL, apt_lists_dir, has_packages_lists, host_mirror,
                   installed_versions, sources_mentioning, trixie_apt)
 from .debian import BACKPORTS_SUITE, TRIXIE_SUITE, parse_qemu_version, render_deb822_source

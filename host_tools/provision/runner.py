@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .. import cache
+from pfcxl import cache
 
 
 class StepError(Exception):

@@ -15,7 +15,7 @@ from pfcxl.device import trace_format as tf
 from pfcxl.device.appliance_ops import MAX_SYNC_WAITING
 from pfcxl.errors import PfcxlError
 from pfcxl.host_tools import appliance
-from pfcxl.host_tools.trace_ring import Ring
+from pfcxl.device.trace_ring import Ring
 
 from .appliance_helpers import Raw, _stop_and_check, services, write_topology  # noqa: F401 (a fixture)
 

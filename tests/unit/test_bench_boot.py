@@ -1,6 +1,7 @@
 """The boot benchmark's reading of dmesg: the kernel's time at /init and its longest silences."""
 
-from pfcxl.host_tools import bench_boot, process
+from pfcxl import process
+from pfcxl.host_tools import bench_boot
 
 DMESG = """\
 [    0.000000] Linux version 6.12

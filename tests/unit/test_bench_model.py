@@ -8,11 +8,12 @@ import pytest
 from pfcxl.device import address_map, fabric_constants as fc, topology
 from pfcxl.device.fabric_engine import trace_dtype
 from pfcxl.errors import TimingError
-from pfcxl.host_tools import bench_model, timing_report
+from pfcxl.device import fabric_systems
+from pfcxl.host_tools import bench_model
 
 TOPO = topology.load(topology.resolve("pf-nic"))
 BASE = address_map.dax_placements(TOPO)[0].base
-MODELS = timing_report.models(TOPO)
+MODELS = fabric_systems.models(TOPO)
 IDLE_READ = {"pf": MODELS["pf"].idle_ns(False), "electrical": MODELS["electrical"].idle_ns(False),
              "dram": MODELS["local"].idle_ns(False)}
 SPAN = 4 << 20

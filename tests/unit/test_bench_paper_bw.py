@@ -11,11 +11,12 @@ import pytest
 
 from pfcxl.device import address_map, fabric_constants as fc, fabric_engine, topology
 from pfcxl.device.fabric_engine import trace_dtype
-from pfcxl.host_tools import bench_paper_bw, cli_model, timing_report
+from pfcxl.device import fabric_systems
+from pfcxl.host_tools import bench_paper_bw, cli_model
 
 TOPO = topology.load(topology.resolve("pf-nic"))
 BASE = address_map.dax_placements(TOPO)[0].base
-APP = timing_report.appliance_for(TOPO)
+APP = fabric_systems.appliance_for(TOPO)
 PORT_GBS = fc.PF_PORT_BANDWIDTH_MBS / 1000
 
 

@@ -15,7 +15,7 @@ from pfcxl.device import address_map, fabric_model, topology
 from pfcxl.device import trace_format as tf
 from pfcxl.device.appliance_timing import ApplianceTiming
 from pfcxl.host_tools import cli_telemetry
-from pfcxl.host_tools.trace_ring import Ring
+from pfcxl.device.trace_ring import Ring
 
 TOPO = topology.load(topology.resolve("pf-appliance"))
 APP = TOPO.appliance

@@ -13,7 +13,8 @@ from elftools.elf.elffile import ELFFile
 
 from pfcxl.errors import ImageError
 from pfcxl.guest import plan
-from pfcxl.host_tools import cache, elf_deps
+from pfcxl import cache
+from pfcxl.host_tools import elf_deps
 
 PROGRAMS = ["usr/bin/cxl", "usr/bin/daxctl"]
 

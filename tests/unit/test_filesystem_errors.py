@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from pfcxl.device import topology
-from pfcxl.host_tools import cache, cpio, image, qemu
+from pfcxl import cache
+from pfcxl.host_tools import cpio, image, qemu
 
 REAL_MANIFEST = cache.manifest_path()     # before any test moves PFCXL_CACHE
 REAL_IMAGES = cache.images_dir()

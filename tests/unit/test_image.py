@@ -8,7 +8,8 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl.guest import plan
-from pfcxl.host_tools import cache, cpio, elf_deps, image
+from pfcxl import cache
+from pfcxl.host_tools import cpio, elf_deps, image
 
 
 def load(name: str) -> topology.Topology:

@@ -7,7 +7,8 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl.errors import ImageError
-from pfcxl.host_tools import cache, kernel_pvh
+from pfcxl import cache
+from pfcxl.host_tools import kernel_pvh
 from pfcxl.machine import Machine
 
 

@@ -19,7 +19,7 @@ PROBE = '''
 from pathlib import Path
 
 from pfcxl.device import fabric_constants
-from pfcxl.host_tools import cache
+from pfcxl import cache
 
 
 def test_the_clone_sees_its_own_code():

@@ -20,7 +20,8 @@ from elftools.elf.elffile import ELFFile
 from pfcxl.device import address_map, data_path, topology
 from pfcxl.device import trace_format as tf
 from pfcxl.errors import BuildError, VMError
-from pfcxl.host_tools import timing, timing_plugin, trace_ring
+from pfcxl.device import trace_ring
+from pfcxl.host_tools import timing, timing_plugin
 
 REPO = Path(timing.__file__).resolve().parent.parent
 GUEST_SRC = REPO / "guest" / "src"
