@@ -7,6 +7,7 @@ file, the field, the bad value and the rule.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,7 +194,7 @@ def _fields(doc: dict, source: str, where: str, required: dict, optional: dict |
     for key in doc:
         if key not in required and key not in optional and key not in extra:
             known = ", ".join([*required, *optional, *extra])
-            raise ServingError(f"{source}: {prefix}{key}: unknown field (known: {known})")
+            raise ServingError(f"{source}: {prefix}{_key(key)}: unknown field (known: {known})")
     values = {}
     for key, spec in {**required, **optional}.items():
         if key not in doc:
@@ -204,10 +205,16 @@ def _fields(doc: dict, source: str, where: str, required: dict, optional: dict |
     return values
 
 
+def _key(key: str) -> str:
+    """A TOML key as an error line shows it: quoted if it is not a plain word (a newline in a
+    quoted key must not break the line)."""
+    return key if re.fullmatch(r"[\w-]+", key) else repr(key)
+
+
 def _name(doc: dict, source: str, default: str) -> str:
     name = doc.get("name", default)
-    if not isinstance(name, str) or not name:
-        raise ServingError(f"{source}: name: {name!r} must be a non-empty string")
+    if not isinstance(name, str) or not name or not name.isprintable():
+        raise ServingError(f"{source}: name: {name!r} must be a non-empty string of printable characters")
     return name
 
 
@@ -249,14 +256,14 @@ def _paper(doc, source: str) -> dict:
     out = {}
     for metric, tiers in doc.items():
         if metric not in ("ttft_ms", "hit_rate") or not isinstance(tiers, dict):
-            raise ServingError(f"{source}: paper.{metric}: unknown table (known: ttft_ms, hit_rate)")
+            raise ServingError(f"{source}: paper.{_key(metric)}: unknown table (known: ttft_ms, hit_rate)")
         for tier, points in tiers.items():
             if tier not in ("appliance", "host") or not isinstance(points, dict):
-                raise ServingError(f"{source}: paper.{metric}.{tier}: unknown tier (known: appliance, host)")
+                raise ServingError(f"{source}: paper.{metric}.{_key(tier)}: unknown tier (known: appliance, host)")
             for sessions, value in points.items():
                 if (not sessions.isdigit() or isinstance(value, bool) or not isinstance(value, (int, float))
                         or not 0 < value < float("inf")):
-                    raise ServingError(f"{source}: paper.{metric}.{tier}.{sessions}: {value!r} must be "
+                    raise ServingError(f"{source}: paper.{metric}.{tier}.{_key(sessions)}: {value!r} must be "
                                        "sessions = a positive number")
                 out.setdefault(metric, {}).setdefault(tier, {})[int(sessions)] = float(value)
     return out

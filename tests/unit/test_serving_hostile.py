@@ -77,6 +77,18 @@ def test_the_issues_inputs_are_one_line_each(tmp_path):
     assert not (tmp_path / "out").exists()                  # refused before any work
 
 
+@pytest.mark.parametrize("line, shown", [('"a\\nb" = 1', "'a\\nb': unknown field"),
+                                         ('name = "x\\ny"', "name: 'x\\ny' must be a non-empty string of printable"),
+                                         ('[paper."t\\nx"]', "paper.'t\\nx': unknown table")])
+def test_a_key_or_name_with_a_newline_stays_on_one_line(tmp_path, line, shown):
+    path = tmp_path / "nl.toml"
+    text = (DATA / "workloads" / "paper-chat.toml").read_text().replace('name = "paper-chat"\n', "")
+    path.write_text(f"{text}\n{line}\n" if line.startswith("[") else f"{line}\n{text}")   # a key at the top
+    with pytest.raises(ServingError) as info:
+        inputs.load_workload(path)
+    assert "\n" not in str(info.value) and shown in str(info.value), str(info.value)
+
+
 def test_each_turns_ttft_is_its_waits_and_work_in_every_accepted_run():
     # at a request rate the bounds accept, a turn's TTFT is its link wait, load, GPU wait and
     # prefill: float seconds still resolve it (at 1e-300 requests/s they did not: TTFT 0)
