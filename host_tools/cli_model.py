@@ -64,8 +64,14 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_curve)
 
 
+MAX_LOADS = 100         # each load is one replay of the whole trace per system
+
+
 def loads_list(text: str) -> list[float]:
-    return [argtypes.positive(x) for x in text.split(",")]
+    parts = text.split(",", MAX_LOADS)
+    if len(parts) > MAX_LOADS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_LOADS} loads (each is one replay of the trace per system)")
+    return [argtypes.positive(x) for x in parts]
 
 
 def save_trace(path: Path, records: np.ndarray) -> None:

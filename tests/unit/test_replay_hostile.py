@@ -3,6 +3,7 @@ in bounded time and memory; a header is checked before anything is allocated fro
 
 from __future__ import annotations
 
+import argparse
 import random
 
 import numpy as np
@@ -136,3 +137,9 @@ def test_hostile_trace_files_and_factors_are_one_line_in_bounded_time_and_memory
     for o in bounded_cli.run(cases, limit=1 << 30, timeout=60):
         line = o.one_line_error(9)
         assert "cannot replay" in line or o.argv[2] in line, line
+
+
+def test_the_curve_takes_a_bounded_number_of_loads():
+    assert len(cli_model.loads_list(",".join(["0.5"] * cli_model.MAX_LOADS))) == cli_model.MAX_LOADS
+    with pytest.raises(argparse.ArgumentTypeError, match="at most 100 loads"):
+        cli_model.loads_list(",".join(["0.5"] * 10 ** 6))
