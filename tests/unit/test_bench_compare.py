@@ -90,7 +90,8 @@ def test_mutated_results_compare_or_fail_in_one_line_in_bounded_time_and_memory(
             assert "B / A" in o.stdout and not o.stderr, (o.argv, o.stderr)
         else:
             line = o.one_line_error(1)
-            assert "m" in line and ".json: not a pfcxl bench results file: " in line, line
+            mutated = o.argv[2] if o.argv[3] == good else o.argv[3]
+            assert line.startswith(f"pfcxl: error: {mutated}: not a pfcxl bench results file: "), line
             failed += 1
     assert 0 < failed < len(outcomes)           # both kinds happened: the set tests something
 
