@@ -22,10 +22,30 @@ import numpy as np
 from . import fabric_constants as fc
 from . import fabric_engine
 from .fabric_model import FabricModel
+from .trace_format import LINE
 
 PS_PER_STAMP = 0.001        # replayed records carry picosecond stamps (ns_per_insn for the engine)
+MAX_SPAN_PS = 1 << 62       # the engine times in int64 ps: a replayed stream spans at most 2^62 ps (53 days)
 
 
+def check_captured(records: np.ndarray, base_hpa: int, end_hpa: int) -> None:
+    """ValueError naming the first record a capture cannot hold: the plugin writes one record per
+    64-byte line it saw touched, inside the CXL window [base_hpa, end_hpa), of 1 to 64 bytes
+    (device/plugin/pfcxl_plugin.c), a load (0) or a store (1)."""
+    rules = (((records["size"] < 1) | (records["size"] > LINE), "size", "1 to 64 bytes (the bytes touched in one line)"),
+             (records["hpa"] % LINE != 0, "hpa", "a 64-byte line's address"),
+             ((records["hpa"] < base_hpa) | (records["hpa"] >= end_hpa), "hpa",
+              f"inside the CXL window [{base_hpa:#x}, {end_hpa:#x})"),
+             (records["write"] > 1, "write", "0 (load) or 1 (store)"))
+    for bad, field, rule in rules:
+        if bad.any():
+            i = int(np.argmax(bad))
+            value = records[field][i]
+            shown = f"{int(value):#x}" if field == "hpa" else str(int(value))
+            raise ValueError(f"record {i}: {field} {shown} is not {rule}, as a captured trace holds")
+
+
+@np.errstate(over="ignore", invalid="ignore")        # an overflow is refused at the end
 def respace(records: np.ndarray, *, ns_per_insn: float = 1.0, load: float | None = None,
             dilate: float | None = None) -> np.ndarray:
     """A copy of `records` with picosecond issue stamps for the offered `load` or the `dilate`
@@ -52,6 +72,10 @@ def respace(records: np.ndarray, *, ns_per_insn: float = 1.0, load: float | None
             new[idx] = ts * (before_last / span)
         else:                                                          # all at once: evenly by bytes
             new[idx] = (np.cumsum(size) - size) * ps_per_byte
+    if len(new) and not new.max() < MAX_SPAN_PS:            # also NaN (infinite stamps)
+        what = f"load {load:g}" if load is not None else f"dilate {dilate:g}"
+        raise ValueError(f"{what} (ns per instruction {ns_per_insn:g}) stretches a stream past the 2^62 ps "
+                         "(53 days) the model can time: use a larger load or a smaller dilation")
     out["insn"] = np.rint(new).astype(np.uint64)
     return out
 

@@ -9,14 +9,13 @@ guest RAM.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.table import Table
 
 from pfcxl.errors import PfcxlError
 
-from . import bench_model, cli_model
+from . import bench_model, bench_results, cli_model
 from .timing_report import LABELS, QUANTILES, modelled_system, models
 
 MEASURED = "measured in emulator (CXL)"
@@ -33,15 +32,8 @@ BANDWIDTH_CAPTION = (f"modelled columns: each row's captured stream replayed off
 
 
 def load(path: str | Path) -> dict:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "results.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise PfcxlError(f"no results at {path}") from exc
-    except json.JSONDecodeError as exc:
-        raise PfcxlError(f"{path} is not a results file: {exc}") from exc
+    """A bench results.json (or its folder), checked for what the tables and comparisons read."""
+    return bench_results.check(bench_results.load(path), str(path), systems=MODEL_SYSTEMS, traced=("pf", "electrical"))
 
 
 def _runs(results: dict) -> dict[str, dict]:
@@ -270,6 +262,14 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _row_label(data: dict, i: int) -> str:
+    """What the i-th measured row is: pattern, op, size and threads, or the traffic delay."""
+    if data.get("results"):
+        r = data["results"][i]
+        return f"{r['pattern']} {r['op']} {r['size']}B x{r['threads']}"
+    return f"delay {data['rows'][i]['delay']}"
+
+
 def _metrics(results: dict) -> dict[str, float]:
     """The headline numbers of a results file, for comparisons."""
     out = {}
@@ -282,22 +282,24 @@ def _metrics(results: dict) -> dict[str, float]:
             out[f"{name} {r['pattern']} {r['op']} {r['size']}B x{r['threads']} MB/s"] = r["MBps"]
         for r in d.get("rows", []):
             out[f"{name} delay {r['delay']} latency ns"] = r["latency_ns"]
-        for i, m in enumerate(run.get("modelled", {}).get("rows", [])):
+        for i, m in enumerate((run.get("modelled") or {}).get("rows", [])):
+            row = _row_label(d, i)
             for system in MODEL_SYSTEMS:
-                fig = m.get(system, {})
+                fig = m.get(system) or {}
                 if fig.get("gbs") is not None:
-                    out[f"{name} row {i} {LABELS[MODEL_KEYS[system]]} GB/s"] = fig["gbs"]
+                    out[f"{name} {row} {LABELS[MODEL_KEYS[system]]} GB/s"] = fig["gbs"]
                 if fig.get("latency_p50_ns") is not None:
-                    out[f"{name} row {i} {LABELS[MODEL_KEYS[system]]} chase p50 ns"] = fig["latency_p50_ns"]
+                    out[f"{name} {row} {LABELS[MODEL_KEYS[system]]} chase p50 ns"] = fig["latency_p50_ns"]
         for key in ("pf", "electrical"):
             for op in ("read", "write"):
-                p = run.get("modelled", {}).get(key, {}).get(op, {})
+                p = ((run.get("modelled") or {}).get(key) or {}).get(op) or {}
                 if p.get("count"):
                     out[f"{name} {LABELS[key]} {op} p50 ns"] = p["p50"]
     return out
 
 
 def compare(a: dict, b: dict) -> Table:
+    """B against A, metric by metric; a metric only one file has is listed with '-' on the other side."""
     ma, mb = _metrics(a), _metrics(b)
     t = Table(title=f"A: {a['environment'].get('topology')} ({a['environment'].get('timing_mode')})  vs  "
                     f"B: {b['environment'].get('topology')} ({b['environment'].get('timing_mode')})",
@@ -305,9 +307,14 @@ def compare(a: dict, b: dict) -> Table:
     for col in ("metric", "A", "B", "B / A"):
         t.add_column(col, justify="right" if col != "metric" else "left")
     for key in [k for k in ma if k in mb]:
-        ratio = mb[key] / ma[key] if ma[key] else float("nan")
-        t.add_row(key, f"{ma[key]:.1f}", f"{mb[key]:.1f}", f"{ratio:.2f}")
-    only = sorted(set(ma) ^ set(mb))
-    if only:
-        t.caption = f"{len(only)} metrics appear in only one file"
+        ratio = f"{mb[key] / ma[key]:.2f}" if ma[key] else "-"
+        t.add_row(key, f"{ma[key]:.1f}", f"{mb[key]:.1f}", ratio)
+    only_a, only_b = [k for k in ma if k not in mb], [k for k in mb if k not in ma]
+    for key in only_a:
+        t.add_row(key, f"{ma[key]:.1f}", "-", "-")
+    for key in only_b:
+        t.add_row(key, "-", f"{mb[key]:.1f}", "-")
+    if only_a or only_b:
+        t.caption = (f"only in A: {len(only_a)} metrics, only in B: {len(only_b)} (listed last, '-' where a "
+                     "file has none)")
     return t

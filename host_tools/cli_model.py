@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -63,8 +64,14 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_curve)
 
 
+MAX_LOADS = 100         # each load is one replay of the whole trace per system
+
+
 def loads_list(text: str) -> list[float]:
-    return [argtypes.positive(x) for x in text.split(",")]
+    parts = text.split(",", MAX_LOADS)
+    if len(parts) > MAX_LOADS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_LOADS} loads (each is one replay of the trace per system)")
+    return [argtypes.positive(x) for x in parts]
 
 
 def save_trace(path: Path, records: np.ndarray) -> None:
@@ -78,17 +85,30 @@ def save_trace(path: Path, records: np.ndarray) -> None:
 
 
 def read_trace(path: Path) -> np.ndarray:
-    """The records of a .npy trace file; one line for anything else."""
+    """The records of a .npy trace file; one line for anything else. The header is checked (a
+    1-D array of trace records, at least one, exactly as many as the file holds) before the
+    records are read, so a header's claim never sizes an allocation."""
     import numpy as np
 
     from pfcxl.device.fabric_engine import trace_dtype
+    fmt = np.lib.format
     try:
-        records = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+        with open(path, "rb") as f:
+            version = fmt.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f"unsupported .npy version {version[0]}.{version[1]}")
+            shape, _, dtype = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(f)
+            if dtype != trace_dtype():
+                raise TimingError(f"{path}: holds {dtype}, not trace records {trace_dtype().descr}")
+            if len(shape) != 1 or not shape[0]:
+                raise TimingError(f"{path}: an array of shape {shape}: a trace is a 1-D array of at least one record")
+            room = os.fstat(f.fileno()).st_size - f.tell()
+            if room != shape[0] * dtype.itemsize:
+                raise TimingError(f"{path}: its header claims {shape[0]} records ({shape[0] * dtype.itemsize} "
+                                  f"bytes), the file holds {room} bytes after it")
+            return np.fromfile(f, dtype, count=shape[0])
+    except (OSError, ValueError, EOFError) as exc:
         raise TimingError(f"{path}: cannot read a trace: {exc}") from exc
-    if records.dtype != trace_dtype():
-        raise TimingError(f"{path}: holds {records.dtype}, not trace records {trace_dtype().descr}")
-    return records
 
 
 def placement(topo: topology.Topology) -> tuple[int, int]:
@@ -97,6 +117,28 @@ def placement(topo: topology.Topology) -> tuple[int, int]:
     from pfcxl.device import fabric_systems
     return (address_map.dax_placements(topo)[0].base if topo.regions else 0,
             fabric_systems.appliance_for(topo).granularity)
+
+
+def window(topo: topology.Topology) -> tuple[int, int]:
+    """[base, end) HPAs a capture on `topo` can hold: its DAX region, else the appliance's pool from 0."""
+    from pfcxl.device import address_map
+    from . import timing_report
+    if topo.regions:
+        dax = address_map.dax_placements(topo)[0]
+        return dax.base, dax.base + dax.size
+    return 0, timing_report.appliance_for(topo).capacity
+
+
+def checked(records: np.ndarray, topo: topology.Topology, source: Path) -> np.ndarray:
+    """`records` (read from `source`) if a capture on `topo` can hold them
+    (fabric_replay.check_captured), else one line."""
+    from pfcxl.device import fabric_replay
+    base, end = window(topo)
+    try:
+        fabric_replay.check_captured(records, base, end)
+    except ValueError as exc:
+        raise TimingError(f"{source}: not a trace captured on topology '{topo.name}': {exc}") from exc
+    return records
 
 
 def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, load: float | None,
@@ -147,7 +189,7 @@ def table(report: dict):
 
 def cmd_replay(args) -> int:
     topo = topology.load(topology.resolve(args.topology))
-    report = replay_report(read_trace(args.trace), topo, args.system, load=args.load, dilate=args.dilate,
+    report = replay_report(checked(read_trace(args.trace), topo, args.trace), topo, args.system, load=args.load, dilate=args.dilate,
                            ns_per_insn=args.ns_per_insn)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=1) + "\n")
@@ -201,7 +243,7 @@ def save_curve(report: dict, path: Path) -> None:
 def cmd_curve(args) -> int:
     from rich.table import Table
     topo = topology.load(topology.resolve(args.topology))
-    report = curve_report(read_trace(args.trace), topo, args.loads, args.ns_per_insn)
+    report = curve_report(checked(read_trace(args.trace), topo, args.trace), topo, args.loads, args.ns_per_insn)
     save_curve(report, args.out)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=1) + "\n")

@@ -41,12 +41,16 @@ _SERIES = (1, 2, 3, 5)
 
 
 def parse_sessions(text: str) -> list[int]:
-    """'50,100,300', 'A..B' (1-2-3-5 steps per decade between A and B, both included) or 'A..B:STEP'."""
-    rule = "use N, N,N,..., A..B or A..B:STEP with positive whole numbers, A <= B"
-    m = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*(?::\s*(\d+))?\s*", text)
+    """'50,100,300', 'A..B' (1-2-3-5 steps per decade between A and B, both included) or 'A..B:STEP';
+    each count at most bounds.MAX_SESSIONS, at most bounds.MAX_POINTS of them (checked before listing)."""
+    from pfcxl.serving import bounds
+    rule = (f"use N, N,N,..., A..B or A..B:STEP with whole numbers from 1 to {bounds.MAX_SESSIONS:,}, A <= B, "
+            f"at most {bounds.MAX_POINTS} counts")
+    m = re.fullmatch(r"\s*(\d{1,9})\s*\.\.\s*(\d{1,9})\s*(?::\s*(\d{1,9}))?\s*", text)
     if m:
         lo, hi, step = int(m[1]), int(m[2]), int(m[3]) if m[3] else None
-        if lo < 1 or hi < lo or step == 0:
+        too_many = step and (hi - lo) // step + 2 > bounds.MAX_POINTS
+        if lo < 1 or hi < lo or step == 0 or hi > bounds.MAX_SESSIONS or too_many:
             raise ServingError(f"--sessions: '{text}': {rule}")
         if step:
             return list(range(lo, hi + 1, step)) + ([] if (hi - lo) % step == 0 else [hi])
@@ -55,24 +59,22 @@ def parse_sessions(text: str) -> list[int]:
             values.update(v * decade for v in _SERIES if lo <= v * decade <= hi)
             decade *= 10
         return sorted(values)
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and int(p) > 0 for p in parts):
+    parts = [p.strip() for p in text.split(",", bounds.MAX_POINTS)]
+    if len(parts) > bounds.MAX_POINTS or not all(p.isdigit() and len(p) <= 9 and 1 <= int(p) <= bounds.MAX_SESSIONS
+                                                 for p in parts):
         raise ServingError(f"--sessions: '{text}': {rule}")
     return sorted({int(p) for p in parts})
-
-
-def _positive(flag: str, value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise ServingError(f"{flag}: {value!r} must be a positive number")
 
 
 def _setup(args):
     """Workload, model, GPU and tiers after the command-line overrides; and whether that is the
     paper's setup (then the table shows the paper's figures beside ours)."""
-    for flag in ("qps", "appliance_tb", "host_tb", "appliance_bw_scale", "prefill_tflops"):
-        _positive("--" + flag.replace("_", "-"), getattr(args, flag))
-    if args.gpus is not None and args.gpus < 1:
-        raise ServingError(f"--gpus: {args.gpus} must be a positive integer")
+    for flag, spec in (("qps", inputs.WORKLOAD_FIELDS["qps"]), ("gpus", inputs.DEPLOYMENT_FIELDS["gpus"]),
+                       ("appliance_tb", inputs.TIER_FIELDS["capacity_tb"]), ("host_tb", inputs.TIER_FIELDS["capacity_tb"]),
+                       ("appliance_bw_scale", inputs.TIER_OPTIONAL_FIELDS["bandwidth_scale"])):
+        inputs.check_option("--" + flag.replace("_", "-"), spec, getattr(args, flag))
+    if not 0 <= args.seed < 1 << 63:
+        raise ServingError(f"--seed: {args.seed} must be a whole number from 0 to 2^63-1 (a numpy seed)")
     base = inputs.load_workload(args.workload)
     w = replace(base, qps=args.qps or base.qps, gaps=args.gaps or base.gaps, gpus=args.gpus or base.gpus,
                 model=args.model or base.model, gpu=args.gpu or base.gpu,
@@ -83,6 +85,8 @@ def _setup(args):
     host = inputs.load_tier(w.host)
     host = replace(host, capacity_tb=args.host_tb or host.capacity_tb)
     model, gpu = inputs.load_model(w.model), inputs.load_gpu(w.gpu)
+    inputs.check_option("--prefill-tflops", (float, *inputs.within(0, gpu.bf16_dense_tflops, f"{gpu.name}'s dense BF16 "
+                                                                   "peak: what prefill can reach")), args.prefill_tflops)
     paper = (w == base and appliance == inputs.load_tier(base.appliance) and host == inputs.load_tier(base.host)
              and args.prefill_tflops is None and args.seed == 1)
     return w, model, gpu, {"appliance": appliance, "host": host}, paper
@@ -91,7 +95,7 @@ def _setup(args):
 def cmd_serving(args) -> int:
     from rich.progress import Progress
 
-    from pfcxl.serving import calibrate, report, sim
+    from pfcxl.serving import bounds, calibrate, report, sim
     sessions = parse_sessions(args.sessions)
     roles = [r.strip() for r in args.tiers.split(",")]
     if not roles or any(r not in report.ROLES for r in roles):
@@ -114,6 +118,7 @@ def cmd_serving(args) -> int:
     else:
         cal = calibrate.load()
     tflops = args.prefill_tflops or cal.prefill_tflops_per_gpu
+    bounds.check(w, model, gpu, [tiers[r] for r in roles], sessions, tflops)
     calibration = {"prefill_tflops_per_gpu": tflops, "source": "--prefill-tflops" if args.prefill_tflops
                    else ("fitted now (--calibrate)" if args.calibrate else str(calibrate.CALIBRATION)),
                    "command": calibrate.COMMAND}

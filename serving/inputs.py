@@ -7,11 +7,13 @@ file, the field, the bad value and the rule.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from pfcxl.device import fabric_constants as fc
+from pfcxl.device.topology_appliance import MAX_MODULES
 from pfcxl.errors import ServingError
 
 from .chunks import KV_CHUNK_TOKENS
@@ -20,12 +22,23 @@ DATA = Path(__file__).parent / "data"
 KINDS = ("models", "gpus", "tiers", "workloads")
 TIER_KINDS = ("appliance", "host-dram")
 
-# field -> (type, rule text, check); None check = any value of the type
-_POSITIVE = ("must be a positive number", lambda v: v > 0)
-_POS_INT = ("must be a positive integer", lambda v: v > 0)
+# field -> (type, rule text, check); None check = any value of the type. Every number is bounded,
+# far beyond any real model, GPU or tier, so that every product the simulator forms stays finite and
+# every loop it runs stays short; the rule text says the bound and why.
 _FRACTION = ("must be above 0 and at most 1", lambda v: 0 < v <= 1)
+MAX_TOKENS = 1 << 20            # a prompt's tokens: a 1 M-token context, the longest models serve
 
 
+def within(lo: float, hi: float, why: str, *, low_inclusive: bool = False) -> tuple[str, object]:
+    """A number above `lo` (or from it) and at most `hi`, with why that bound."""
+    def shown(v: float) -> str:
+        return f"{v:,.0f}" if v >= 1 and v == int(v) else f"{v:g}"
+    span = f"from {shown(lo)} to {shown(hi)}" if low_inclusive else f"above {shown(lo)} and at most {shown(hi)}"
+    return f"must be {span} ({why})", lambda v: (lo <= v if low_inclusive else lo < v) and v <= hi
+
+
+def _count(lo: int, hi: int, why: str) -> tuple[str, object]:
+    return f"must be a whole number from {lo:,} to {hi:,} ({why})", lambda v: lo <= v <= hi
 @dataclass(frozen=True)
 class Model:
     name: str
@@ -93,24 +106,53 @@ class Workload:
         return KV_CHUNK_TOKENS
 
 
-_MODEL = {"layers": (int, *_POS_INT), "attention_heads": (int, *_POS_INT), "kv_heads": (int, *_POS_INT),
-          "head_dim": (int, *_POS_INT), "dtype_bytes": (int, "must be 1, 2 or 4", lambda v: v in (1, 2, 4)),
-          "params_billion": (float, *_POSITIVE)}
-_GPU = {"hbm_gb": (float, *_POSITIVE), "hbm_bandwidth_gbs": (float, *_POSITIVE),
-        "bf16_dense_tflops": (float, *_POSITIVE), "host_link_gbs": (float, *_POSITIVE)}
-_TIER = {"kind": (str, f"must be one of {', '.join(TIER_KINDS)}", lambda v: v in TIER_KINDS),
-         "capacity_tb": (float, *_POSITIVE)}
-_TIER_OPTIONAL = {"modules": (int, *_POS_INT),
-                  "granularity_kib": (int, "must be a power of two KiB", lambda v: v > 0 and v & (v - 1) == 0),
-                  "bandwidth_scale": (float, *_POSITIVE), "dram_bandwidth_gbs": (float, *_POSITIVE)}
-_WORKLOAD = {"turns": (int, *_POS_INT), "input_tokens": (int, *_POS_INT),
-             "output_tokens": (int, "must be a whole number, 0 or more", lambda v: v >= 0),
-             "system_prefix_tokens": (int, "must be a whole number, 0 or more", lambda v: v >= 0),
-             "qps": (float, *_POSITIVE), "rounds": (int, "must be at least 2 (the first is warm-up)", lambda v: v >= 2),
-             "gaps": (str, "must be fixed or exponential", lambda v: v in ("fixed", "exponential"))}
-_DEPLOYMENT = {"model": (str, "must be a name or path", None), "gpu": (str, "must be a name or path", None),
-               "gpus": (int, *_POS_INT), "gpu_memory_utilization": (float, *_FRACTION),
-               "appliance": (str, "must be a name or path", None), "host": (str, "must be a name or path", None)}
+_BEYOND = "a bound far beyond any published model"
+MODEL_FIELDS = {"layers": (int, *_count(1, 1024, _BEYOND)), "attention_heads": (int, *_count(1, 1024, _BEYOND)),
+                "kv_heads": (int, *_count(1, 1024, _BEYOND)), "head_dim": (int, *_count(1, 4096, _BEYOND)),
+                "dtype_bytes": (int, "must be 1, 2 or 4", lambda v: v in (1, 2, 4)),
+                "params_billion": (float, *within(0, 100_000, "100 T parameters, " + _BEYOND))}
+GPU_FIELDS = {"hbm_gb": (float, *within(0, 100_000, "100 TB of HBM per GPU")),
+              "hbm_bandwidth_gbs": (float, *within(0, 1e6, "1 PB/s per GPU")),
+              "bf16_dense_tflops": (float, *within(0, 1e6, "1 EFLOP/s per GPU")),
+              "host_link_gbs": (float, *within(0, 100_000, "100 TB/s per GPU"))}
+TIER_FIELDS = {"kind": (str, f"must be one of {', '.join(TIER_KINDS)}", lambda v: v in TIER_KINDS),
+               "capacity_tb": (float, *within(1e-3, 1e6, "1 GB to 1 EB", low_inclusive=True))}
+TIER_OPTIONAL_FIELDS = {
+    "modules": (int, *_count(1, MAX_MODULES, "the appliance topology's limit")),
+    "granularity_kib": (int, "must be a power of two KiB, at most 1 GiB (1048576), as the appliance interleaves",
+                        lambda v: 0 < v <= 1 << 20 and v & (v - 1) == 0),
+    "bandwidth_scale": (float, *within(1e-3, 1e3, "a what-if from 1/1000 to 1000 x the paper's fabric",
+                                       low_inclusive=True)),
+    "dram_bandwidth_gbs": (float, *within(0, 100_000, "100 TB/s"))}
+_TOKENS = _count(0, MAX_TOKENS, "a 1 M-token context")
+WORKLOAD_FIELDS = {"turns": (int, *_count(1, 1000, "a conversation's turns")),
+                   "input_tokens": (int, *_count(1, MAX_TOKENS, "a 1 M-token context")),
+                   "output_tokens": (int, *_TOKENS), "system_prefix_tokens": (int, *_TOKENS),
+                   "qps": (float, *within(0, 1e6, "requests per second over all sessions")),
+                   "rounds": (int, "must be a whole number from 2 (the first is warm-up) to 1,000",
+                              lambda v: 2 <= v <= 1000),
+                   "gaps": (str, "must be fixed or exponential", lambda v: v in ("fixed", "exponential"))}
+DEPLOYMENT_FIELDS = {"model": (str, "must be a name or path", None), "gpu": (str, "must be a name or path", None),
+                     "gpus": (int, *_count(1, 100_000, "GPUs serving one model")),
+                     "gpu_memory_utilization": (float, *_FRACTION),
+                     "appliance": (str, "must be a name or path", None),
+                     "host": (str, "must be a name or path", None)}
+
+
+def check_option(flag: str, spec: tuple, value) -> None:
+    """A command-line override checked by its field's rule (`spec` from the tables above)."""
+    if value is not None:
+        _value(flag, spec, value)
+
+
+def _value(name: str, spec: tuple, value):
+    """`value` as the field's type if it keeps the field's rule, else ServingError naming `name`."""
+    kind, rule, check = spec
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) or (check and not check(value)):
+        raise ServingError(f"{name}: {value!r} {rule}")
+    return value
 
 
 def resolve(kind: str, name_or_path: str | Path) -> Path:
@@ -137,6 +179,9 @@ def read_toml(path: Path) -> dict:
         raise ServingError(f"{path}: no such file") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ServingError(f"{path.name}: not valid TOML: {exc}") from exc
+    except RecursionError as exc:
+        raise ServingError(f"{path.name}: not valid TOML here: arrays or tables nested too deeply for "
+                           "Python's TOML reader") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ServingError(f"{path}: cannot read: {exc}") from exc
 
@@ -149,45 +194,46 @@ def _fields(doc: dict, source: str, where: str, required: dict, optional: dict |
     for key in doc:
         if key not in required and key not in optional and key not in extra:
             known = ", ".join([*required, *optional, *extra])
-            raise ServingError(f"{source}: {prefix}{key}: unknown field (known: {known})")
+            raise ServingError(f"{source}: {prefix}{_key(key)}: unknown field (known: {known})")
     values = {}
-    for key, (kind, rule, check) in {**required, **optional}.items():
+    for key, spec in {**required, **optional}.items():
         if key not in doc:
             if key in required:
-                raise ServingError(f"{source}: {prefix}{key}: missing ({rule})")
+                raise ServingError(f"{source}: {prefix}{key}: missing ({spec[1]})")
             continue
-        value = doc[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or isinstance(value, bool) or (check and not check(value)):
-            raise ServingError(f"{source}: {prefix}{key}: {value!r} {rule}")
-        values[key] = value
+        values[key] = _value(f"{source}: {prefix}{key}", spec, doc[key])
     return values
+
+
+def _key(key: str) -> str:
+    """A TOML key as an error line shows it: quoted if it is not a plain word (a newline in a
+    quoted key must not break the line)."""
+    return key if re.fullmatch(r"[\w-]+", key) else repr(key)
 
 
 def _name(doc: dict, source: str, default: str) -> str:
     name = doc.get("name", default)
-    if not isinstance(name, str) or not name:
-        raise ServingError(f"{source}: name: {name!r} must be a non-empty string")
+    if not isinstance(name, str) or not name or not name.isprintable():
+        raise ServingError(f"{source}: name: {name!r} must be a non-empty string of printable characters")
     return name
 
 
 def load_model(name_or_path: str | Path) -> Model:
     path = resolve("models", name_or_path)
     doc = read_toml(path)
-    return Model(_name(doc, path.name, path.stem), **_fields(doc, path.name, "", _MODEL, extra=("name",)))
+    return Model(_name(doc, path.name, path.stem), **_fields(doc, path.name, "", MODEL_FIELDS, extra=("name",)))
 
 
 def load_gpu(name_or_path: str | Path) -> Gpu:
     path = resolve("gpus", name_or_path)
     doc = read_toml(path)
-    return Gpu(_name(doc, path.name, path.stem), **_fields(doc, path.name, "", _GPU, extra=("name",)))
+    return Gpu(_name(doc, path.name, path.stem), **_fields(doc, path.name, "", GPU_FIELDS, extra=("name",)))
 
 
 def load_tier(name_or_path: str | Path) -> Tier:
     path = resolve("tiers", name_or_path)
     doc = read_toml(path)
-    values = _fields(doc, path.name, "", _TIER, _TIER_OPTIONAL, extra=("name",))
+    values = _fields(doc, path.name, "", TIER_FIELDS, TIER_OPTIONAL_FIELDS, extra=("name",))
     return Tier(_name(doc, path.name, path.stem), **values)
 
 
@@ -195,11 +241,11 @@ def load_workload(name_or_path: str | Path) -> Workload:
     path = resolve("workloads", name_or_path)
     doc = read_toml(path)
     source = path.name
-    top = _fields(doc, source, "", _WORKLOAD, extra=("name", "deployment", "paper"))
+    top = _fields(doc, source, "", WORKLOAD_FIELDS, extra=("name", "deployment", "paper"))
     deployment = doc.get("deployment")
     if not isinstance(deployment, dict):
         raise ServingError(f"{source}: deployment: missing table ([deployment] with model, gpu, gpus, ...)")
-    dep = _fields(deployment, source, "deployment", _DEPLOYMENT)
+    dep = _fields(deployment, source, "deployment", DEPLOYMENT_FIELDS)
     return Workload(_name(doc, source, path.stem), **top, **dep, paper=_paper(doc.get("paper", {}), source))
 
 
@@ -210,13 +256,14 @@ def _paper(doc, source: str) -> dict:
     out = {}
     for metric, tiers in doc.items():
         if metric not in ("ttft_ms", "hit_rate") or not isinstance(tiers, dict):
-            raise ServingError(f"{source}: paper.{metric}: unknown table (known: ttft_ms, hit_rate)")
+            raise ServingError(f"{source}: paper.{_key(metric)}: unknown table (known: ttft_ms, hit_rate)")
         for tier, points in tiers.items():
             if tier not in ("appliance", "host") or not isinstance(points, dict):
-                raise ServingError(f"{source}: paper.{metric}.{tier}: unknown tier (known: appliance, host)")
+                raise ServingError(f"{source}: paper.{metric}.{_key(tier)}: unknown tier (known: appliance, host)")
             for sessions, value in points.items():
-                if not sessions.isdigit() or not isinstance(value, (int, float)) or value <= 0:
-                    raise ServingError(f"{source}: paper.{metric}.{tier}.{sessions}: {value!r} must be "
+                if (not sessions.isdigit() or isinstance(value, bool) or not isinstance(value, (int, float))
+                        or not 0 < value < float("inf")):
+                    raise ServingError(f"{source}: paper.{metric}.{tier}.{_key(sessions)}: {value!r} must be "
                                        "sessions = a positive number")
                 out.setdefault(metric, {}).setdefault(tier, {})[int(sessions)] = float(value)
     return out

@@ -88,4 +88,4 @@ def plots(rows: list[dict], out_dir: Path, title: str) -> list[Path]:
 def write_json(path: Path, results: dict[str, list[Result]], rows: list[dict], calibration: dict) -> None:
     doc = {"calibration": calibration, "comparison": rows,
            "runs": [r.to_json() for runs in results.values() for r in runs]}
-    path.write_text(json.dumps(doc, indent=1))
+    path.write_text(json.dumps(doc, indent=1, allow_nan=False))      # JSON has no Infinity or NaN

@@ -50,14 +50,14 @@ GOOD_MODEL = inputs.resolve("models", "llama-8b").read_text()
 
 
 @pytest.mark.parametrize("kind, text, words", [
-    ("models", GOOD_MODEL.replace("layers = 32", "layers = -3"), ["layers", "-3", "positive integer"]),
+    ("models", GOOD_MODEL.replace("layers = 32", "layers = -3"), ["layers", "-3", "whole number from 1 to 1,024"]),
     ("models", GOOD_MODEL.replace("kv_heads = 8\n", ""), ["kv_heads", "missing"]),
     ("models", GOOD_MODEL.replace("head_dim = 128", 'head_dim = "128"'), ["head_dim", "'128'"]),
     ("models", GOOD_MODEL + "kv_head = 8\n", ["kv_head", "unknown field"]),
     ("models", GOOD_MODEL.replace("dtype_bytes = 2", "dtype_bytes = 3"), ["dtype_bytes", "1, 2 or 4"]),
     ("models", "layers = [", ["not valid TOML"]),
     ("tiers", 'kind = "ssd"\ncapacity_tb = 2\n', ["kind", "'ssd'", "appliance, host-dram"]),
-    ("tiers", 'kind = "appliance"\ncapacity_tb = 0\n', ["capacity_tb", "positive"]),
+    ("tiers", 'kind = "appliance"\ncapacity_tb = 0\n', ["capacity_tb", "from 0.001 to 1,000,000"]),
     ("tiers", 'kind = "appliance"\ncapacity_tb = 1\ngranularity_kib = 3\n', ["granularity_kib", "power of two"]),
     ("workloads", inputs.resolve("workloads", "paper-chat").read_text().replace("qps = 0.02", "qps = -1"),
      ["qps", "-1"]),
@@ -193,4 +193,5 @@ def test_cli_bad_model_file_names_the_file_and_field(tmp_path):
     bad.write_text(GOOD_MODEL.replace("attention_heads = 32", "attention_heads = 0"))
     done = pfcxl("--model", str(bad), "--out", str(tmp_path / "out"))
     assert done.returncode == 2
-    assert done.stderr.strip() == "pfcxl: error: mine.toml: attention_heads: 0 must be a positive integer"
+    assert done.stderr.strip() == ("pfcxl: error: mine.toml: attention_heads: 0 must be a whole number from 1 to 1,024 "
+                                   "(a bound far beyond any published model)")
