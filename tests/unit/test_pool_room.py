@@ -49,8 +49,13 @@ def test_a_pool_beyond_its_file_systems_room_is_refused_in_one_line(tmp_path):
 
 def test_appliance_start_refuses_such_a_pool_naming_the_file_system(tmp_path):
     topo, path = too_large_for(tmp_path, "t.toml", 0)
-    with pytest.raises(ApplianceError, match=f"more under .*, on {fs_room.filesystem(tmp_path)}, which has"):
+    try:
         appliance.start(topo, path, tmp_path / "run", scan_interval=3600)
+    except ApplianceError as exc:
+        assert f"more under {tmp_path / 'run' / 'pool'}, on {fs_room.filesystem(tmp_path)}, which has" in str(exc)
+    else:
+        appliance.stop(tmp_path / "run")
+        pytest.fail("an appliance started on a pool its file system has no room for")
     assert appliance.running_pid(tmp_path / "run") is None
 
 
