@@ -6,7 +6,9 @@
     DIR/host03.phases.json          the plugin's phase events of that host (written by multihost,
                                     which reads them from the host's plugin log): the row boundaries
     DIR/capture.json                the manifest, rewritten (write, then rename) whenever a stream
-                                    completes; "complete": true once the service closed the capture
+                                    ends; "closed": true once the service closed the capture,
+                                    "complete": true if then nothing is in "problems" (a stream cut
+                                    short, a write that failed)
 
 A stream file still named .partial, or one the manifest does not list, is not finished: the reader
 takes only what the manifest lists, with its record count checked.
