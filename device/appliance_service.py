@@ -134,7 +134,10 @@ class Service(Operations):
             if worker is not None:         # so does a checksum
                 worker.join(timeout=60)
             if self.timing is not None:
-                self.timing.close()
+                try:                       # whatever the timing's end says, the pool is released
+                    self.timing.close()
+                except Exception:
+                    log.error("closing the timing failed:\n%s", traceback.format_exc())
             self.pool.close()
             log.info("stopped")
 

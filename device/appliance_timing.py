@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Callable
 
 from pfcxl.device.trace_ring import Ring
+from pfcxl.errors import TimingError
 
 from . import address_map
 from .fabric_telemetry import ISSUES, SYSTEMS, Telemetry
 from .topology import Topology
 from .trace_capture import CaptureWriter
+from .trace_plausible import Plausible
 
 log = logging.getLogger("pfcxl.appliance")
 RING_CAPACITY = 1 << 19          # records per host (12 MiB): half a second of the busiest host's traffic
@@ -65,8 +67,10 @@ class _Attached:
     host: int
     port: int
     ring: Ring
+    plausible: Plausible
     detached: bool = False
     closed: bool = False
+    cut: str | None = None         # why its ring was taken away (it broke the ring's invariants)
     largest_fill: int = 0
     drained: int = 0
     batches: list = field(default_factory=list)
@@ -97,6 +101,7 @@ class ApplianceTiming:
         self._threads = [threading.Thread(target=self._drain_loop, daemon=True, name="ring-drainer"),
                          threading.Thread(target=self._model_loop, daemon=True, name="fabric-model")]
         self.error: str | None = None
+        self.failures = 0
 
     def start(self) -> "ApplianceTiming":
         for t in self._threads:
@@ -128,10 +133,11 @@ class ApplianceTiming:
         if self.capture is not None:
             self.capture.stream(key, host, port)
         with self._lock:
-            self._live[key] = _Attached(host, port, ring)
+            self._live[key] = _Attached(host, port, ring, Plausible(time.monotonic()))
             self._by_host[host] = key
-            self._rings.setdefault(host, {"capacity": self.capacity, "largest_fill": 0, "dropped": 0,
-                                          "drained": 0})
+            figures = self._rings.setdefault(host, {"capacity": self.capacity, "largest_fill": 0, "dropped": 0,
+                                                    "drained": 0, "implausible": 0})
+            figures["cut"] = None                           # a new ring: the last one's fate is history
         log.info("host %d: trace ring of %d records for the %s model", host, self.capacity, self.system)
         return ring.fd
 
@@ -158,18 +164,40 @@ class ApplianceTiming:
             with self._lock:
                 live = [att for att in self._live.values() if not att.closed]
             for att in live:
-                fill = att.ring.fill()
-                batch = att.ring.drain()
+                try:
+                    batch = att.ring.drain()
+                except TimingError as exc:                  # its client wrote its ring: it alone stops
+                    self._cut(att, str(exc))
+                    continue
+                fill, rejected = len(batch), att.plausible.rejected
+                batch = att.plausible.check(batch, time.monotonic())
                 with self._lock:
                     figures = self._rings[att.host]
                     att.largest_fill = max(att.largest_fill, fill)
                     figures["largest_fill"] = max(figures["largest_fill"], fill)
                     figures["dropped"] = max(figures["dropped"], att.ring.dropped)
                     figures["drained"] += len(batch)
+                    figures["implausible"] += att.plausible.rejected - rejected
                     if len(batch):
                         att.batches.append(batch)
+                if att.plausible.rejected and not rejected:
+                    log.warning("host %d: trace records its plugin cannot have written (a vCPU's count going back, "
+                                "or beyond %d instructions since attach); not modelled, counted in stats",
+                                att.host, att.plausible.limit(time.monotonic()))
                 most = max(most, fill)
         return most
+
+    def _cut(self, att: _Attached, why: str) -> None:
+        """A ring that broke its invariants is closed and its stream ended (what it gave before
+        is still modelled): reported once in the log and in stats (its ring's `cut`)."""
+        log.error("host %d: trace ring detached, its timing stops (the other hosts go on): %s", att.host, why)
+        att.ring.close()                                    # under the drain lock
+        with self._lock:
+            att.closed = att.detached = True
+            att.cut = why
+            self._rings[att.host]["cut"] = why
+            if self._by_host.get(att.host) is not None and self._live.get(self._by_host[att.host]) is att:
+                del self._by_host[att.host]
 
     def _model(self) -> None:
         import numpy as np
@@ -191,16 +219,19 @@ class ApplianceTiming:
                     att.closed = True
                     del self._live[key]
             if self.capture is not None:
-                for key, _ in gone:
-                    self.capture.finish(key)
+                for key, att in gone:
+                    self.capture.finish(key, cut=att.cut)
 
     def _pending(self) -> int:
         with self._lock:
             return sum(len(b) for att in self._live.values() for b in att.batches)
 
     def _failed(self, exc: Exception) -> None:
-        self.error = f"{type(exc).__name__}: {exc}"     # reported in stats; the service keeps serving memory
-        log.error("fabric timing failed:\n%s", traceback.format_exc())
+        error = f"{type(exc).__name__}: {exc}"         # reported in stats; the service keeps serving memory
+        if error != self.error:                        # the log once per distinct failure, not per window
+            log.error("fabric timing failed:\n%s", traceback.format_exc())
+        self.error = error
+        self.failures += 1
 
     def _drain_loop(self) -> None:
         while not self._stop.is_set():
@@ -250,7 +281,11 @@ class ApplianceTiming:
         snap["rings"] = {"capacity": self.capacity, "largest_fill": max(fills),
                          "largest_fill_fraction": max(fills) / self.capacity,
                          "dropped": sum(r["dropped"] for r in rings.values()),
+                         "implausible": sum(r["implausible"] for r in rings.values()),
+                         "cut": [{"host": h, "why": r["cut"]} for h, r in sorted(rings.items()) if r["cut"]],
                          "drain_interval_s": DRAIN_INTERVAL, "window_s": WINDOW}
         snap["pending"] = pending
-        snap["error"] = self.error
+        snap["error"], snap["failures"] = self.error, self.failures
+        snap["capture"] = None if self.capture is None else {
+            "folder": str(self.capture.folder), "error": self.capture.error, "lost": self.capture.lost}
         return snap

@@ -23,9 +23,11 @@ from pathlib import Path
 
 from pfcxl.errors import ApplianceError
 
+from . import fs_room
 from .address_map import interleave
 from .crc_zeros import crc32_zeros
 from .topology_model import Appliance
+from .units import human
 
 LAYOUT_FILE = "layout.json"
 POOL_ID_FILE = "pool-id"
@@ -110,6 +112,7 @@ class Pool:
             names += [(f"private/{s}", a.shared + s * a.private, a.private) for s in range(a.ports)]
         if self.directory is not None:
             self._check_directory()
+            self._check_room(names)
         try:
             for name, offset, size in names:
                 self.partitions.append(Partition(name, offset, size, self._open_one(name, size)))
@@ -145,12 +148,28 @@ class Pool:
             raise ApplianceError(f"{self.directory} holds pool files but no {LAYOUT_FILE}: left by an "
                                  "unknown run; refusing to reuse them")
 
+    def _check_room(self, names: list[tuple[str, int, int]]) -> None:
+        """Room for every page the pool may still need (its files are sparse: a page written
+        where the file system has none is a SIGBUS in whoever wrote it)."""
+        assert self.directory is not None
+        needed = 0
+        for name, _, size in names:
+            try:
+                needed += max(size - os.stat(self._path(name)).st_blocks * 512, 0)
+            except FileNotFoundError:
+                needed += size
+        fs_room.check_room(self.directory, needed, f"the pool of {human(self.mapped_bytes)}")
+
+    def _path(self, name: str) -> Path:
+        assert self.directory is not None
+        return self.directory / f"{name.replace('/', '-')}.pool"
+
     def _open_one(self, name: str, size: int) -> int:
         if self.directory is None:
             fd = os.memfd_create(f"pfcxl-{name.replace('/', '-')}", os.MFD_CLOEXEC)
             os.ftruncate(fd, size)
             return fd
-        path = self.directory / f"{name.replace('/', '-')}.pool"
+        path = self._path(name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         have = os.fstat(fd).st_size
         if have not in (0, size):

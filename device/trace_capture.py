@@ -6,7 +6,9 @@
     DIR/host03.phases.json          the plugin's phase events of that host (written by multihost,
                                     which reads them from the host's plugin log): the row boundaries
     DIR/capture.json                the manifest, rewritten (write, then rename) whenever a stream
-                                    completes; "complete": true once the service closed the capture
+                                    ends; "closed": true once the service closed the capture,
+                                    "complete": true if then nothing is in "problems" (a stream cut
+                                    short, a write that failed)
 
 A stream file still named .partial, or one the manifest does not list, is not finished: the reader
 takes only what the manifest lists, with its record count checked.
@@ -15,6 +17,7 @@ takes only what the manifest lists, with its record count checked.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -23,6 +26,7 @@ from pfcxl.errors import ApplianceError, PfcxlError
 
 from .trace_format import RECORD_FIELDS, RECORD_SIZE
 
+log = logging.getLogger("pfcxl.appliance")
 MANIFEST = "capture.json"
 FORMAT = "pfcxl appliance capture 1"
 
@@ -45,19 +49,30 @@ def check_dir(folder: Path) -> Path:
 
 def _write_json(path: Path, doc: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)          # never a half-written manifest left behind
+        raise
 
 
 class CaptureWriter:
-    """Appends each attachment's modelled records to its own file; thread-safe."""
+    """Appends each attachment's modelled records to its own file; thread-safe.
+
+    A capture that cannot be written (a full disk) never stops the modelling: the first failure
+    is kept in `error`, every stream file is cut back to the records it fully holds, nothing more
+    is written to them, and the manifest says the capture is incomplete and why. A stream cut
+    short for another reason (its ring broke) is listed with that reason (`cut`)."""
 
     def __init__(self, folder: Path, system: str) -> None:
         self.folder = check_dir(folder)
         self.folder.mkdir(mode=0o700, exist_ok=True)
         self.system = system
+        self.error: str | None = None           # why the capture stopped being written
+        self.lost = 0                           # records modelled and not captured since
         self._lock = threading.Lock()
-        self._open: dict[int, dict] = {}        # stream key -> {host, port, file, records, fh}
+        self._open: dict[int, dict] = {}        # stream key -> {host, port, file, records, fd}
         self._done: list[dict] = []
         self._manifest(complete=False)
 
@@ -67,38 +82,94 @@ class CaptureWriter:
     def stream(self, key: int, host: int, port: int) -> None:
         name = self._name(key, host)
         with self._lock:
-            fh = open(self.folder / f"{name}.partial", "wb")
-            self._open[key] = {"key": key, "host": host, "port": port, "file": name, "records": 0, "fh": fh}
+            s = {"key": key, "host": host, "port": port, "file": name, "records": 0, "cut": None, "fd": None,
+                 "created": False}
+            self._open[key] = s
+            if self.error is None:
+                try:
+                    s["fd"] = os.open(self.folder / f"{name}.partial",
+                                      os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                    s["created"] = True
+                except OSError as exc:
+                    self._fail(f"creating {name}.partial", exc)
 
     def add(self, key: int, records: "np.ndarray") -> None:
         with self._lock:
             s = self._open[key]
-            s["fh"].write(records.tobytes(order="C"))
+            if s["fd"] is None:
+                self.lost += len(records)
+                return
+            data = memoryview(records.tobytes(order="C"))
+            try:
+                while data:
+                    data = data[os.write(s["fd"], data):]
+            except OSError as exc:
+                self.lost += len(records)
+                self._fail(f"writing {s['file']}", exc)
+                return
             s["records"] += len(records)
 
-    def finish(self, key: int) -> None:
-        """The stream is complete: flushed, renamed, listed in the manifest."""
-        with self._lock:
-            self._finish(key)
+    def _fail(self, doing: str, exc: OSError) -> None:
+        """Stop writing: every stream keeps exactly the records it fully holds, and the manifest
+        says why (its own failure ends here: it is not retried)."""
+        first = self.error is None
+        if first:
+            self.error = f"{doing}: {exc.strerror or exc}"
+            log.error("capture %s stopped (the modelling goes on): %s", self.folder, self.error)
+        for s in self._open.values():
+            if s["fd"] is not None:
+                try:
+                    os.ftruncate(s["fd"], s["records"] * RECORD_SIZE)
+                except OSError:
+                    pass                         # not a regular file; the manifest's count still rules
+                os.close(s["fd"])
+                s["fd"] = None
+        if first:                                # the cut files freed room for this small file
             self._manifest(complete=False)
 
-    def _finish(self, key: int) -> None:
+    def finish(self, key: int, cut: str | None = None) -> None:
+        """The stream ends (the host detached, or `cut`: why its records stop short): renamed,
+        listed in the manifest."""
+        with self._lock:
+            self._finish(key, cut)
+            self._manifest(complete=False)
+
+    def _finish(self, key: int, cut: str | None = None) -> None:
         s = self._open.pop(key)
-        s.pop("fh").close()
-        os.replace(self.folder / f"{s['file']}.partial", self.folder / s["file"])
-        self._done.append(s)
+        s["cut"] = cut
+        fd, created = s.pop("fd"), s.pop("created")
+        try:
+            if fd is not None:
+                os.close(fd)
+            if created:
+                os.replace(self.folder / f"{s['file']}.partial", self.folder / s["file"])
+        except OSError as exc:
+            self._fail(f"closing {s['file']}", exc)
+            created = False
+        if created:                              # only a file in place is listed
+            self._done.append(s)
 
     def close(self) -> None:
+        """Finish every stream and write the manifest; never raises for the disk."""
         with self._lock:
             for key in list(self._open):
                 self._finish(key)
             self._manifest(complete=True)
 
+    def problems(self) -> list[str]:
+        out = [f"capture stopped: {self.error} ({self.lost} modelled records not captured)"] if self.error else []
+        return out + [f"host {s['host']} stream {s['key']} cut: {s['cut']}" for s in self._done if s["cut"]]
+
     def _manifest(self, complete: bool) -> None:
-        _write_json(self.folder / MANIFEST, {
-            "format": FORMAT, "system": self.system, "record_size": RECORD_SIZE,
-            "fields": [list(f) for f in RECORD_FIELDS], "complete": complete,
-            "streams": sorted(self._done, key=lambda s: (s["host"], s["key"]))})
+        problems = self.problems()
+        try:
+            _write_json(self.folder / MANIFEST, {
+                "format": FORMAT, "system": self.system, "record_size": RECORD_SIZE,
+                "fields": [list(f) for f in RECORD_FIELDS], "complete": complete and not problems,
+                "closed": complete, "problems": problems,
+                "streams": sorted(self._done, key=lambda s: (s["host"], s["key"]))})
+        except OSError as exc:
+            self._fail(f"writing {MANIFEST}", exc)
 
 
 def write_phases(folder: Path, host: int, phases: list[dict]) -> None:
@@ -117,6 +188,8 @@ def read_capture(folder: Path, *, need_complete: bool = True) -> dict:
             raise ValueError(f"format {doc.get('format')!r}, not {FORMAT!r}")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PfcxlError(f"{folder / MANIFEST}: not a capture's manifest ({exc})") from exc
+    if need_complete and doc.get("problems"):
+        raise PfcxlError(f"{folder}: the capture is incomplete: {'; '.join(map(str, doc['problems']))}")
     if need_complete and not doc.get("complete"):
         raise PfcxlError(f"{folder}: the capture was not closed (the appliance is still running or died); "
                          "its manifest lists only the hosts that detached")

@@ -32,6 +32,8 @@ class Ring:
         self._head = ctypes.c_uint64.from_buffer(mm, tf.HEAD_OFFSET)
         self._tail = ctypes.c_uint64.from_buffer(mm, tf.TAIL_OFFSET)
         self._dropped = ctypes.c_uint64.from_buffer(mm, tf.DROPPED_OFFSET)
+        # The invariants a drain checks: only we store tail, and the producer's head never goes back.
+        self._our_tail, self._last_head = self._tail.value, self._head.value
 
     @classmethod
     def create(cls, path: Path, capacity: int = DEFAULT_CAPACITY) -> "Ring":
@@ -110,8 +112,9 @@ class Ring:
         their slots for the producer."""
         import numpy as np
         head, tail = self.head, self.tail   # head read first: records before it are complete
-        if head < tail or head - tail > self.capacity:
-            raise TimingError(f"{self.path}: corrupt ring (head {head}, tail {tail}, capacity {self.capacity})")
+        if tail != self._our_tail or head < self._last_head or head - tail > self.capacity:
+            raise TimingError(f"{self.path}: corrupt ring (head {head} after {self._last_head}, tail {tail} "
+                              f"where the drainer left {self._our_tail}, capacity {self.capacity})")
         n = head - tail
         first = tail % self.capacity
         count1 = min(n, self.capacity - first)
@@ -119,7 +122,7 @@ class Ring:
         parts = [np.frombuffer(self._mm, _dtype(), count1, base + first * tf.RECORD_SIZE).copy()]
         if n > count1:
             parts.append(np.frombuffer(self._mm, _dtype(), n - count1, base).copy())
-        self._tail.value = head   # only now may the producer reuse those slots
+        self._tail.value = self._our_tail = self._last_head = head   # only now may the producer reuse those slots
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def close(self) -> None:

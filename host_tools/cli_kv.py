@@ -16,7 +16,7 @@ from pfcxl.device.units import human, parse_size
 from pfcxl.errors import PfcxlError
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
-from . import appliance, argtypes, debian_image
+from . import appliance, argtypes, bus_error, debian_image
 from .ui import out
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -42,14 +42,17 @@ def pool_file(args) -> Path:
 
 
 def open_store(args, host=None):
+    path = pool_file(args)
+    bus_error.guard(path)                # a page its file system cannot supply: one line, not a core
     try:
-        return kv.Store.open(str(pool_file(args)), host=host, base=args.base)
+        return kv.Store.open(str(path), host=host, base=args.base)
     except kv.KVError as exc:
         raise PfcxlError(str(exc)) from exc
 
 
 def cmd_format(args) -> int:
     path = pool_file(args)
+    bus_error.guard(path)
     try:
         if not args.force:
             try:

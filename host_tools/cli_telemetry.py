@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
 from pfcxl.device import fabric_constants as fc
@@ -41,13 +42,16 @@ def _rate(now: dict, before: dict | None, seconds: float) -> str:
 
 def headline(stats: dict) -> str:
     a, labels = stats["appliance"], stats["labels"]
-    rings = stats["rings"]
+    rings, capture = stats["rings"], stats.get("capture")
     models = " and ".join(labels[m] for m in stats["models"])
     return (f"appliance '{a['topology']}' (pid {stats['pid']}): {models}, {stats['issue']} issue; "
             f"{stats['windows']} windows, {stats['records']:,} CXL requests modelled"
             + (f", {stats['unmapped']:,} outside the pool" if stats["unmapped"] else "")
             + f"; rings: largest fill {rings['largest_fill']:,} of {rings['capacity']:,} records "
             f"({_pct(rings['largest_fill_fraction'])}), {rings['dropped']} dropped"
+            + (f", {rings['implausible']:,} implausible records refused" if rings.get("implausible") else "")
+            + "".join(f"; [red]host {c['host']}'s ring detached: {escape(c['why'])}[/red]" for c in rings.get("cut", []))
+            + (f"; [red]capture incomplete: {escape(capture['error'])}[/red]" if capture and capture.get("error") else "")
             + (f"; [red]timing failed: {stats['error']}[/red]" if stats.get("error") else ""))
 
 
@@ -85,7 +89,8 @@ def tables(stats: dict, before: dict | None = None, seconds: float = 0.0) -> lis
             if kind == "host":
                 row += [f"{_pct(util.get('port_up'))} / {_pct(util.get('port_down'))}"] if pf else []
                 ring = e.get("ring") or {}
-                row += [f"{ring.get('largest_fill', 0):,}" + ("" if e.get("attached") else " (gone)")]
+                gone = " (cut)" if ring.get("cut") else "" if e.get("attached") else " (gone)"
+                row += [f"{ring.get('largest_fill', 0):,}{gone}"]
             t.add_row(*row)
         out.append(t)
     return out

@@ -34,6 +34,8 @@ def test_two_timed_hosts_are_merged_and_modelled_on_the_pf_fabric(tmp_path):
     assert sum(m["reads"] for m in figures["modules"]) == sum(h["reads"] for h in hosts.values())
     assert figures["rings"]["dropped"] == 0 and 0 < figures["rings"]["largest_fill"] <= figures["rings"]["capacity"]
     assert figures["error"] is None and figures["pending"] == 0
+    # the real plugin's rings keep their invariants and its counts are within the plausible bound
+    assert figures["rings"]["implausible"] == 0 and figures["rings"]["cut"] == []
     # --capture: each host's capture holds exactly the records the service drained and modelled,
     # complete (the temporary appliance closed it), with the plugin's one phase (the bracket) per host
     got = trace_capture.read_capture(tmp_path / "capture")

@@ -18,12 +18,15 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from pfcxl.device import topology
+from pfcxl.device import address_map, topology
+from pfcxl.device import trace_format as tf
 from pfcxl.device.topology import Topology
 from pfcxl.device.units import MiB
 from pfcxl.host_tools import appliance
+from pfcxl.host_tools.trace_ring import Ring
 
 
 # 4 modules x 256 MiB, 2 ports; shared 256 MiB + 2 x private 256 MiB = 768 MiB mapped
@@ -34,6 +37,25 @@ WAIT = 20.0                      # seconds a wait_until may take before the test
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def play_plugin(att: appliance.Attachment, records: np.ndarray) -> None:
+    """What the plugin does: records after the header, then head moved past them."""
+    ring = Ring.open(f"/proc/self/fd/{att.ring_fd}")
+    try:
+        start = tf.HEADER_SIZE + ring.head * tf.RECORD_SIZE
+        ring._mm[start:start + records.nbytes] = records.tobytes()
+        ring._head.value = ring.head + len(records)
+    finally:
+        ring.close()
+
+
+def reads_of_the_shared_region(topo, n: int) -> np.ndarray:
+    r = np.zeros(n, np.dtype(tf.RECORD_FIELDS))
+    r["insn"] = np.arange(n, dtype=np.uint64) * 5000          # far apart: an idle fabric
+    r["hpa"] = address_map.dax_placements(topo)[0].base + np.arange(n, dtype=np.uint64) * 4096
+    r["size"] = 8
+    return r
 
 
 def write_topology(path: Path, **values: object) -> tuple[Topology, Path]:

@@ -10,14 +10,13 @@ import os
 import numpy as np
 import pytest
 
-from pfcxl.device import address_map, fabric_model, trace_capture
-from pfcxl.device import trace_format as tf
+from pfcxl.device import fabric_model, trace_capture
 from pfcxl.device.appliance_ops import MAX_SYNC_WAITING
 from pfcxl.errors import PfcxlError
 from pfcxl.host_tools import appliance
-from pfcxl.device.trace_ring import Ring
 
-from .appliance_helpers import Raw, _stop_and_check, services, write_topology  # noqa: F401 (a fixture)
+from .appliance_helpers import (Raw, _stop_and_check, play_plugin, reads_of_the_shared_region,  # noqa: F401
+                                services, write_topology)
 
 
 @pytest.fixture(scope="module")
@@ -30,25 +29,6 @@ def timed(tmp_path_factory):
         yield topo, run_dir
     finally:
         _stop_and_check(run_dir, pid)
-
-
-def play_plugin(att: appliance.Attachment, records: np.ndarray) -> None:
-    """What the plugin does: records after the header, then head moved past them."""
-    ring = Ring.open(f"/proc/self/fd/{att.ring_fd}")
-    try:
-        start = tf.HEADER_SIZE + ring.head * tf.RECORD_SIZE
-        ring._mm[start:start + records.nbytes] = records.tobytes()
-        ring._head.value = ring.head + len(records)
-    finally:
-        ring.close()
-
-
-def reads_of_the_shared_region(topo, n: int) -> np.ndarray:
-    r = np.zeros(n, np.dtype(tf.RECORD_FIELDS))
-    r["insn"] = np.arange(n, dtype=np.uint64) * 5000          # far apart: an idle fabric
-    r["hpa"] = address_map.dax_placements(topo)[0].base + np.arange(n, dtype=np.uint64) * 4096
-    r["size"] = 8
-    return r
 
 
 def test_each_host_gets_its_own_ring_and_its_records_are_modelled(timed):

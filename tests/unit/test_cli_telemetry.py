@@ -57,7 +57,8 @@ def test_the_thread_drains_models_and_keeps_a_gone_hosts_figures(timing):
     stats = synced(timing)
     host = stats["hosts"][0]
     assert (host["host"], host["port"], host["reads"], host["attached"]) == (2, 4, 3000, True)
-    assert host["ring"] == {"capacity": 4096, "largest_fill": 3000, "dropped": 0, "drained": 3000}
+    assert host["ring"] == {"capacity": 4096, "largest_fill": 3000, "dropped": 0, "drained": 3000, "implausible": 0,
+                            "cut": None}
     assert stats["rings"]["largest_fill"] == 3000 and stats["pending"] == 0 and stats["error"] is None
     timing.detach(2)
     stats = synced(timing)

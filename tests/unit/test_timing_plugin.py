@@ -224,6 +224,24 @@ def test_drain_refuses_a_corrupt_ring(tmp_path):
     ring.close()
 
 
+def test_drain_refuses_every_header_the_drainer_did_not_leave(tmp_path):
+    """Only the drainer stores tail and head never goes back: a header that says otherwise
+    (within the capacity, which once passed) is refused, not drained again."""
+    for i, (head, tail) in enumerate([(6, 3), (6, 5), (4, 6), (5, 5), (6, 7), (3, 2)]):
+        ring = trace_ring.Ring.create(tmp_path / f"r{i}", capacity=4)
+        producer = FakePlugin(tmp_path / f"r{i}")
+        for j in range(6):
+            producer.push(rec(j))
+            if j in (1, 3):
+                ring.drain()                  # head and tail at 4 after the second drain
+        with open(tmp_path / f"r{i}", "r+b") as f:
+            f.seek(24)
+            f.write(struct.pack("<QQ", head, tail))
+        with pytest.raises(timing.TimingError, match="corrupt ring"):
+            ring.drain()
+        ring.close()
+
+
 def test_drainer_thread_keeps_up_with_a_waiting_producer(tmp_path):
     ring = trace_ring.Ring.create(tmp_path / "r", capacity=16)
     out = tmp_path / "trace"

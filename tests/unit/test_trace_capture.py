@@ -87,3 +87,64 @@ def test_appliance_start_checks_capture_before_starting(tmp_path):
     with pytest.raises(ApplianceError, match="not empty"):
         appliance.start(topo, path, tmp_path / "run", timing="pf", capture=tmp_path / "cap")
     assert appliance.running_pid(tmp_path / "run") is None
+
+
+def test_a_stream_cut_short_keeps_its_records_and_the_capture_is_not_complete(tmp_path):
+    w = trace_capture.CaptureWriter(tmp_path / "cap", "pf")
+    w.stream(1, host=0, port=0)
+    w.stream(2, host=1, port=1)
+    w.add(1, records(30, 0))
+    w.add(2, records(10, 1))
+    w.finish(2, cut="corrupt ring (head 5 after 9)")
+    w.close()
+    doc = json.loads((tmp_path / "cap" / trace_capture.MANIFEST).read_text())
+    assert doc["closed"] and not doc["complete"]
+    assert doc["problems"] == ["host 1 stream 2 cut: corrupt ring (head 5 after 9)"]
+    with pytest.raises(PfcxlError, match=r"incomplete: host 1 stream 2 cut: corrupt ring \(head 5 after 9\)"):
+        trace_capture.read_capture(tmp_path / "cap")
+    got = trace_capture.read_capture(tmp_path / "cap", need_complete=False)
+    assert np.array_equal(got["hosts"][1]["records"], records(10, 1)) and len(got["hosts"][0]["records"]) == 30
+
+
+def test_a_full_disk_at_any_write_loses_no_consistency_and_raises_nothing(tmp_path):
+    """/dev/full (ENOSPC on every write) stands for a full file system at a file the capture
+    writes: the manifest's temporary file, or a stream's file (the stream opened just then), at
+    the first stream, in the middle or at the close. What is left is never a temporary file, never
+    a manifest claiming completeness, and every listed stream holds exactly its count."""
+    for case, (manifest, stage) in enumerate((m, st) for m in (True, False) for st in (0, 1, 2)):
+        folder = tmp_path / f"c{case}"
+        w = trace_capture.CaptureWriter(folder, "pf")
+
+        def fill_up(key: int, host: int) -> None:
+            name = trace_capture.MANIFEST + ".tmp" if manifest else f"host{host:02d}.s{key}.records.partial"
+            (folder / name).symlink_to("/dev/full")
+
+        plan = {0: (1, 0), 1: (3, 2), 2: (4, 3)}    # stage -> the stream opened right after the disk filled
+        if stage == 0:
+            fill_up(*plan[0])
+        w.stream(1, host=0, port=0)
+        w.stream(2, host=1, port=1)
+        w.add(1, records(40, 0))
+        if stage == 1:
+            fill_up(*plan[1])
+        w.stream(3, host=2, port=2)
+        w.add(2, records(20, 1))
+        w.add(3, records(10, 2))
+        w.add(1, records(40, 0, 40))
+        w.finish(2)
+        if stage == 2:
+            fill_up(*plan[2])
+        w.stream(4, host=3, port=3)
+        w.add(4, records(5, 3))
+        w.close()
+        what = (manifest, stage)
+        assert w.error is not None and "No space left on device" in w.error, what
+        assert not list(folder.glob("*.tmp")), what
+        doc = json.loads((folder / trace_capture.MANIFEST).read_text())
+        assert not doc["complete"] and doc["problems"], what
+        for s in doc["streams"]:
+            path = folder / s["file"]
+            if not path.is_symlink():             # the stream whose file was /dev/full has nothing to read
+                assert path.stat().st_size == s["records"] * 24, what
+        if not manifest:
+            assert w.lost > 0, what
