@@ -14,6 +14,7 @@ from rich.markup import escape
 from pfcxl.errors import ServingError
 from pfcxl.serving import inputs
 
+from . import cli_serving_trace
 from .ui import err, out
 
 DESCRIPTION = """\
@@ -114,6 +115,9 @@ def cmd_serving(args) -> int:
     else:
         cal = calibrate.load()
     tflops = args.prefill_tflops or cal.prefill_tflops_per_gpu
+    cli_serving_trace.check_trace_only(args)
+    if args.trace:
+        return cli_serving_trace.cmd_trace(args, roles, tiers, w, gpu, tflops)
     calibration = {"prefill_tflops_per_gpu": tflops, "source": "--prefill-tflops" if args.prefill_tflops
                    else ("fitted now (--calibrate)" if args.calibrate else str(calibrate.CALIBRATION)),
                    "command": calibrate.COMMAND}
@@ -174,4 +178,5 @@ def add_parsers(sub) -> None:
                    help="re-fit the prefill throughput to the paper's 50-session TTFT and use it")
     p.add_argument("--save", action="store_true", help="with --calibrate: store the fit in the package")
     p.add_argument("--out", help="results directory (default results/serving-<time>-<model>)")
+    cli_serving_trace.add_options(p)
     p.set_defaults(func=cmd_serving)

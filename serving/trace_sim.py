@@ -70,6 +70,7 @@ class TraceResult:
     gpu_tier_blocks: float
     kv_tier_blocks: float
     block_load_s: float
+    prefill_busy_s: float = 0.0
 
     def summary(self) -> dict:
         total = int(self.input_tokens.sum())
@@ -85,6 +86,9 @@ class TraceResult:
             ms = self.ttft_s * 1000
             doc["ttft_ms"] = {"mean": float(ms.mean()), **{f"p{q}": float(np.percentile(ms, q)) for q in (50, 90, 99)}}
             doc["block_load_ms"] = self.block_load_s * 1000
+            # prefill time over the trace's span: above 100% the GPUs cannot keep up and the queue
+            # (and TTFT) grows through the trace
+            doc["prefill_utilisation"] = self.prefill_busy_s / doc["span_s"] if doc["span_s"] else 0.0
             doc["gpu_tier_blocks"] = self.gpu_tier_blocks
         doc["kv_tier_blocks"] = None if self.kv_tier_blocks == UNBOUNDED else self.kv_tier_blocks
         return doc
@@ -131,7 +135,7 @@ def replay(setup: TraceSetup) -> TraceResult:
     # (time, kind, request); at one instant finishes (-1) go first, then arrivals (0), loads (1)
     events = [(r.timestamp_ms * scale, 0, i) for i, r in enumerate(trace.requests)]
     heapq.heapify(events)
-    link_free = gpu_free = 0.0
+    link_free = gpu_free = busy = 0.0
     while events:
         now, kind, i = heapq.heappop(events)
         r = trace.requests[i]
@@ -144,7 +148,9 @@ def replay(setup: TraceSetup) -> TraceResult:
             heapq.heappush(events, (link_free if load else now, 1, i))
         elif kind == 1:                              # loaded: queue the prefill of the rest
             hit = int(gpu_hit[i] + kv_hit[i])
-            gpu_free = max(now, gpu_free) + compute.prefill_seconds(model, r.input_length - hit, hit, flops)
+            prefill = compute.prefill_seconds(model, r.input_length - hit, hit, flops)
+            busy += prefill
+            gpu_free = max(now, gpu_free) + prefill
             heapq.heappush(events, (gpu_free, 2, i))
         elif kind == 2:                              # first token: store, decode
             ttft[i] += now
@@ -153,4 +159,4 @@ def replay(setup: TraceSetup) -> TraceResult:
             heapq.heappush(events, (finish, -1, i))
         else:
             tiers.finish(i)
-    return TraceResult(setup, inputs, gpu_hit, kv_hit, counted, ttft, gpu_blocks, kv_blocks, load_per_block)
+    return TraceResult(setup, inputs, gpu_hit, kv_hit, counted, ttft, gpu_blocks, kv_blocks, load_per_block, busy)
