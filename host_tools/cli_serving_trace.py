@@ -140,6 +140,12 @@ def add_options(p) -> None:
                    "(LLMServingSim's radix tree); also for the session model")
     g.add_argument("--reservation", action="store_true",
                    help="radix-lru: the KV tier first reserves room for every running request's full KV")
+    p.add_argument("table", nargs="?", choices=("retrieval",),
+                   help="retrieval: the paper's Table I, loading KV from host memory or disk vs recomputing it")
+    r = p.add_argument_group("retrieval table")
+    r.add_argument("--disk", default="nvme-gen4", help="disk tier: a name in serving/data/disks or a TOML path "
+                   "(read_gbs and its source; default nvme-gen4)")
+    r.add_argument("--disk-gbs", type=float, help="disk read bandwidth in GB/s instead of the file's")
     g.add_argument("--hit-accounting", default="any-tier",
                    help="what the hit rate counts: any-tier (default) or kv-beyond-gpu (LLMServingSim's "
                    "second-tier count)")
@@ -153,3 +159,49 @@ def check_trace_only(args) -> None:
         value = getattr(args, name)
         if value not in (None, False):
             raise ServingError(f"--{name.replace('_', '-')} is a trace-replay option: use it with --trace FILE")
+
+
+def cmd_retrieval(args, host, cal_tflops: float) -> int:
+    """`pfcxl serving retrieval`: the paper's Table I from the serving model (serving/retrieval.py)."""
+    from rich.table import Table
+
+    from pfcxl.serving import calibrate, retrieval
+    disk = retrieval.load_disk(args.disk)
+    if args.disk_gbs is not None:
+        if not args.disk_gbs > 0:
+            raise ServingError(f"--disk-gbs: {args.disk_gbs!r} must be a positive number")
+        disk = retrieval.Disk(disk.name, args.disk_gbs, "--disk-gbs")
+    cal = calibrate.load()
+    fraction = retrieval.fitted_fraction(cal_tflops, inputs.load_gpu("h200"))
+    t = Table(title=f"Loading KV vs recomputing it: speedup ranges over batch {list(retrieval.BATCHES)} and "
+              f"contexts 1K..4M tokens that fit the GPUs; prefill at {fraction:.1%} of each GPU's dense BF16 peak "
+              f"(calibrated on h200); host DRAM {host.dram_bandwidth_gbs:g} GB/s; disk {disk.name} "
+              f"{disk.read_gbs:g} GB/s ({disk.source})", title_justify="left")
+    for col in ("model", "GPUs", "contexts", "host: model", "paper", "ratio lo/hi", "disk: model", "paper",
+                "ratio lo/hi"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    rows = []
+    for (name, gpu_name, gpus), (paper_host, paper_disk) in retrieval.PAPER.items():
+        model, gpu = inputs.load_model(name), inputs.load_gpu(gpu_name)
+        pts = retrieval.points(model, gpu, gpus, host, disk, fraction * gpu.bf16_dense_tflops * 1e12)
+        if not pts:
+            raise ServingError(f"{name} on {gpus} x {gpu_name}: no batch of 1K tokens fits the GPUs' HBM")
+        host_range = (min(p.host_speedup for p in pts), max(p.host_speedup for p in pts))
+        disk_range = (min(p.disk_speedup for p in pts), max(p.disk_speedup for p in pts))
+        row = {"model": name, "gpu": gpu_name, "gpus": gpus, "max_context": max(p.context for p in pts),
+               "host": host_range, "paper_host": paper_host, "disk": disk_range, "paper_disk": paper_disk}
+        rows.append(row)
+
+        def cells(mine, paper):
+            ratio = f"{mine[0] / paper[0]:.2f} / {mine[1] / paper[1]:.2f}" if paper else "-"
+            return [f"{mine[0]:.1f}x-{mine[1]:.1f}x", f"{paper[0]:g}x-{paper[1]:g}x" if paper else "-", ratio]
+        t.add_row(name, f"{gpus} x {gpu_name}", f"1K-{row['max_context'] // 1024:,}K",
+                  *cells(host_range, paper_host), *cells(disk_range, paper_disk))
+    out.print(t)
+    if args.out:
+        import json
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "retrieval.json").write_text(json.dumps({"disk": vars(disk), "prefill_fraction": fraction,
+                                                                  "rows": rows}, indent=1))
+        err.print(f"results in {escape(str(Path(args.out) / 'retrieval.json'))}")
+    return 0
