@@ -16,8 +16,8 @@ from pathlib import Path
 from pfcxl.device import fs_room
 from pfcxl.errors import ApplianceError
 
-from . import cache
-from .compile import compile_cached
+from pfcxl import cache
+from pfcxl.compile import compile_cached
 
 SOURCE = Path(__file__).resolve().parent / "native" / "bus_error.c"
 CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=default")

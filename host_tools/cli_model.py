@@ -121,12 +121,11 @@ def placement(topo: topology.Topology) -> tuple[int, int]:
 
 def window(topo: topology.Topology) -> tuple[int, int]:
     """[base, end) HPAs a capture on `topo` can hold: its DAX region, else the appliance's pool from 0."""
-    from pfcxl.device import address_map
-    from . import timing_report
+    from pfcxl.device import address_map, fabric_systems
     if topo.regions:
         dax = address_map.dax_placements(topo)[0]
         return dax.base, dax.base + dax.size
-    return 0, timing_report.appliance_for(topo).capacity
+    return 0, fabric_systems.appliance_for(topo).capacity
 
 
 def checked(records: np.ndarray, topo: topology.Topology, source: Path) -> np.ndarray:

@@ -26,7 +26,7 @@ from pfcxl.device import trace_format as tf
 from pfcxl.device.topology import Topology
 from pfcxl.device.units import MiB
 from pfcxl.host_tools import appliance
-from pfcxl.host_tools.trace_ring import Ring
+from pfcxl.device.trace_ring import Ring
 
 
 # 4 modules x 256 MiB, 2 ports; shared 256 MiB + 2 x private 256 MiB = 768 MiB mapped

@@ -11,7 +11,8 @@ import pytest
 
 from pfcxl.device import address_map, fabric_replay as fr
 from pfcxl.device.fabric_engine import trace_dtype
-from pfcxl.host_tools import cli_model, timing_report
+from pfcxl.device import fabric_systems
+from pfcxl.host_tools import cli_model
 from pfcxl.errors import TimingError
 
 from . import bounded_cli
@@ -86,7 +87,7 @@ def test_the_last_line_of_the_window_is_in_it():
 
 def test_dilation_stretches_the_window_or_is_refused():
     tr = captured(hosts=1, n=2000)
-    model = timing_report.models(TOPO)["pf"]
+    model = fabric_systems.models(TOPO)["pf"]
     windows = [fr.replay(model, tr, base_hpa=BASE, granularity=TOPO.appliance.granularity, dilate=x).window_ps
                for x in (1.0, 1e3, 1e6, 1e9)]
     assert windows == sorted(windows) and windows[-1] > 1e8 * windows[0]
