@@ -14,7 +14,7 @@ Protocol: one JSON line each way per connection. {"op": "status"} -> state and p
 {"op": "exec", "command": str | [argv], "timeout": s} -> {"status", "output"} or {"error"};
 {"op": "down"} -> {"ok": true}, then the daemon shuts the guest down, removes DIR and exits.
 Commands run one at a time (the console is one shell); a second exec waits for the first.
-QEMU dies with the daemon (PR_SET_PDEATHSIG, host_tools/process.py), so a killed daemon leaves
+QEMU dies with the daemon (PR_SET_PDEATHSIG, pfcxl/process.py), so a killed daemon leaves
 no guest running; a client then finds no one on the socket and says the machine is dead.
 """
 

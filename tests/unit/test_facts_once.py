@@ -42,7 +42,7 @@ FACTS = [
      {"device/topology_model.py"}),
     ("the interleave decoder", r"//\s*\w*granularity\w*\)\s*%|%\s*(ways|modules)\b|granule\s*%\s*\w+",
      {"device/address_map.py"}),
-    ("compiling with gcc", r"\[\s*\"gcc\"", {"host_tools/compile.py"}),
+    ("compiling with gcc", r"\[\s*\"gcc\"", {"pfcxl/compile.py"}),
     ("the idle-latency formula", r"def idle_\w*ns\b", {"device/fabric_model.py"}),
 ]
 
