@@ -38,7 +38,7 @@ from pfcxl.errors import PfcxlError, VMError
 from . import cache
 
 SOCKET, REQUEST, DAEMON, ERROR, LOG = "control.sock", "request.json", "daemon.json", "error", "daemon.log"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")   # fullmatch: `$` lets "x\n" through
 # Options that change what boots: two machines match for --reuse when these and the topology
 # file's bytes are equal. Timeouts, progress and where files go do not change the guest.
 BOOT_OPTIONS = ("timing", "image", "host", "appliance", "cedt", "append", "inject_profile", "baseline_ns", "lean")
@@ -49,8 +49,8 @@ def machines_dir() -> Path:
 
 
 def machine_dir(name: str) -> Path:
-    if not NAME_RE.match(name):
-        raise PfcxlError(f"machine name '{name}' must be 1-64 letters, digits, '.', '_' or '-', "
+    if not NAME_RE.fullmatch(name):
+        raise PfcxlError(f"machine name {name!r} must be 1-64 letters, digits, '.', '_' or '-', "
                          "starting with a letter or digit")
     return machines_dir() / name
 
@@ -129,7 +129,7 @@ def describe(name: str) -> dict:
 
 def names() -> list[str]:
     base = machines_dir()
-    return sorted(p.name for p in base.iterdir() if p.is_dir() and NAME_RE.match(p.name)) if base.is_dir() else []
+    return sorted(p.name for p in base.iterdir() if p.is_dir() and NAME_RE.fullmatch(p.name)) if base.is_dir() else []
 
 
 def up(name: str, topology_path: Path, topology_name: str, options: dict, wait: float = 900) -> dict:
