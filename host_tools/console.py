@@ -9,7 +9,8 @@ packets and QEMU, then the guest, wait (tried: a 2 ms pause per read halved the 
 
 Commands are not typed: busybox's line editor drops lines past ~1,000 characters, and a typed
 quote that never closes leaves the shell waiting. A command becomes a script file (its bytes in
-base64, in lines short enough to type), checked with `sh -n`, and run with stdin from /dev/null.
+base64, in lines short enough to type), checked with `sh -n`, and run with stdin from /dev/null,
+as a job of its own beside a watchdog that kills its process group at the command's limit.
 """
 
 from __future__ import annotations
