@@ -57,8 +57,7 @@ class Result:
     command: str = ""
 
     @property
-    def output(self) -> str:
-        """The output as text (bytes that are not UTF-8 become U+FFFD)."""
+    def output(self) -> str:       # bytes that are not UTF-8 become U+FFFD
         return self.data.decode(errors="replace")
 
     @property
@@ -337,8 +336,7 @@ class Machine:
         return self._booted().check(command, timeout)
 
     def start_command(self, command: str | Sequence[str], timeout: float = 600):
-        """Type a command and return at once; finish_command() collects it. The guest kills it
-        once it has run `timeout` seconds."""
+        """Type a command and return at once; finish_command() collects it (killed at `timeout`)."""
         return self._booted().start_command(command, timeout)
 
     def finish_command(self, started, timeout: float = 600) -> Result:
