@@ -38,6 +38,7 @@ from typing import Any
 
 VERSION = 1
 MAX_LINE = 64 * 1024
+IDLE_TIMEOUT = 60.0            # seconds a connection that holds nothing may stay silent before it is closed
 MAX_HOST_ID = 1023
 
 # op -> {field: (type, required)}

@@ -45,7 +45,6 @@ from .pool import Pool
 log = logging.getLogger("pfcxl.appliance")
 MAX_CLIENTS = 256
 MAX_PER_PROCESS = 32           # connections one peer process may hold at once
-IDLE_TIMEOUT = 60.0            # seconds a connection without an attachment may stay silent
 MAX_PENDING = 1 << 20          # bytes of replies a client may leave unread before it is dropped
 MAX_CHECKSUMS_WAITING = 64     # checksum requests one connection may have waiting for the worker
 
@@ -64,7 +63,7 @@ class Client:
 
 class Service(Operations):
     def __init__(self, topo: topology.Topology, run_dir: Path, socket_path: Path, scan_interval: float,
-                 idle_timeout: float = IDLE_TIMEOUT, timing: str | None = None, issue: str = "dependent",
+                 idle_timeout: float = proto.IDLE_TIMEOUT, timing: str | None = None, issue: str = "dependent",
                  capture: Path | None = None) -> None:
         if topo.appliance is None:
             raise PfcxlError(f"topology '{topo.name}' has no [appliance] section")
@@ -349,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topology", required=True)
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--scan-interval", type=float, default=5.0)
-    ap.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT)
+    ap.add_argument("--idle-timeout", type=float, default=proto.IDLE_TIMEOUT)
     ap.add_argument("--timing", choices=tuple(SYSTEMS), help="model every host's traffic on this fabric")
     ap.add_argument("--issue", choices=ISSUES, default="dependent")
     ap.add_argument("--capture", type=Path, help="with --timing: keep every host's drained records here")

@@ -29,7 +29,7 @@ MAX_RESTRICTIONS = RESTRICTION_MASK          # CFMWS restriction bits 0-5 (CXL 3
 BACKEND_PREFIX = "backend-"                 # memory-backend ids: backend-<device id>
 LSA_PREFIX = "lsa-backend-"                 # label storage area backends: lsa-backend-<device id>
 DIRECT_PREFIX = "direct-"                   # the direct path's NVDIMM backends: direct-<device id>
-_QEMU_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]*$")
+_QEMU_ID = re.compile(r"[A-Za-z][A-Za-z0-9._-]*")    # fullmatch: `$` lets "x\n" through
 
 
 def _is_pow2(n: int) -> bool:
@@ -52,7 +52,7 @@ def check(problems: Problems, bridges: list[HostBridge], root_ports: list[RootPo
         if ident.startswith(BACKEND_PREFIX):
             problems.add(f"{kind} '{ident}'", f"ids starting with '{BACKEND_PREFIX}' are reserved for "
                          "the memory backends pfcxl creates")
-        if not _QEMU_ID.match(ident):
+        if not _QEMU_ID.fullmatch(ident):
             problems.add(f"{kind} '{ident}'", "id must start with a letter and use only letters, "
                          "digits, '.', '-', '_' (QEMU's id rule)")
         if ident in seen:

@@ -10,12 +10,12 @@ GiB = 1 << 30
 TiB = 1 << 40
 
 _SUFFIX = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": TiB}
-_SIZE_RE = re.compile(r"^\s*(0x[0-9a-fA-F_]+|[0-9_]+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"\s*(0x[0-9a-fA-F_]+|[0-9_]+)\s*([KMGT]?)(?:i?B)?\s*", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
     """'256M', '8KiB', '4G', '0x1000' or '4096' -> bytes (binary units). Raises ValueError."""
-    m = _SIZE_RE.match(text)
+    m = _SIZE_RE.fullmatch(text)
     if not m:
         raise ValueError(f"{text!r} is not a size (use e.g. 4096, 8K, 256M, 4G)")
     number, suffix = m.groups()

@@ -19,7 +19,7 @@ from pfcxl import cache
 from . import acpi, cdat, cedt
 from .layout import decode, flat_fields
 
-_LINE = re.compile(r"^\[([0-9A-F]+)h (\d+) ([0-9A-F]+)h\]\s+(.*?) : (.*)$")
+_LINE = re.compile(r"\[([0-9A-F]+)h (\d+) ([0-9A-F]+)h\]\s+(.*?) : (.*)")
 _PROBLEM = re.compile(r"\b(Error|Warning|Invalid|terminates in the middle|Unknown)\b", re.IGNORECASE)
 
 
@@ -63,7 +63,7 @@ def disassemble(data: bytes, kind: str) -> tuple[list[IaslField], list[str]]:
         text = dsl.read_text(errors="replace") if dsl.exists() else ""
     fields = []
     for line in text.splitlines():
-        m = _LINE.match(line.strip())
+        m = _LINE.fullmatch(line.strip())
         if m:
             fields.append(IaslField(int(m.group(1), 16), int(m.group(3), 16), m.group(4), m.group(5)))
         elif line.strip().startswith("**") or _PROBLEM.search(line) and not line.startswith(" *"):

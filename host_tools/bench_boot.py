@@ -36,7 +36,7 @@ from pfcxl.machine import Machine
 from . import argtypes
 from pfcxl.process import cpu_seconds
 
-DMESG_RE = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
+DMESG_RE = re.compile(r"\[\s*(\d+\.\d+)\]\s?(.*)")
 RUN_INIT = "Run /init as init process"
 PHASES = ("image", "qemu_start", "firmware", "kernel", "init", "ready", "qemu_cpu")
 
@@ -45,7 +45,7 @@ def kernel_gaps(dmesg: str, top: int = 5) -> tuple[float | None, list[tuple[floa
     """(kernel time at `Run /init`, the `top` longest silences before it with the line that ended each)."""
     at_init, previous, gaps = None, 0.0, []
     for line in dmesg.splitlines():
-        found = DMESG_RE.match(line.strip())
+        found = DMESG_RE.fullmatch(line.strip())
         if not found:
             continue
         stamp, text = float(found.group(1)), found.group(2)

@@ -29,7 +29,7 @@ from pfcxl.firmware_tables import boot_policy
 from . import argtypes, cli_appliance, cli_bench, cli_kv, cli_machines, cli_model, cli_serving, cli_topology
 from . import cli_telemetry, image, timing
 from .console import shell_command
-from .ui import err, out
+from .ui import err, out, write_output
 
 
 def _epilog() -> str:
@@ -177,8 +177,7 @@ def cmd_run(args) -> int:
                     cli_model.save_trace(Path(args.trace_out), records)
             else:
                 err.print(f"[dim]plugin ({args.timing}): {json.dumps(phase)}[/dim]", highlight=False)
-    sys.stdout.write(result.output)
-    sys.stdout.flush()
+    write_output(result.data)
     if appliance_figures is not None:
         cli_telemetry.show(appliance_figures, args.report)
     if report is not None:
@@ -311,13 +310,30 @@ def _terminate(signum, frame):  # SIGTERM and SIGHUP unwind like Ctrl-C, so ever
     raise KeyboardInterrupt
 
 
+def parse(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """parse_known_args, and options given after a command's positional arguments: argparse's
+    REMAINDER takes everything after them (`exec NAME --command-timeout 3 -- CMD` sent
+    "--command-timeout" to the guest as the command). Options before the `--` are moved in
+    front of the positional arguments and parsed; with no `--`, they are refused."""
+    args, extra = ap.parse_known_args(argv)
+    command = getattr(args, "command", None)
+    if not (isinstance(command, list) and command and command[0].startswith("-") and command[0] != "--"):
+        return args, extra
+    if "--" not in command:
+        ap.error(f"pfcxl {args.command_name}: {command[0]} after the positional arguments: options go before "
+                 "them, and the command after --")
+    head = command[:command.index("--")]
+    at = argv.index(args.command_name) + 1        # right after the subcommand's name
+    return ap.parse_known_args(argv[:at] + head + argv[at:len(argv) - len(command)] + command[len(head):])
+
+
 def main(argv: list[str] | None = None) -> int:
     # qemu.qmp runs QMP on a private asyncio loop; a Ctrl-C or SIGTERM/SIGHUP that lands inside it
     # leaves a task whose exception asyncio would print as a traceback at exit. pfcxl has already
     # shut the guest down and said so in one line: that echo is noise to a user.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     ap = parser()
-    args, extra = ap.parse_known_args(argv)
+    args, extra = parse(ap, list(sys.argv[1:] if argv is None else argv))
     if extra and getattr(args, "func", None) is cli_topology.cmd_tables and not any(a.startswith("-") for a in extra):
         args.items += extra     # file names after an option: `tables decode --as cdat FILE...`
     elif extra:
@@ -356,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                   highlight=False, soft_wrap=True)
         return 1
     except KeyboardInterrupt:
-        err.print("pfcxl: interrupted; guests were shut down")
+        # what is true of the command that was interrupted (`exec` leaves its machine up)
+        err.print(getattr(args, "interrupted", "pfcxl: interrupted; guests were shut down"), markup=False)
         return 130
 
 

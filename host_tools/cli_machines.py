@@ -4,7 +4,6 @@ and the boot options `run`, `boot`, `demo` and `up` share (so --reuse compares l
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from pfcxl.errors import PfcxlError
 
 from . import argtypes, detached
 from .console import shell_command
-from .ui import err, out
+from .ui import err, out, write_output
 
 DEFAULT_NAME = "default"
 
@@ -62,8 +61,7 @@ def add_reuse_option(p) -> None:
 def exec_in(name: str, command: str, timeout: float) -> int:
     """Run `command` in machine `name`; print its output as `pfcxl run` does; its status."""
     status, output = detached.exec_command(name, command, timeout)
-    sys.stdout.write(output)
-    sys.stdout.flush()
+    write_output(output)
     return status
 
 
@@ -132,12 +130,13 @@ def add_parsers(sub, common) -> None:
     p.add_argument("name", help="the machine (pfcxl ps)")
     p.add_argument("--command-timeout", type=argtypes.seconds, default=600, help="seconds for the command (default 600)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
-    p.set_defaults(func=cmd_exec)
+    p.set_defaults(func=cmd_exec, interrupted="pfcxl: interrupted; the machine stays up, and the command may "
+                   "still be running in it")
 
     p = sub.add_parser("ps", help="machines that are up: topology, age, state")
-    p.set_defaults(func=cmd_ps)
+    p.set_defaults(func=cmd_ps, interrupted="pfcxl: interrupted")
 
     p = sub.add_parser("down", help="stop a machine (or --all) and remove its files")
     p.add_argument("name", nargs="?")
     p.add_argument("--all", action="store_true", help="every machine")
-    p.set_defaults(func=cmd_down)
+    p.set_defaults(func=cmd_down, interrupted="pfcxl: interrupted; pfcxl ps shows what is still up")

@@ -9,7 +9,8 @@ packets and QEMU, then the guest, wait (tried: a 2 ms pause per read halved the 
 
 Commands are not typed: busybox's line editor drops lines past ~1,000 characters, and a typed
 quote that never closes leaves the shell waiting. A command becomes a script file (its bytes in
-base64, in lines short enough to type), checked with `sh -n`, and run with stdin from /dev/null.
+base64, in lines short enough to type), checked with `sh -n`, and run with stdin from /dev/null,
+as a job of its own beside a watchdog that kills its process group at the command's limit.
 """
 
 from __future__ import annotations
@@ -101,16 +102,18 @@ class CommandRunner:
     def __init__(self, console: Console) -> None:
         self.console = console
 
-    def start(self, command: str, timeout: float = 60) -> str:
-        """Write the script and start it; return its tag (for finish)."""
+    def start(self, command: str, limit: float, timeout: float = 60) -> str:
+        """Write the script and start it; return its tag (for finish). The guest kills the
+        script's process group (SIGKILL) once it has run `limit` seconds: a command that
+        overruns ends, the shell and the guest stay."""
         tag = secrets.token_hex(4)
         path = f"/tmp/pfcxl-{tag}"
         encoded = base64.b64encode(command.encode()).decode()
         # The markers only appear once the shell expands $((...)): the echo of a typed line cannot
         # be mistaken for them.
-        last = ""
+        first = f"p={path}; "
         if len(encoded) <= SHORT:       # the usual case: one line writes and starts the script
-            last = f"echo {encoded} >> {path}.b64; "
+            first += f"echo {encoded} >> $p.b64; "
         else:
             chunks = [encoded[i:i + CHUNK] for i in range(0, len(encoded), CHUNK)]
             for n, chunk in enumerate(chunks):
@@ -118,14 +121,20 @@ class CommandRunner:
                 self.console.send(f"echo {chunk} >> {path}.b64" + (f"; echo {tag}w$(({n}))" if ack else ""))
                 if ack:
                     self.console.expect(re.compile(rf"{tag}w{n}\r?\n".encode()), timeout)
+        # The script runs as a background job of the console's interactive shell, so job control
+        # gives it a process group of its own (pgid $c); a watchdog job kills that group when the
+        # limit passes and leaves $p.late behind to say so. Job notices ("[1]+ Done") only come
+        # at the next prompt, after the status marker.
         self.console.send(
-            f"{last}base64 -d {path}.b64 > {path}; echo {tag}$((0)); "
-            f"if sh -n {path}; then sh {path} </dev/null; r=$?; else r=syntax; fi; "
-            f"rm -f {path} {path}.b64; echo {tag}$((1))=$r")
+            f"{first}base64 -d $p.b64 > $p; echo {tag}$((0)); "
+            f"if sh -n $p; then sh $p </dev/null & c=$!; (sleep {limit:.3f}; : > $p.late; kill -KILL -$c) "
+            f"2>/dev/null & w=$!; wait $c; r=$?; kill -KILL -$w 2>/dev/null; [ -e $p.late ] && r=late; "
+            f"else r=syntax; fi; rm -f $p $p.b64 $p.late; echo {tag}$((1))=$r")
         return tag
 
     def finish(self, tag: str, timeout: float) -> tuple[bytes, str]:
-        """The script's output (console bytes) and its status: a number, or 'syntax'."""
+        """The script's output (console bytes) and its status: a number, 'syntax', or 'late' (the
+        guest killed it at its limit)."""
         self.console.expect(re.compile(rf"{tag}0\r?\n".encode()), timeout)
-        found = self.console.expect(re.compile(rf"{tag}1=(\d+|syntax)\r?\n".encode()), timeout, longest=64)
+        found = self.console.expect(re.compile(rf"{tag}1=(\d+|syntax|late)\r?\n".encode()), timeout, longest=64)
         return found.before, found.groups[0].decode()

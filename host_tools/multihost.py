@@ -40,9 +40,14 @@ class HostResult:
     port: int
     ready_seconds: float
     status: int | None          # None: the host failed before the command finished
-    output: str
+    data: bytes                 # the command's output, byte for byte
     error: str | None = None
     cpu_seconds: float | None = None    # QEMU's CPU time from launch to ready
+
+    @property
+    def output(self) -> str:
+        """The output as text (bytes that are not UTF-8 become U+FFFD)."""
+        return self.data.decode(errors="replace")
 
 
 def expand(command: str | Sequence[str], host: int, hosts: int) -> str:
@@ -169,10 +174,10 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
                 cpu = cpu_seconds(vm.pid) if vm.pid else None
                 vm.qmp("stop")                          # until every guest is ready (module docstring)
             except PfcxlError as exc:
-                results[b] = HostResult(b, port, time.monotonic() - started, None, "", str(exc))
+                results[b] = HostResult(b, port, time.monotonic() - started, None, b"", str(exc))
                 host_done(results[b])
                 continue
-            results[b] = HostResult(b, port, time.monotonic() - started, None, "", cpu_seconds=cpu)
+            results[b] = HostResult(b, port, time.monotonic() - started, None, b"", cpu_seconds=cpu)
             ready.append((b, vm, port))
         for h, vm, _ in list(ready):
             try:
@@ -186,12 +191,12 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
             f"{cpu_total:.1f}s of QEMU CPU time ({len(os.sched_getaffinity(0))} CPUs); running the command in each")
         marked = timing is None or marks_rows(command if isinstance(command, str) else " ".join(command))
         started_cmds = [(h, vm, vm.start_command(expand(command, h, hosts) if marked else
-                                                 bracket(expand(command, h, hosts), vm.ready)))
+                                                 bracket(expand(command, h, hosts), vm.ready), command_timeout))
                         for h, vm, _ in ready]
         for h, vm, token in started_cmds:
             try:
                 done = vm.finish_command(token, command_timeout)
-                results[h].status, results[h].output = done.status, done.output
+                results[h].status, results[h].data = done.status, done.data
             except PfcxlError as exc:
                 results[h].error = str(exc)
             host_done(results[h])

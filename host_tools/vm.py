@@ -49,11 +49,21 @@ class VMState(enum.Enum):
     FAILED = "failed"
 
 
+# How long after its limit a command's status may take to come back (the rest of its output
+# draining through the serial line) before the guest is taken for stuck.
+STATUS_GRACE = 60
+
+
 @dataclass(frozen=True)
 class CommandResult:
     command: str
-    output: str
+    data: bytes             # the command's output, byte for byte (the console's CR LF back to LF)
     status: int
+
+    @property
+    def output(self) -> str:
+        """The output as text (bytes that are not UTF-8 become U+FFFD)."""
+        return self.data.decode(errors="replace")
 
 
 def ring_fd_number(topo: Topology) -> int:
@@ -210,15 +220,17 @@ class VM:
 
     def run(self, command: str | Sequence[str], timeout: float = 120) -> CommandResult:
         """Run a command in the guest; return its output and exit status. A string is shell
-        syntax; a list is argv (each word quoted). The command has no stdin (/dev/null)."""
-        return self.finish_command(self.start_command(command), timeout)
+        syntax; a list is argv (each word quoted). The command has no stdin (/dev/null). One
+        that runs longer than `timeout` is killed in the guest (VMError); the guest stays up."""
+        return self.finish_command(self.start_command(command, timeout), timeout)
 
-    def start_command(self, command: str | Sequence[str]) -> tuple[str, str]:
-        """Start a command and return at once (several guests can then work at the same time)."""
+    def start_command(self, command: str | Sequence[str], timeout: float = 120) -> tuple[str, str, float]:
+        """Start a command and return at once (several guests can then work at the same time);
+        the guest kills it once it has run `timeout` seconds."""
         self._require(VMState.READY)
         command = shell_command(command)
         try:
-            return self._commands.start(command), command
+            return self._commands.start(command, timeout), command, timeout
         except ConsoleTimeout:
             self._fail(f"the guest shell did not take the command: {command[:200]}")
         except ConsoleClosed:
@@ -226,18 +238,21 @@ class VM:
 
     def finish_command(self, started: tuple[str, str], timeout: float = 120) -> CommandResult:
         """Wait for a command from start_command; its output and exit status."""
-        tag, command = started
+        tag, command, limit = started
         try:
-            output, status = self._commands.finish(tag, timeout)
+            output, status = self._commands.finish(tag, max(timeout, limit) + STATUS_GRACE)
         except ConsoleTimeout:
-            self._fail(f"command did not finish within {timeout:.0f}s: {command[:200]}")
+            self._fail(f"command did not finish within {timeout:g}s, and the guest did not end it: {command[:200]}")
         except ConsoleClosed:
             self._fail(self._panic() or f"QEMU exited while running: {command[:200]}")
-        text = output.decode(errors="replace").replace("\r\n", "\n")
+        data = output.replace(b"\r\n", b"\n")
         if status == "syntax":
             raise CommandError(f"{self.name}: the command is not valid shell syntax (sh -n): "
-                               f"{' '.join(text.split())}; command: {command[:200]}")
-        return CommandResult(command, text, int(status))
+                               f"{' '.join(data.decode(errors='replace').split())}; command: {command[:200]}")
+        if status == "late":
+            raise VMError(f"{self.name}: command did not finish within {limit:g}s: the guest killed it "
+                          f"(its process group); the guest is still up: {command[:200]}")
+        return CommandResult(command, data, int(status))
 
     def check(self, command: str, timeout: float = 120) -> str:
         """Run a command that must succeed; return its output."""

@@ -3,7 +3,7 @@
     import pfcxl
     with pfcxl.Machine("two-hb-interleave") as m:
         print(m.ready["regions"])                      # the guest's PFCXL-READY record
-        result = m.run("cxl list -R")                 # Result(status, output)
+        result = m.run("cxl list -R")                 # Result(status, data): .data bytes, .output text
         m.qmp("query-status")
 
 Every boot in pfcxl goes through `Machine`: the CLI (`run`, `boot`, `demo`, `bench`,
@@ -49,11 +49,16 @@ RUN_DIR_PLACEHOLDER = Path("RUN_DIR")
 
 @dataclass(frozen=True)
 class Result:
-    """A guest command's exit status and output (the console's CR LF turned into LF)."""
+    """A guest command's exit status and output: `data` byte for byte (the console's CR LF
+    turned into LF), `output` the same as text."""
 
     status: int
-    output: str
+    data: bytes
     command: str = ""
+
+    @property
+    def output(self) -> str:       # bytes that are not UTF-8 become U+FFFD
+        return self.data.decode(errors="replace")
 
     @property
     def ok(self) -> bool:
@@ -321,21 +326,22 @@ class Machine:
 
     def run(self, command: str | Sequence[str], timeout: float = 600) -> Result:
         """Run a command in the guest: a string is shell syntax, a list is argv (each word quoted);
-        stdin is /dev/null. Its exit status and output."""
+        stdin is /dev/null. Its exit status and output. A command still running after `timeout`
+        seconds is killed in the guest (VMError); the guest stays up for the next."""
         done = self._booted().run(command, timeout)
-        return Result(done.status, done.output, done.command)
+        return Result(done.status, done.data, done.command)
 
     def check(self, command: str, timeout: float = 600) -> str:
         """Run a command that must succeed; its output."""
         return self._booted().check(command, timeout)
 
-    def start_command(self, command: str | Sequence[str]):
-        """Type a command and return at once; finish_command() collects it."""
-        return self._booted().start_command(command)
+    def start_command(self, command: str | Sequence[str], timeout: float = 600):
+        """Type a command and return at once; finish_command() collects it (killed at `timeout`)."""
+        return self._booted().start_command(command, timeout)
 
     def finish_command(self, started, timeout: float = 600) -> Result:
         done = self._booted().finish_command(started, timeout)
-        return Result(done.status, done.output, done.command)
+        return Result(done.status, done.data, done.command)
 
     def qmp(self, command: str, **arguments: object) -> object:
         return self._booted().qmp(command, **arguments)

@@ -18,7 +18,7 @@ TRIXIE_SUITE = "trixie"
 # The guest kernel: Debian's 6.12 from bookworm-backports, e.g. linux-image-6.12.38+deb12-amd64
 # (signed) and linux-image-6.12.38+deb12-amd64-unsigned. Both carry the same release string,
 # config and modules.
-KERNEL_PACKAGE_RE = re.compile(r"^linux-image-(6\.12\.(\d+)\+deb12-amd64)(-unsigned)?$")
+KERNEL_PACKAGE_RE = re.compile(r"linux-image-(6\.12\.(\d+)\+deb12-amd64)(-unsigned)?")   # fullmatch
 NDCTL_MAJOR = "81"  # bookworm's 76.1 cannot create ram regions ("not supported yet", exit 0)
 
 
@@ -145,7 +145,7 @@ def choose_kernel_package(madison: str, suite: str = BACKPORTS_SUITE) -> tuple[s
         origin_words = origin.split()
         if len(origin_words) < 2 or origin_words[1].split("/", 1)[0] != suite:
             continue
-        match = KERNEL_PACKAGE_RE.match(name)
+        match = KERNEL_PACKAGE_RE.fullmatch(name)
         if not match:
             continue
         key = (int(match.group(2)), 0 if match.group(3) else 1, name, version)
@@ -159,7 +159,7 @@ def choose_kernel_package(madison: str, suite: str = BACKPORTS_SUITE) -> tuple[s
 
 def kernel_release(package: str) -> str:
     """linux-image-6.12.38+deb12-amd64[-unsigned] -> 6.12.38+deb12-amd64."""
-    match = KERNEL_PACKAGE_RE.match(package)
+    match = KERNEL_PACKAGE_RE.fullmatch(package)
     if not match:
         raise StepError(f"not a 6.12 bookworm-backports kernel package name: {package}")
     return match.group(1)

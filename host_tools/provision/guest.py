@@ -114,7 +114,7 @@ def check_guest_kernel(s: Setup) -> tuple[bool, str]:
 
 def run_guest_kernel(s: Setup) -> str:
     names = [n for n in system_apt(s, "apt-cache", "pkgnames", "linux-image-6.12.").stdout.split()
-             if KERNEL_PACKAGE_RE.match(n)]
+             if KERNEL_PACKAGE_RE.fullmatch(n)]
     if not names:
         raise StepError("apt knows no linux-image-6.12.*+deb12-amd64 package (apt-get update?)")
     package, version = choose_kernel_package(system_apt(s, "apt-cache", "madison", *names).stdout)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from pfcxl.errors import CommandError
+from pfcxl.errors import CommandError, VMError
 from pfcxl.host_tools.vm import VMState
 
 from .conftest import pfcxl_cli
@@ -57,20 +57,44 @@ def test_a_mebibyte_of_output_arrives_byte_exact(vm):
     assert result.output.encode() == (line * (size // len(line) + 1))[:size]
 
 
+def test_output_is_byte_for_byte_and_a_timeout_ends_the_command_not_the_guest(vm):
+    # issue 21 item 15: every byte of 0x80 or more came back as U+FFFD
+    escapes = "".join(f"\\{b:03o}" for b in range(256))
+    result = vm.run(f"printf '{escapes}'", timeout=60)
+    assert (result.status, result.data) == (0, bytes(range(256)))
+    assert vm.run(r"printf '\200\377A'", timeout=60).data == b"\x80\xffA"
+    # item 14: the timeout kills the command's process group in the guest (a child and a
+    # parent that ignore the terminal's signals included); the guest stays up for the next one
+    with pytest.raises(VMError, match=r"did not finish within 3s: the guest killed it \(its process group\); "
+                       "the guest is still up"):
+        vm.run("trap '' INT TERM HUP; (sleep 41; echo child > /tmp/late-child) & sleep 42; echo parent > /tmp/late",
+               timeout=3)
+    assert vm.state is VMState.READY
+    assert vm.run("sleep 1; ps | grep -c 'sleep 4[12]'; ls /tmp/late /tmp/late-child 2>&1 | wc -l",
+                  timeout=60).output.split() == ["0", "2"]
+
+
 def test_run_exits_with_the_commands_status_on_a_shared_fresh_run_dir(tmp_path):
     # Two runs at once on one fresh --run-dir: both create the backing file (no FileExistsError),
     # and `pfcxl run` exits with the guest command's status, not 5.
     run_dir = tmp_path / "shared"
     procs = [subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "run", "--run-dir", str(run_dir),
-                               "--", "exit", str(code)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for code in (7, 9)]
-    outcomes = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
-    assert [rc for rc, _ in outcomes] == [7, 9], outcomes
-    assert not any("Traceback" in e for _, e in outcomes)
+                               "--", f"printf '\\200\\377{code}'; exit {code}"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for code in (7, 9)]
+    outcomes = [(p.wait(timeout=600), p.stdout.read(), p.stderr.read().decode()) for p in procs]
+    assert [rc for rc, _, _ in outcomes] == [7, 9], outcomes
+    assert not any("Traceback" in e for _, _, e in outcomes)
+    # the output byte for byte on stdout (issue 21 item 15: bytes of 0x80 and more were U+FFFD)
+    assert [out for _, out, _ in outcomes] == [b"\x80\xff7", b"\x80\xff9"]
 
 
-def test_multihost_keeps_quoting():
+def test_multihost_keeps_quoting_and_bytes():
     # joined with spaces this was `sh -c exit 3`: status 0, and "1 of 1 hosts ok"
-    done = pfcxl_cli("multihost", "-n", "1", "--", "sh", "-c", "exit 3", timeout=900)
-    assert done.returncode == 1, done.stderr
-    assert "0 of 1 hosts ok" in done.stderr and "exit 3" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "multihost", "-n", "1", "--", "sh", "-c",
+                           r"printf '\200\377A\n'; exit 3"], capture_output=True, timeout=900)
+    stderr = done.stderr.decode()
+    assert done.returncode == 1, stderr
+    assert "0 of 1 hosts ok" in stderr and "exit 3" in stderr
+    # the host's output byte for byte under its header (issue 21 item 15)
+    header, output = done.stdout.splitlines()[:2]
+    assert header.startswith(b"== host 0 (port ") and header.endswith(b", exit 3)") and output == b"\x80\xffA"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -93,9 +95,47 @@ def test_exec_is_run_two_execs_at_once_reuse_and_down(name):
     for other in ({"append": "loglevel=7"}, {"cedt": "ours"}, {"image": "debian"}, {"lean": False}):
         assert detached.find_reusable(path, {**same, **other}) is None, other
     assert detached.find_reusable(topology.resolve("two-hb-interleave"), same) is None
+    # issue 21 item 13: run --reuse with another --data-path boots its own guest
+    from pfcxl.host_tools import cli, cli_machines
+
+    def reused(*options: str) -> str | None:
+        return cli_machines.reusable(cli.parser().parse_args(["run", "--reuse", *options, "--", "true"]))
+    assert reused() == a
+    assert reused("--data-path", "direct") is None and reused("--data-path", "both") is None
+
+    # item 15: exec's output byte for byte
+    execd = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "exec", a, "--", r"printf '\200\377A'"],
+                           capture_output=True, timeout=300)
+    assert (execd.returncode, execd.stdout) == (0, b"\x80\xffA")
+    # item 14: a command timeout ends the command, not the machine, with its option given after
+    # the name as well as before it; the next exec runs as usual
+    late = pfcxl_cli("exec", a, "--command-timeout", "3", "--", "sleep 20", timeout=300)
+    assert late.returncode == 5 and "did not finish within 3s: the guest killed it" in late.stderr, late.stderr
+    assert len(late.stderr.strip().splitlines()) == 1
+    assert detached.describe(a)["state"] == "ready"
+    assert pfcxl_cli("exec", "--command-timeout", "30", a, "--", "echo after; exit 4", timeout=300) \
+        .stdout == "after\n"
 
     assert pfcxl_cli("down", a).returncode == 0
     assert_gone(a, info)
+
+
+def test_sigterm_to_up_brings_the_booting_machine_down(name):
+    # issue 21 item 16: SIGTERM to `pfcxl up`'s process group said "guests were shut down" and
+    # exited 130 while the daemon (a session of its own) booted on and answered exec later
+    d = name("d")
+    up_cli = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "up", "--name", d],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    where = detached.machine_dir(d)
+    deadline = time.monotonic() + 300
+    while not (where / detached.DAEMON).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    daemon_pid = detached.describe(d)["daemon_pid"]
+    assert daemon_pid and pid_alive(daemon_pid)
+    os.killpg(up_cli.pid, signal.SIGTERM)
+    rc, stderr = up_cli.wait(timeout=120), up_cli.stderr.read()
+    assert rc == 130 and stderr.strip().splitlines()[-1] == "pfcxl: interrupted; guests were shut down"
+    assert_gone(d, {"daemon_pid": daemon_pid, "qemu_pid": None})
 
 
 def test_a_killed_guest_is_reported_by_ps_and_exec(name):

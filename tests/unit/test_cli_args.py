@@ -31,3 +31,36 @@ def test_bad_numbers_are_refused_in_one_line(args, rule):
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, done.stderr
+
+
+def _parsed(*argv: str):
+    from pfcxl.host_tools import cli
+    args, extra = cli.parse(cli.parser(), list(argv))
+    assert extra == []
+    return args
+
+
+@pytest.mark.parametrize("argv", [
+    ["exec", "m1", "--command-timeout", "3", "--", "sleep 20"],       # after the name (issue 21 item 14)
+    ["exec", "--command-timeout", "3", "m1", "--", "sleep 20"],       # before it, as always
+])
+def test_exec_options_are_options_wherever_they_stand_before_the_command(argv):
+    args = _parsed(*argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    assert (args.name, args.command_timeout, command) == ("m1", 3.0, ["sleep 20"])
+
+
+def test_what_follows_the_double_dash_is_the_command_word_for_word():
+    args = _parsed("exec", "m1", "--", "sh", "-c", "echo --command-timeout", "--", "x")
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command     # main drops a leading --
+    assert (args.command_timeout, command) == (600, ["sh", "-c", "echo --command-timeout", "--", "x"])
+
+
+@pytest.mark.parametrize("args, rule", [
+    (["exec", "m1", "--command-timeout", "3", "sleep 20"], "--command-timeout after the positional arguments"),
+    (["exec", "m1", "--bogus", "--", "true"], "unrecognized arguments: --bogus"),
+])
+def test_options_after_the_name_without_double_dash_or_unknown_are_refused(args, rule):
+    done = pfcxl(*args)
+    assert done.returncode == 2, done.stderr
+    assert rule in done.stderr and "Traceback" not in done.stderr

@@ -30,13 +30,27 @@ def test_the_reuse_key_follows_topology_content_and_boot_options(tmp_path):
     assert detached.boot_key(path, {**BASE, "ready_timeout": 5, "run_dir": "/x", "keep": True}) == key
     assert detached.boot_key(path, {**BASE, "lean": True}) == key
     for other in ({"append": "quiet"}, {"cedt": "ours"}, {"image": "debian"}, {"timing": "count"},
-                  {"host": 1}, {"lean": False}):
+                  {"host": 1}, {"lean": False}, {"data_path": "direct"}, {"data_path": "both"}):
         assert detached.boot_key(path, {**BASE, **other}) != key, other
     copy = tmp_path / "copy.toml"
     copy.write_bytes(path.read_bytes())
     assert detached.boot_key(copy, BASE) == key                 # same content, another file: same
     copy.write_bytes(path.read_bytes() + b"\n# edited\n")
     assert detached.boot_key(copy, BASE) != key
+
+
+def test_the_reuse_key_takes_every_option_of_run_and_up_that_reaches_the_machine():
+    # issue 21 item 13: --data-path was left out, so `run --reuse --data-path direct` took a
+    # machine booted with the CXL path alone. Every keyword Machine is given from the command
+    # line either counts for the key or is one that cannot change the guest.
+    from pfcxl.host_tools import cli, cli_machines
+    args = cli.parser().parse_args(["run", "--reuse", "--", "true"])
+    not_the_guest = {"run_dir", "keep", "ready_timeout"}
+    assert set(cli_machines.boot_options(args)) - not_the_guest <= set(detached.BOOT_OPTIONS)
+    keys = {detached.boot_key(topology.resolve("pf-nic"), cli_machines.boot_options(
+        cli.parser().parse_args(["run", "--reuse", *extra, "--", "true"])))
+        for extra in ([], ["--data-path", "cxl"], ["--data-path", "direct"], ["--data-path", "both"])}
+    assert len(keys) == 4
 
 
 def test_no_machine_up_means_nothing_to_reuse_list_or_exec(capsys):

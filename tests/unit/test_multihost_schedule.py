@@ -37,12 +37,12 @@ class RecordingMachine:
     def qmp(self, command):
         self.events.append((command, self.host))
 
-    def start_command(self, command):
+    def start_command(self, command, timeout):
         self.events.append(("command", self.host))
         return command
 
     def finish_command(self, token, timeout):
-        return type("Done", (), {"status": 0, "output": token})()
+        return type("Done", (), {"status": 0, "data": token.encode()})()
 
     def close(self):
         pass

@@ -1,0 +1,97 @@
+"""The command scripts of host_tools/console.py against a real interactive busybox sh on a real
+terminal (a pty), the guest console's own shell and line discipline without a guest (issue 21
+items 14 and 15). The same runs on a booted guest: tests/integration/test_console.py."""
+
+from __future__ import annotations
+
+import os
+import pty
+import signal
+import subprocess
+import time
+
+import pytest
+
+from pfcxl.host_tools.console import CommandRunner, Console
+
+BUSYBOX = "/bin/busybox"
+
+
+class Terminal:
+    """The pty's master side, as Console reads and writes a socket."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def recv(self, n: int) -> bytes:
+        try:
+            return os.read(self.fd, n)
+        except OSError:               # EIO: the shell is gone
+            return b""
+
+    def sendall(self, data: bytes) -> None:
+        while data:
+            data = data[os.write(self.fd, data):]
+
+
+@pytest.fixture
+def shell(tmp_path):
+    """A CommandRunner on `busybox sh` (interactive, job control) in a pty of its own."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(tmp_path)
+        os.execve(BUSYBOX, ["sh"], {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PS1": "# ", "TERM": "linux"})
+    log = open(tmp_path / "console.log", "wb")
+    runner = CommandRunner(Console(Terminal(fd), log))
+    yield runner
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    os.close(fd)
+    log.close()
+
+
+def run(runner: CommandRunner, command: str, limit: float) -> tuple[bytes, str]:
+    return runner.finish(runner.start(command, limit), limit + 60)
+
+
+def sleepers(marker: str) -> list[str]:
+    found = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in found.splitlines() if marker in line and "ps -eo" not in line]
+
+
+def test_every_byte_value_comes_back_as_written(shell):
+    # each of the 256 values, in one printf: nothing replaced, nothing dropped (the console's
+    # line discipline adds CR before LF, which the VM layer takes back off)
+    escapes = "".join(f"\\{b:03o}" for b in range(256))
+    output, status = run(shell, f"printf '{escapes}'", 60)
+    assert status == "0"
+    assert output.replace(b"\r\n", b"\n") == bytes(range(256))
+    output, status = run(shell, r"printf '\200\377A'", 60)
+    assert (output, status) == (b"\x80\xffA", "0")
+
+
+def test_the_limit_kills_the_commands_whole_process_group_and_the_shell_goes_on(shell, tmp_path):
+    marker = f"{os.getpid()}{time.monotonic_ns() % 10**6}"
+    # a command that ignores the signals a terminal sends, and leaves a child running
+    command = f"trap '' INT TERM HUP; sh -c 'sleep {marker}1; echo child-ran' & sleep {marker}2; echo parent-ran"
+    output, status = run(shell, command, 2)
+    assert status == "late" and b"ran" not in output
+    # both sleepers were killed with the group, nothing of the script is left in /tmp
+    deadline = time.monotonic() + 30
+    while sleepers(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sleepers(marker) == []
+    assert run(shell, "echo still here; exit 4", 60) == (b"still here\r\n", "4")
+
+
+def test_a_command_within_its_limit_keeps_its_status_and_no_watchdog_is_left(shell):
+    assert run(shell, "sleep 0.2; echo done; exit 9", 30) == (b"done\r\n", "9")
+    # the watchdog job (sleep 30.000) went with the command
+    deadline = time.monotonic() + 30
+    while sleepers("sleep 30.000") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sleepers("sleep 30.000") == []
+
