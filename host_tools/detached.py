@@ -102,7 +102,10 @@ def _exchange(path: Path, request: dict, timeout: float) -> dict:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(str(path))
-        s.sendall(json.dumps(request).encode() + b"\n")
+        try:
+            s.sendall(json.dumps(request).encode() + b"\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass    # a daemon that refuses a connection says why and closes before reading: read its line
         data = s.makefile("rb").readline()
     if not data:
         raise ConnectionResetError(errno.ECONNRESET, "closed without an answer")

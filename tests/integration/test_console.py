@@ -58,7 +58,7 @@ def test_a_mebibyte_of_output_arrives_byte_exact(vm):
 
 
 def test_output_is_byte_for_byte_and_a_timeout_ends_the_command_not_the_guest(vm):
-    # issue 21 item 15: every byte of 0x80 or more came back as U+FFFD
+    # every byte of 0x80 or more came back as U+FFFD
     escapes = "".join(f"\\{b:03o}" for b in range(256))
     result = vm.run(f"printf '{escapes}'", timeout=60)
     assert (result.status, result.data) == (0, bytes(range(256)))
@@ -84,7 +84,7 @@ def test_run_exits_with_the_commands_status_on_a_shared_fresh_run_dir(tmp_path):
     outcomes = [(p.wait(timeout=600), p.stdout.read(), p.stderr.read().decode()) for p in procs]
     assert [rc for rc, _, _ in outcomes] == [7, 9], outcomes
     assert not any("Traceback" in e for _, _, e in outcomes)
-    # the output byte for byte on stdout (issue 21 item 15: bytes of 0x80 and more were U+FFFD)
+    # the output byte for byte on stdout (bytes of 0x80 and more were U+FFFD)
     assert [out for _, out, _ in outcomes] == [b"\x80\xff7", b"\x80\xff9"]
 
 
@@ -95,6 +95,6 @@ def test_multihost_keeps_quoting_and_bytes():
     stderr = done.stderr.decode()
     assert done.returncode == 1, stderr
     assert "0 of 1 hosts ok" in stderr and "exit 3" in stderr
-    # the host's output byte for byte under its header (issue 21 item 15)
+    # the host's output byte for byte under its header
     header, output = done.stdout.splitlines()[:2]
     assert header.startswith(b"== host 0 (port ") and header.endswith(b", exit 3)") and output == b"\x80\xffA"

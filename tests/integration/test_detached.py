@@ -95,7 +95,7 @@ def test_exec_is_run_two_execs_at_once_reuse_and_down(name):
     for other in ({"append": "loglevel=7"}, {"cedt": "ours"}, {"image": "debian"}, {"lean": False}):
         assert detached.find_reusable(path, {**same, **other}) is None, other
     assert detached.find_reusable(topology.resolve("two-hb-interleave"), same) is None
-    # issue 21 item 13: run --reuse with another --data-path boots its own guest
+    # run --reuse with another --data-path boots its own guest
     from pfcxl.host_tools import cli, cli_machines
 
     def reused(*options: str) -> str | None:
@@ -121,7 +121,7 @@ def test_exec_is_run_two_execs_at_once_reuse_and_down(name):
 
 
 def test_sigterm_to_up_brings_the_booting_machine_down(name):
-    # issue 21 item 16: SIGTERM to `pfcxl up`'s process group said "guests were shut down" and
+    # SIGTERM to `pfcxl up`'s process group said "guests were shut down" and
     # exited 130 while the daemon (a session of its own) booted on and answered exec later
     d = name("d")
     up_cli = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "up", "--name", d],

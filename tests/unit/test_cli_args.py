@@ -41,7 +41,7 @@ def _parsed(*argv: str):
 
 
 @pytest.mark.parametrize("argv", [
-    ["exec", "m1", "--command-timeout", "3", "--", "sleep 20"],       # after the name (issue 21 item 14)
+    ["exec", "m1", "--command-timeout", "3", "--", "sleep 20"],       # after the name
     ["exec", "--command-timeout", "3", "m1", "--", "sleep 20"],       # before it, as always
 ])
 def test_exec_options_are_options_wherever_they_stand_before_the_command(argv):

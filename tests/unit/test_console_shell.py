@@ -1,6 +1,6 @@
 """The command scripts of host_tools/console.py against a real interactive busybox sh on a real
-terminal (a pty), the guest console's own shell and line discipline without a guest (issue 21
-items 14 and 15). The same runs on a booted guest: tests/integration/test_console.py."""
+terminal (a pty), the guest console's own shell and line discipline without a guest
+(commands ending, output bytes). The same runs on a booted guest: tests/integration/test_console.py."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def test_the_reuse_key_follows_topology_content_and_boot_options(tmp_path):
 
 
 def test_the_reuse_key_takes_every_option_of_run_and_up_that_reaches_the_machine():
-    # issue 21 item 13: --data-path was left out, so `run --reuse --data-path direct` took a
+    # --data-path was left out, so `run --reuse --data-path direct` took a
     # machine booted with the CXL path alone. Every keyword Machine is given from the command
     # line either counts for the key or is one that cannot change the guest.
     from pfcxl.host_tools import cli, cli_machines

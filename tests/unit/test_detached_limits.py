@@ -1,4 +1,4 @@
-"""A kept-up machine's control socket under hostile clients (issue 21 items 11 and 12), without a
+"""A kept-up machine's control socket under hostile clients, without a
 guest: the daemon's socket side runs in a process of its own, its machine still "booting".
 
 Before: one thread per connection and no idle timeout (1,000 idle connections = 1,002 threads),

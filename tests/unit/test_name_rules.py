@@ -1,4 +1,4 @@
-"""Names and ids are checked whole (issue 21 item 17): in a Python pattern `$` also matches just
+"""Names and ids are checked whole: in a Python pattern `$` also matches just
 before a trailing newline, so `re.match(r"^[a-z]+$", "pfnic0\n")` passes. `up --name $'nl\n'`
 made a machine, and a topology device id "pfnic0\n" reached QEMU's argv."""
 
