@@ -189,7 +189,7 @@ def test_kill_9_in_the_middle_of_a_store_exposes_nothing_and_the_next_writer_suc
         assert s.verify() == {"good": 0, "bad": [], "claims": 1}
         assert s.put("crash", block(9, 1 << 20))          # host 1 stopped beating: its claim is stale
         assert s.get("crash") == block(9, 1 << 20)
-    with kv.Store.open(path, host=1) as again:            # host 1 back: its claim is withdrawn
+    with kv.Store.open(path, host=1, stale_s=1.0) as again:    # host 1 back (its lease expired): claim withdrawn
         assert again.verify() == {"good": 1, "bad": [], "claims": 0}
         assert not again.put("crash", block(9, 1 << 20))  # stored already, by host 0
 
