@@ -30,7 +30,10 @@ Example: pfcxl model replay trace.npy --system electrical --load 0.8"""
 
 
 def add_parsers(sub) -> None:
-    model = sub.add_parser("model", help="the fabric models offline: replay a captured trace at a chosen load")
+    model = sub.add_parser("model", help="the fabric models offline: replay a captured trace at a chosen load",
+                           description="Run the fabric models of device/ on a trace captured by `pfcxl run "
+                           "--timing trace --trace-out FILE`, without a guest: one offered load (replay) or "
+                           "a latency-bandwidth curve (curve).")
     msub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     p = msub.add_parser("replay", help="replay a captured trace on one system at an offered load",
                         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,7 +55,7 @@ def add_parsers(sub) -> None:
                         description="Replay TRACE at each offered load (as `model replay --load`) on the PF "
                         "appliance, the electrical pool and local DRAM; print offered and achieved GB/s and read "
                         "latency p50/p99 per load, the knee of each system (the first load it no longer carries: "
-                        "achieved below 95%% of offered), and save the curves as a PNG.")
+                        "achieved below 95% of offered), and save the curves as a PNG.")
     p.add_argument("trace", type=Path, help=".npy file of trace records")
     p.add_argument("--out", type=Path, default=Path("latency-bandwidth.png"), help="PNG to write")
     p.add_argument("--loads", type=loads_list, default=loads_list("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1"),

@@ -160,7 +160,10 @@ def add_parsers(asub, base, run_dir_of) -> None:
     p.add_argument("--count", type=int, help="print N text snapshots, --interval apart, and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     p.set_defaults(func=lambda args: cmd_top(args, _checked(args, run_dir_of)))
-    p = base(asub.add_parser("stats", help="a timed appliance's fabric telemetry (as `top`, once)"))
+    p = base(asub.add_parser("stats", help="a timed appliance's fabric telemetry (as `top`, once)",
+                             description="Print the modelled fabric telemetry of an appliance started with "
+                             "--timing once, after it has modelled every record its hosts wrote so far: per "
+                             "host and per module traffic, modelled latency, HBM3E hit rate, utilisation."))
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(func=lambda args: cmd_stats(args, run_dir_of(args)))
 
