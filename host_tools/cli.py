@@ -92,7 +92,8 @@ def _print_plan(machine, command: str | None = None) -> int:
     cdats = sorted({**plan.tables.device_cdat, **plan.tables.switch_cdat})
     lines = [
         f"topology   {plan.topology.name} ({machine.topology_path or 'given as an object'})",
-        f"image      {img.initrd} ({'built now' if img.rebuilt else 'cached'}), kernel {img.kernel}",
+        f"image      {img.initrd} ({'built now' if img.rebuilt else 'cached'})",
+        f"kernel     {plan.kernel}" + (f" (the PVH entry of {img.kernel.name})" if plan.kernel != img.kernel else ""),
         "CEDT       " + ("ours, through the initrd table upgrade" if plan.cedt_override else "QEMU's")
         + f" ({len(plan.tables.cedt)} bytes)",
         "CDAT       " + (", ".join(cdats) if cdats else "QEMU's defaults (the topology has no timing)"),

@@ -70,6 +70,7 @@ class Plan:
     cedt_override: bool            # our CEDT replaces QEMU's through the initrd table upgrade
     run_dir: Path
     argv: list[str]
+    kernel: Path                   # the file argv boots: the image's vmlinuz, or its PVH vmlinux (lean)
     files: dict[str, Path] = field(default_factory=dict)   # what launch writes, by role
 
 
@@ -182,7 +183,7 @@ class Machine:
         files.update({"console log": vm.console_log, "QEMU log": vm.qemu_log})
         ours = boot_policy.cedt_for_boot(self.topology, self.cedt)
         return Plan(self.topology, self.boot_image(), vm.tables, ours is not None, run_dir,
-                    vm.planned_argv(), files)
+                    vm.planned_argv(), vm.kernel, files)
 
     # ------------------------------------------------------------------ lifecycle
 
