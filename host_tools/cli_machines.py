@@ -101,8 +101,12 @@ def _age(started: float | None) -> str:
 
 def cmd_ps(args) -> int:
     from rich.table import Table
+    names = detached.names()
+    if not names:
+        out.print("no machines are up (pfcxl up starts one)")
+        return 0
     table = Table("name", "topology", "age", "state", "daemon", "qemu")
-    for name in detached.names():
+    for name in names:
         info = detached.describe(name)
         table.add_row(escape(name), escape(info["topology"]), _age(info["started"]), escape(info["state"]),
                       str(info["daemon_pid"] or "-"), str(info["qemu_pid"] or "-"))

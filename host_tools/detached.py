@@ -88,7 +88,7 @@ def call(name: str, request: dict, timeout: float | None = 30) -> dict:
     before it answers, is a VMError naming the machine, never a hang."""
     where = machine_dir(name)
     if not where.is_dir():
-        raise VMError(f"no machine '{name}' is up (pfcxl ps lists them)")
+        raise PfcxlError(f"no machine '{name}' is up (pfcxl ps lists them)")   # a wrong name, not a QEMU failure
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         try:
@@ -176,7 +176,7 @@ def down(name: str, wait: float = 60) -> None:
     """Stop machine `name` (whatever its state) and remove its directory: no process, no file."""
     where = machine_dir(name)
     if not where.is_dir():
-        raise VMError(f"no machine '{name}' is up (pfcxl ps lists them)")
+        raise PfcxlError(f"no machine '{name}' is up (pfcxl ps lists them)")   # a wrong name, not a QEMU failure
     pid = _read_json(where / DAEMON).get("pid")
     if _alive(pid):
         try:
