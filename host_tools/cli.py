@@ -142,6 +142,7 @@ def cmd_boot(args) -> int:
     if args.dry_run:
         return _print_plan(_machine(args, progress=lambda m: None))
     from . import terminal
+    terminal.check_foreground()
     with _booted(args) as machine:
         terminal.interact(machine.console, banner=f"pfcxl: {machine.topology.name} console; Ctrl-] leaves "
                                                   "and powers the guest off")
