@@ -112,8 +112,8 @@ def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, 
     key = SYSTEMS[system]
     model = timing_report.models(topo)[key]
     base, granularity = placement(topo)
-    try:
-        result = fabric_replay.replay(model, records, base_hpa=base, granularity=granularity,
+    try:   # whole 64-byte lines, as the traced run models them (timing_report.as_lines)
+        result = fabric_replay.replay(model, timing_report.as_lines(records), base_hpa=base, granularity=granularity,
                                       ns_per_insn=ns_per_insn, load=load, dilate=dilate)
     except ValueError as exc:                       # an address or host the system does not have
         raise TimingError(f"cannot replay on {model.name}: {exc}") from exc
@@ -171,7 +171,7 @@ def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float
     for system in CURVE_SYSTEMS:
         key = SYSTEMS[system]
         try:
-            points = fabric_replay.curve(models[key], records, loads, base_hpa=base, granularity=granularity,
+            points = fabric_replay.curve(models[key], timing_report.as_lines(records), loads, base_hpa=base, granularity=granularity,
                                          ns_per_insn=ns_per_insn)
         except ValueError as exc:
             raise TimingError(f"cannot replay on {models[key].name}: {exc}") from exc
