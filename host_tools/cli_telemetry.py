@@ -17,7 +17,7 @@ from rich.console import Group
 from rich.table import Table
 
 from pfcxl.device import fabric_constants as fc
-from pfcxl.device.units import human
+from pfcxl.device.units import amount
 from pfcxl.errors import PfcxlError
 
 from . import appliance
@@ -36,7 +36,7 @@ def _pct(value: float | None) -> str:
 def _rate(now: dict, before: dict | None, seconds: float) -> str:
     if before is None or seconds <= 0:
         return "-"
-    return f"{human(max(now['bytes'] - before['bytes'], 0) / seconds)}/s"
+    return f"{amount(max(now['bytes'] - before['bytes'], 0) / seconds)}/s"
 
 
 def headline(stats: dict) -> str:
@@ -62,6 +62,7 @@ def tables(stats: dict, before: dict | None = None, seconds: float = 0.0) -> lis
                   f"{fc.PF_PAPER_LOADED_READ_NS[1]} ns, writes {fc.PF_PAPER_LOADED_WRITE_NS[0]}-"
                   f"{fc.PF_PAPER_LOADED_WRITE_NS[1]} ns" if pf else "")
                + "; traffic: CXL requests traced, 64 B each"
+               + (f"; {stats['scope']}" if stats.get("scope") else "")
                + ("; /s: per second of the emulator's wall clock (TCG), not a fabric rate" if before else ""))
     out = []
     for kind in ("host", "module"):
@@ -77,7 +78,7 @@ def tables(stats: dict, before: dict | None = None, seconds: float = 0.0) -> lis
             util = e["utilisation"].get(main) or {}
             busiest = util.get("busiest")
             row = [str(e[kind])] + ([str(e.get("port", "-"))] if kind == "host" else []) + [
-                f"{e['reads']:,}", f"{e['writes']:,}", human(e["bytes"])]
+                f"{e['reads']:,}", f"{e['writes']:,}", amount(e["bytes"])]
             row += [_rate(e, prev.get((kind, e[kind])), seconds)] if before else []
             row += [_lat(e, main, "read"), _lat(e, main, "write")]
             row += [_lat(e, "pf_hbm", "read"), _pct(e["hbm_hit_rate"])] if hbm else []
@@ -112,7 +113,14 @@ def host_figures(vm) -> dict | None:
     for any other Machine."""
     if vm.attachment is None or vm.attachment.ring_fd is None:
         return None
-    return vm.appliance_stats(sync=True)
+    return for_host(vm.appliance_stats(sync=True), vm.attachment.host)
+
+
+def for_host(stats: dict, host: int) -> dict:
+    """The figures one host's command reports: its own row of the host table (the appliance also
+    keeps the rows of hosts that came and went), and the modules, which carry everyone's traffic."""
+    return {**stats, "hosts": [h for h in stats["hosts"] if h["host"] == host],
+            "scope": f"host {host} only; the modules carry every host's traffic since the appliance started"}
 
 
 def cmd_stats(args, run_dir: Path) -> int:
