@@ -17,7 +17,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.device.fabric_modes import ISSUES, SYSTEMS
 
 from . import appliance, argtypes, cli_telemetry
-from .ui import err, out
+from .ui import err, out, verbatim
 
 DEFAULT_APPLIANCE = "pf-appliance"
 
@@ -130,7 +130,10 @@ def cmd_multihost(args) -> int:
     for r in results:
         out.print(f"== host {r.host} (port {r.port}, exit {r.status if r.status is not None else '-'})",
                   highlight=False)
-        out.print(escape(r.error) if r.error else escape(r.output.rstrip()), highlight=False)
+        if r.error:
+            out.print(escape(r.error), highlight=False)
+        else:
+            verbatim(r.output if r.output.endswith("\n") or not r.output else r.output + "\n")
     if figures:
         cli_telemetry.show(figures, args.report)
     failed = [r.host for r in results if r.error or r.status]
