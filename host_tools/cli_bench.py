@@ -20,7 +20,7 @@ from .ui import err, out
 def cmd_bench(args) -> int:
     from pfcxl.device import data_path, topology
     from pfcxl.machine import Machine
-    from . import bench, bench_model, bench_report, timing_report
+    from . import bench, bench_model, bench_plots, bench_report, timing_report
     topo = data_path.with_data_path(topology.load(topology.resolve(args.topology)), args.data_path)
     if any(d.appliance for d in topo.devices):
         raise PfcxlError(f"bench boots its own guest; topology '{topo.name}' needs the appliance "
@@ -75,7 +75,7 @@ def cmd_bench(args) -> int:
     for table in bench_report.tables({"environment": results.env,
                                       "results": [r.__dict__ for r in results.runs]}):
         out.print(table)
-    written = bench_report.plots(bench_report.load(out_dir), out_dir)
+    written = bench_plots.plots(bench_report.load(out_dir), out_dir)
     failed = [r.name for r in results.runs if r.status != "ok"]
     err.print(f"{len(results.runs) - len(failed)} of {len(results.runs)} benchmarks ok in "
               f"{time.monotonic() - start:.0f}s; results in {escape(str(out_dir / 'results.json'))}; plots: "

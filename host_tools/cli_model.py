@@ -179,20 +179,38 @@ def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float
     return out
 
 
-def save_curve(report: dict, path: Path) -> None:
+def curve_figure(report: dict):
+    """The latency-bandwidth figure: a curve per system, its knee marked, the legend below the
+    axes (never over a curve), latency ticks as plain numbers."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for system in report.values():
-        pts = system["points"]
-        ax.plot([p["achieved_gbs"] for p in pts], [p["p50_ns"] for p in pts], marker="o", label=system["label"])
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    for i, system in enumerate(report.values()):
+        pts, knee = system["points"], system["knee"]
+        ax.plot([p["achieved_gbs"] for p in pts], [p["p50_ns"] for p in pts], marker="o", markersize=4,
+                color=f"C{i}", label=system["label"] + (f" (knee at {knee['offered_gbs']:.0f} GB/s offered)"
+                                                        if knee else " (no knee)"))
+        if knee:
+            ax.plot([knee["achieved_gbs"]], [knee["p50_ns"]], marker="D", markersize=9, color=f"C{i}",
+                    markerfacecolor="none")
     ax.set_xlabel("achieved bandwidth, all hosts (GB/s, modelled)")
     ax.set_ylabel("read latency p50 (ns, modelled)")
     ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    ax.set_title("latency against bandwidth, replayed trace")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    ax.set_title("latency against bandwidth, replayed trace (knees: open diamonds)")
+    return fig
+
+
+def save_curve(report: dict, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    fig = curve_figure(report)
     try:
         fig.savefig(path, dpi=110, bbox_inches="tight")
     except OSError as exc:
