@@ -1,4 +1,4 @@
-"""pfcxl: emulate a photonic-fabric CXL memory appliance (see README.md and DESIGN.md).
+"""pfcxl: emulate a photonic-fabric CXL memory appliance (see README.md and docs/).
 
 The public API is `pfcxl.Machine` (one booted host) and `pfcxl.Appliance` (the service that
 owns the pooled memory); see pfcxl/machine.py. They are imported on first use, so that the

@@ -1,4 +1,4 @@
-"""Every `pfcxl kv` example in README.md and docs/kvstore.md runs as written: each document's
+"""Every `pfcxl kv` example in README.md and docs/*.md runs as written: each document's
 `pfcxl appliance start` and `pfcxl kv ...` lines, in order, against a pf-appliance of its own (a
 private PFCXL_CACHE, so its default run directory and pool are the test's), then stopped. A
 command the docs show must exit 0; the examples are read from the documents, not copied here."""
@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "docs/kvstore.md")
 
 
 def kv_examples(doc: str) -> list[str]:
@@ -30,6 +29,14 @@ def kv_examples(doc: str) -> list[str]:
                 if command.startswith(("pfcxl kv ", "pfcxl appliance start")):
                     commands.append(command)
     return commands
+
+
+DOCS = [str(p.relative_to(REPO)) for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+        if kv_examples(str(p.relative_to(REPO)))]
+
+
+def test_the_docs_show_kv_examples():
+    assert "docs/kvstore.md" in DOCS and len(DOCS) >= 2, DOCS
 
 
 @pytest.mark.parametrize("doc", DOCS)
