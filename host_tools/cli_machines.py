@@ -143,7 +143,7 @@ def add_parsers(sub, common) -> None:
 
     p = sub.add_parser("ps", help="machines that are up: topology, age, state",
                        description="List the machines started by pfcxl up: name, topology, age, state "
-                       "(booting, ready, failed), and the pids of their daemon and QEMU.")
+                       "(starting, booting, ready, crashed, dead or failed), and the pids of their daemon and QEMU.")
     p.set_defaults(func=cmd_ps)
 
     p = sub.add_parser("down", help="stop a machine (or --all) and remove its files",
