@@ -40,6 +40,7 @@ from .topology_rules import (BACKEND_PREFIX, DIRECT_PREFIX, LSA_PREFIX, MAX_GRAN
 from .units import GiB, MiB, human
 
 TOPOLOGY_DIR = Path(__file__).parent / "topologies"
+SOURCE_ROOT = Path(__file__).resolve().parent.parent   # the checkout, for an editable install
 DEFAULT_TOPOLOGY = "pf-nic"
 __all__ = [
     "BACKEND_PREFIX", "DEFAULT_TOPOLOGY", "DIRECT_PREFIX", "LSA_PREFIX", "MAX_GRANULARITY", "MAX_RESTRICTIONS", "MAX_WINDOW_TARGETS",
@@ -94,11 +95,17 @@ def load(path: str | Path) -> Topology:
 
 
 def resolve(name_or_path: str | Path | None) -> Path:
-    """A topology argument: a path to a file, or the name of a shipped topology."""
+    """A topology argument: a path to a file, or the name of a shipped topology. A relative path
+    that is not in the current directory is looked up in the pfcxl checkout, so the documented
+    `tests/data/topologies/...` examples work from anywhere."""
     if name_or_path is None:
         name_or_path = DEFAULT_TOPOLOGY
     candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or candidate.exists():
+    if candidate.exists():
+        return candidate
+    if not candidate.is_absolute() and (SOURCE_ROOT / candidate).is_file():
+        return SOURCE_ROOT / candidate
+    if candidate.suffix == ".toml":
         return candidate
     shipped = TOPOLOGY_DIR / f"{name_or_path}.toml"
     if shipped.exists():

@@ -40,6 +40,16 @@ def human(value: int) -> str:
     return f"{value} B"
 
 
+def amount(value: float) -> str:
+    """Measured bytes -> '987 KiB', '1.41 GiB': three significant figures in the largest unit
+    that is at most the value, so a column of amounts reads in one way (human() is exact)."""
+    for suffix, unit in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if value >= unit:
+            scaled = value / unit
+            return f"{scaled:.{max(0, 2 - len(str(int(scaled))) + 1)}f} {suffix}"
+    return f"{value:.0f} B"
+
+
 def hexaddr(value: int) -> str:
     """Addresses the way the CXL docs write them: 0x3_9000_0000."""
     digits = f"{value:x}"

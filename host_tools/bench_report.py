@@ -16,7 +16,7 @@ from rich.table import Table
 from pfcxl.errors import PfcxlError
 
 from . import bench_model, bench_results, cli_model
-from .timing_report import LABELS, QUANTILES, modelled_system, models
+from .timing_report import LABELS, modelled_system, models
 
 MEASURED = "measured in emulator (CXL)"
 LOCAL = "local DRAM (measured in emulator)"
@@ -89,11 +89,17 @@ def _rows_caption(run: dict, what: str) -> str | None:
     return what
 
 
+def _delay(run: dict) -> str:
+    """The loaded-latency delay column, in the unit the run gives (bench_schema.md: TSC cycles or ns)."""
+    unit = (run.get("data") or {}).get("delay_unit")
+    return f"delay ({'TSC cycles' if unit == 'cycles' else unit})" if unit else "delay"
+
+
 def _loaded_modelled(run: dict) -> Table:
     """The CXL loaded-latency rows, each row's captured stream replayed at its nominal load."""
     t = Table(title="loaded latency, modelled (each row's captured stream replayed at its nominal load)",
               title_justify="left")
-    for col in ("delay", "offered GB/s (nominal)", *(f"{LABELS[MODEL_KEYS[s]]}: chase p50 ns" for s in MODEL_SYSTEMS)):
+    for col in (_delay(run), "offered GB/s (nominal)", *(f"{LABELS[MODEL_KEYS[s]]}: chase p50 ns" for s in MODEL_SYSTEMS)):
         t.add_column(col, justify="right")
     modelled = run.get("modelled", {}).get("rows", [])
     for i, row in enumerate(run["data"]["rows"]):
@@ -153,9 +159,9 @@ def tables(results: dict) -> list[Table]:
     t.caption = _modelled_caption(cxl, env["topology"])
     out.append(t)
     t = Table(title="loaded latency (one chasing thread + traffic threads)", title_justify="left")
-    for col in ("delay", f"{MEASURED}: MB/s", "ns", f"{LOCAL}: MB/s", "ns"):
-        t.add_column(col, justify="right")
     loaded = runs.get("loaded_latency/cxl") or {}
+    for col in (_delay(loaded), f"{MEASURED}: MB/s", "ns", f"{LOCAL}: MB/s", "ns"):
+        t.add_column(col, justify="right")
     cxl_rows = (loaded.get("data") or {}).get("rows", [])
     local_rows = ((runs.get("loaded_latency/local") or {}).get("data") or {}).get("rows", [])
     for i, row in enumerate(cxl_rows):
@@ -194,72 +200,6 @@ def tables(results: dict) -> list[Table]:
             t.add_row(r["name"], r.get("error") or r["status"])
         out.append(t)
     return out
-
-
-def plots(results: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs, written = _runs(results), []
-    # 1. latency CDF per system: modelled distributions of the traced chase, measured points
-    fig, ax = plt.subplots(figsize=(7, 4))
-    cxl = runs.get("idle_latency/cxl") or {}
-    for key in ("pf", "pf_hbm", "electrical", "local"):
-        q = cxl.get("modelled", {}).get(key, {}).get("quantiles_ns")
-        if q:
-            ax.plot(q, [p / 100 for p in QUANTILES], label=LABELS[key])
-    for name, label in (("idle_latency/cxl", MEASURED), ("idle_latency/local", LOCAL),
-                        ("idle_latency/direct", DIRECT)):
-        d = ((runs.get(name) or {}).get("data") or {}).get("read")
-        if d:
-            ax.plot([d["p50_ns"], d["p99_ns"], d["p999_ns"]], [0.5, 0.99, 0.999], "o--", label=f"{label} (batches)")
-    ax.set_xscale("log")
-    ax.set_xlabel("read latency (ns)")
-    ax.set_ylabel("fraction of loads")
-    ax.set_title("pointer-chase read latency: modelled fabrics vs emulator")
-    ax.legend(fontsize=7)
-    written.append(_save(fig, out_dir / "latency_cdf.png"))
-    # 2. loaded latency against bandwidth
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, label in (("loaded_latency/cxl", MEASURED), ("loaded_latency/local", LOCAL),
-                        ("loaded_latency/direct", DIRECT)):
-        rows = ((runs.get(name) or {}).get("data") or {}).get("rows", [])
-        if rows:
-            ax.plot([r["bandwidth_MBps"] for r in rows], [r["latency_ns"] for r in rows], "o-", label=label)
-    ax.set_xlabel("traffic bandwidth (MB/s)")
-    ax.set_ylabel("chase latency (ns)")
-    ax.set_title("loaded latency (emulator wall-clock)")
-    ax.legend(fontsize=7)
-    written.append(_save(fig, out_dir / "loaded_latency.png"))
-    # 3. bandwidth by transfer size
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, label in (("bandwidth/cxl", MEASURED), ("bandwidth/local", LOCAL), ("bandwidth/direct", DIRECT)):
-        res = ((runs.get(name) or {}).get("data") or {}).get("results", [])
-        for key in sorted({(r["pattern"], r["op"]) for r in res if r["threads"] == 1}):
-            pts = sorted((r["size"], r["MBps"]) for r in res if (r["pattern"], r["op"]) == key and r["threads"] == 1)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{label} {key[0]} {key[1]}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("transfer size (bytes)")
-    ax.set_ylabel("MB/s")
-    ax.set_title("bandwidth by transfer size (emulator wall-clock)")
-    ax.legend(fontsize=6)
-    written.append(_save(fig, out_dir / "bandwidth.png"))
-    # 4. modelled latency against bandwidth per system (`pfcxl model curve` of the bandwidth run)
-    curve = (runs.get("bandwidth/cxl") or {}).get("modelled", {}).get("curve")
-    if curve:
-        cli_model.save_curve(curve, out_dir / "latency_bandwidth.png")
-        written.append(out_dir / "latency_bandwidth.png")
-    return written
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-    return path
 
 
 def _row_label(data: dict, i: int) -> str:

@@ -92,7 +92,8 @@ def _print_plan(machine, command: str | None = None) -> int:
     cdats = sorted({**plan.tables.device_cdat, **plan.tables.switch_cdat})
     lines = [
         f"topology   {plan.topology.name} ({machine.topology_path or 'given as an object'})",
-        f"image      {img.initrd} ({'built now' if img.rebuilt else 'cached'}), kernel {img.kernel}",
+        f"image      {img.initrd} ({'built now' if img.rebuilt else 'cached'})",
+        f"kernel     {plan.kernel}" + (f" (the PVH entry of {img.kernel.name})" if plan.kernel != img.kernel else ""),
         "CEDT       " + ("ours, through the initrd table upgrade" if plan.cedt_override else "QEMU's")
         + f" ({len(plan.tables.cedt)} bytes)",
         "CDAT       " + (", ".join(cdats) if cdats else "QEMU's defaults (the topology has no timing)"),
@@ -141,6 +142,7 @@ def cmd_boot(args) -> int:
     if args.dry_run:
         return _print_plan(_machine(args, progress=lambda m: None))
     from . import terminal
+    terminal.check_foreground()
     with _booted(args) as machine:
         terminal.interact(machine.console, banner=f"pfcxl: {machine.topology.name} console; Ctrl-] leaves "
                                                   "and powers the guest off")
@@ -219,7 +221,9 @@ def cmd_demo(args) -> int:
 # --------------------------------------------------------------------------- parser
 
 
-def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
+def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: bool = True) -> None:
+    """The topology and image options; `boots`: those of a boot; `timing_options`: the plugin's
+    (demo only discovers, so it has none)."""
     p.add_argument("--topology", "-t", help="shipped topology name or TOML path (default: pf-nic)")
     p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox",
                    help="guest image: busybox (default, small) or debian (trixie with python3 and the "
@@ -239,6 +243,9 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
                        help="host id on the appliance, for topologies whose devices it serves (default 0)")
         p.add_argument("--appliance-dir", help="run directory of the appliance to attach to "
                        "(default: $PFCXL_CACHE/appliance/<topology name>)")
+        p.add_argument("--dry-run", action="store_true", help="print the whole plan (image, tables, files, "
+                       "QEMU argv) and start nothing")
+    if boots and timing_options:
         p.add_argument("--timing", choices=timing.MODES, help="load the TCG plugin: count (CXL requests), "
                        "trace (every request, modelled on the PF and electrical fabrics afterwards) or "
                        "inject (slow the vCPU by the modelled latency)")
@@ -253,8 +260,6 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
         p.add_argument("--report", help="trace (or a timed appliance): also write the modelled report as JSON "
                        "to this file")
         p.add_argument("--trace-out", help="trace: also save the captured records (.npy) for pfcxl model replay")
-        p.add_argument("--dry-run", action="store_true", help="print the whole plan (image, tables, files, "
-                       "QEMU argv) and start nothing")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -274,11 +279,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lines", action="store_true", help="one argv element per line")
     p.set_defaults(func=cmd_qemu_args)
 
-    p = sub.add_parser("image", help="build (or find cached) the guest image; print its paths as JSON")
+    p = sub.add_parser("image", help="build (or find cached) the guest image; print its paths as JSON",
+                       description="Build the guest image a boot of the topology would use (kernel, initrd "
+                       "with the guest tools, and for --image debian the Debian root), or find it in the "
+                       "cache, and print the kernel and initrd paths and the kernel release as JSON.")
     _common(p)
     p.set_defaults(func=cmd_image)
 
-    p = sub.add_parser("boot", help="boot a guest and attach to its serial console (Ctrl-] leaves)")
+    p = sub.add_parser("boot", help="boot a guest and attach to its serial console (Ctrl-] leaves)",
+                       description="Boot a guest of the topology and connect this terminal to its serial "
+                       "console once it is ready (a root shell). Ctrl-] leaves and powers the guest off. "
+                       "Needs a terminal in the foreground; pfcxl up and exec work without one.")
     _common(p, boots=True)
     p.set_defaults(func=cmd_boot)
 
@@ -300,8 +311,11 @@ def parser() -> argparse.ArgumentParser:
     cli_model.add_parsers(sub)
     cli_kv.add_parsers(sub)
 
-    p = sub.add_parser("demo", help="boot and compare what the guest discovered with the topology's predictions")
-    _common(p, boots=True)
+    p = sub.add_parser("demo", help="boot and compare what the guest discovered with the topology's predictions",
+                       description="Boot a guest of the topology (no timing plugin), read what its Linux CXL "
+                       "subsystem found (cxl list, daxctl, sysfs) and print it beside what the topology "
+                       "predicts, check by check; exit 1 if any differs. Example: pfcxl demo -t pf-nic")
+    _common(p, boots=True, timing_options=False)
     p.set_defaults(func=cmd_demo)
     return ap
 

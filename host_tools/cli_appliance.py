@@ -155,7 +155,11 @@ def add_parsers(sub, common) -> None:
                        "default $PFCXL_CACHE/appliance/<topology name>")
         return p
 
-    p = base(asub.add_parser("start", help="start in the background (pid file, log, socket 0600)"))
+    p = base(asub.add_parser("start", help="start in the background (pid file, log, socket 0600)",
+                             description="Start the appliance of the topology in the background: it creates the "
+                             "pool's partitions, listens on a socket in its run directory and hands each host "
+                             "that attaches its memory. Hosts attach by booting with the topology (pfcxl run, "
+                             "multihost, or Machine(host=N))."))
     p.add_argument("--foreground", action="store_true", help="run in this terminal, logging to stderr")
     p.add_argument("--scan-interval", type=float, default=5.0, help="seconds between change scans (default 5)")
     p.add_argument("--idle-timeout", type=float, help="seconds a connection without an attachment may stay "
@@ -169,11 +173,20 @@ def add_parsers(sub, common) -> None:
                    "manifest in DIR (absent or empty; the manifest says complete once the appliance stops; "
                    "docs/appliance-timing.md)")
     p.set_defaults(func=cmd_start)
-    base(asub.add_parser("stop", help="stop it (or clean up after a crashed one)")).set_defaults(func=cmd_stop)
-    p = base(asub.add_parser("status", help="modules, ports, attached hosts, bytes mapped and changed"))
+    base(asub.add_parser("stop", help="stop it (or clean up after a crashed one)",
+                         description="Stop the running appliance of the topology (shut its hosts down "
+                         "first: their memory goes with it); with none running, remove what a crashed one "
+                         "left (socket, pid file, its shm pool).")).set_defaults(func=cmd_stop)
+    p = base(asub.add_parser("status", help="modules, ports, attached hosts, bytes mapped and changed",
+                             description="Ask the running appliance what it holds: its modules and ports, the "
+                             "hosts attached and the bytes each has mapped, and how many bytes changed between "
+                             "its last scans."))
     p.add_argument("--json", action="store_true", help="the raw status reply")
     p.set_defaults(func=cmd_status)
-    p = base(asub.add_parser("where", help="which module serves a pool offset"))
+    p = base(asub.add_parser("where", help="which module serves a pool offset",
+                             description="Name the memory module (and the offset inside it) that serves a byte "
+                             "of the pool, from the appliance's interleave of the pool over its modules. Example: "
+                             "pfcxl appliance where 0x40001000"))
     p.add_argument("offset", help="pool offset (decimal or 0x hex)")
     p.set_defaults(func=cmd_where)
     cli_telemetry.add_parsers(asub, base, lambda args: _dir(args, _topology(args)[0]))

@@ -20,14 +20,7 @@ from .ui import err, out
 def cmd_bench(args) -> int:
     from pfcxl.device import data_path, topology
     from pfcxl.machine import Machine
-    from . import bench, bench_model, bench_report, timing_report
-    if args.items[:1] == ["compare"]:
-        if len(args.items) != 3:
-            raise PfcxlError("usage: pfcxl bench compare RESULTS_A RESULTS_B (results.json files or their folders)")
-        out.print(bench_report.compare(bench_report.load(args.items[1]), bench_report.load(args.items[2])))
-        return 0
-    if args.items:
-        raise PfcxlError(f"unexpected '{' '.join(args.items)}' (did you mean: pfcxl bench compare A B?)")
+    from . import bench, bench_model, bench_plots, bench_report, timing_report
     topo = data_path.with_data_path(topology.load(topology.resolve(args.topology)), args.data_path)
     if any(d.appliance for d in topo.devices):
         raise PfcxlError(f"bench boots its own guest; topology '{topo.name}' needs the appliance "
@@ -82,12 +75,18 @@ def cmd_bench(args) -> int:
     for table in bench_report.tables({"environment": results.env,
                                       "results": [r.__dict__ for r in results.runs]}):
         out.print(table)
-    written = bench_report.plots(bench_report.load(out_dir), out_dir)
+    written = bench_plots.plots(bench_report.load(out_dir), out_dir)
     failed = [r.name for r in results.runs if r.status != "ok"]
     err.print(f"{len(results.runs) - len(failed)} of {len(results.runs)} benchmarks ok in "
               f"{time.monotonic() - start:.0f}s; results in {escape(str(out_dir / 'results.json'))}; plots: "
               f"{', '.join(p.name for p in written)}")
     return 1 if failed else 0
+
+
+def cmd_compare(args) -> int:
+    from . import bench_report
+    out.print(bench_report.compare(bench_report.load(args.a), bench_report.load(args.b)))
+    return 0
 
 
 def add_parsers(sub) -> None:
@@ -104,15 +103,21 @@ def add_parsers(sub) -> None:
                        "fed to the fabric models (the idle table's traced figures). With "
                        "--data-path direct the CXL runs go to the direct device, with both they run on "
                        "each, in a column per path.\n"
-                       "pfcxl bench compare A B: compare two results files.",
+                       "pfcxl bench compare A B: compare two results files (pfcxl bench compare --help).",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("items", nargs="*", metavar="compare A B")
-    p.add_argument("--topology", "-t", help="default pf-nic")
+    p.add_argument("--topology", "-t", help="the topology to boot (default pf-nic)")
     p.add_argument("--suite", default="quick", help="quick (default, a minute or two), full, or a JSON suite file")
-    p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox")
+    p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox", help="guest image (default busybox)")
     p.add_argument("--timing", choices=("trace",), help="also model each CXL run's whole trace (idle latency "
                    "from the traced chase)")
     argtypes.add_data_path(p)
     p.add_argument("--out", help="results directory (default results/<time>-<topology>)")
     p.add_argument("--timeout", type=argtypes.seconds, default=300, help="seconds for the guest to become ready")
     p.set_defaults(func=cmd_bench)
+    actions = p.add_subparsers(dest="bench_action", metavar="[compare]", required=False)
+    c = actions.add_parser("compare", help="compare two results files",
+                           description="Print the figures of two benchmark results side by side with their ratio "
+                           "(B / A), metric by metric; the metrics found in only one of them are counted.")
+    c.add_argument("a", metavar="RESULTS_A", help="results.json of a pfcxl bench run, or its folder")
+    c.add_argument("b", metavar="RESULTS_B", help="the other results.json, or its folder")
+    c.set_defaults(func=cmd_compare)

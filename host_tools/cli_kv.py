@@ -20,6 +20,7 @@ from . import appliance, argtypes, bus_error, debian_image
 from .ui import out
 
 DEFAULT_APPLIANCE = "pf-appliance"
+BENCH_BLOCKS = 16     # x 1 MiB: fits an arena of the default format (16 hosts) of pf-appliance's pool
 kv = debian_image.import_guest_module("pfcxl_kvstore")     # standard library only: light
 
 
@@ -119,6 +120,7 @@ def cmd_bench(args) -> int:
         if args.size > s.sb["arena_bytes"]:         # before the payload is allocated (--size 1T)
             raise PfcxlError(f"bench --size {args.size}: block of {args.size} bytes does not fit in an arena of "
                              f"{s.sb['arena_bytes']} bytes")
+        _check_room(s, args.host, args.blocks, args.size)
         payload = os.urandom(args.size)
         keys = [f"bench/{os.getpid()}/{i}" for i in range(args.blocks)]
         t0 = time.perf_counter()
@@ -155,6 +157,16 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _check_room(s, host: int, blocks: int, size: int) -> None:
+    """Before anything is written: `blocks` blocks of `size` bytes must fit in `host`'s arena side
+    by side (each starts on a cache line) and in its index, or the bench would evict its own."""
+    lo, hi = s.arena(host)
+    fit = min((hi - lo) // (-(-size // kv.LINE) * kv.LINE), s.slots)
+    if blocks > fit:
+        raise PfcxlError(f"bench --blocks {blocks} --size {human(size)}: host {host}'s arena ({human(hi - lo)}, "
+                         f"{s.slots} slots) holds {fit} such blocks; give fewer or smaller blocks")
+
+
 def _size(text: str) -> int:
     value = _bytes(text)
     if value < 1:
@@ -185,23 +197,38 @@ def add_parsers(sub) -> None:
                        f"of {kv.PAGE})")
         return p
 
-    p = base(ksub.add_parser("format", help="write an empty store (hosts, slots, 256-token chunks)"))
+    p = base(ksub.add_parser("format", help="write an empty store (hosts, slots, 256-token chunks)",
+                             description="Write an empty KV store into the pool file: one arena and one index "
+                             "of --slots records per host, the pool shared equally. Refuses to format over a "
+                             "store without --force."))
     p.add_argument("--hosts", type=argtypes.count, default=16, help="hosts with an arena (default 16)")
     p.add_argument("--slots", type=argtypes.count, default=1024, help="index records per host (default 1024)")
     p.add_argument("--size", type=_size, help="the store's bytes from its base (default: to the end)")
     p.add_argument("--force", action="store_true", help="format over an existing store")
     p.set_defaults(func=cmd_format)
-    p = base(ksub.add_parser("stats", help="blocks, bytes and evictions per host"))
-    p.add_argument("--json", action="store_true")
+    p = base(ksub.add_parser("stats", help="blocks, bytes and evictions per host",
+                             description="Count the published blocks and their bytes, evictions and the last "
+                             "sequence number of every host's arena."))
+    p.add_argument("--json", action="store_true", help="print the counts as one JSON document")
     p.set_defaults(func=cmd_stats)
-    base(ksub.add_parser("dump", help="every record, one JSON line each")).set_defaults(func=cmd_dump)
-    p = base(ksub.add_parser("verify", help="check every record and block; exit 1 if any is bad"))
-    p.add_argument("--json", action="store_true")
+    base(ksub.add_parser("dump", help="every record, one JSON line each",
+                         description="Print every index record in use (published or claimed) as one JSON "
+                         "line: host, slot, state, sequence, key digest, offset, length, crc.")
+         ).set_defaults(func=cmd_dump)
+    p = base(ksub.add_parser("verify", help="check every record and block; exit 1 if any is bad",
+                             description="Check every published record's own crc and its block's crc; name "
+                             "each bad one; exit 1 if there is any."))
+    p.add_argument("--json", action="store_true", help="print the report as one JSON document")
     p.set_defaults(func=cmd_verify)
     p = base(ksub.add_parser("bench", help="store and load blocks from the host (in --host's arena, which may "
-                             "evict its oldest blocks); modelled chunk load times"))
+                             "evict its oldest blocks); modelled chunk load times",
+                             description="Store then load --blocks blocks of --size bytes in --host's arena on "
+                             "this machine's clock (evicting that host's oldest blocks if need be), remove them, "
+                             "and print the rates beside the modelled time to load one KV chunk from the PF "
+                             "appliance, an electrical pool and host DRAM. The blocks must fit in the arena."))
     p.add_argument("--host", type=int, default=0, help="arena to use (default 0)")
-    p.add_argument("--blocks", type=argtypes.count, default=64)
+    p.add_argument("--blocks", type=argtypes.count, default=BENCH_BLOCKS,
+                   help=f"blocks to store then load; they must fit in the arena (default {BENCH_BLOCKS})")
     p.add_argument("--size", type=_size, default=1 << 20, help="bytes per block (default 1M)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print measured and modelled figures as one JSON document")
     p.set_defaults(func=cmd_bench)

@@ -19,10 +19,11 @@ DEFAULT_NAME = "default"
 
 
 def boot_options(args) -> dict:
-    """Machine's keyword arguments from a boot command's options (no progress callback)."""
-    return dict(timing=args.timing, image=args.image, host=args.host, appliance=args.appliance_dir,
-                run_dir=args.run_dir, keep=args.keep, cedt=args.cedt, append=args.append,
-                ready_timeout=args.timeout, inject_profile=args.inject_profile, baseline_ns=args.baseline_ns,
+    """Machine's keyword arguments from a boot command's options (no progress callback); a command
+    without the timing options (demo) boots without the plugin."""
+    return dict(timing=getattr(args, "timing", None), image=args.image, host=args.host, appliance=args.appliance_dir,
+                run_dir=args.run_dir, keep=args.keep, cedt=args.cedt, append=args.append, ready_timeout=args.timeout,
+                inject_profile=getattr(args, "inject_profile", "pf"), baseline_ns=getattr(args, "baseline_ns", None),
                 data_path=getattr(args, "data_path", None))
 
 
@@ -98,8 +99,12 @@ def _age(started: float | None) -> str:
 
 def cmd_ps(args) -> int:
     from rich.table import Table
+    names = detached.names()
+    if not names:
+        out.print("no machines are up (pfcxl up starts one)")
+        return 0
     table = Table("name", "topology", "age", "state", "daemon", "qemu")
-    for name in detached.names():
+    for name in names:
         info = detached.describe(name)
         table.add_row(escape(name), escape(info["topology"]), _age(info["started"]), escape(info["state"]),
                       str(info["daemon_pid"] or "-"), str(info["qemu_pid"] or "-"))
@@ -126,17 +131,23 @@ def add_parsers(sub, common) -> None:
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("exec", help="run a command in an up machine (output and status as pfcxl run)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description="Run CMD in the guest of machine NAME (started by pfcxl up), print its "
+                       "output and exit with its status, as pfcxl run does without the boot. Example: "
+                       "pfcxl exec default -- cxl list -R")
     p.add_argument("name", help="the machine (pfcxl ps)")
     p.add_argument("--command-timeout", type=argtypes.seconds, default=600, help="seconds for the command (default 600)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
     p.set_defaults(func=cmd_exec, interrupted="pfcxl: interrupted; the machine stays up, and the command may "
                    "still be running in it")
 
-    p = sub.add_parser("ps", help="machines that are up: topology, age, state")
+    p = sub.add_parser("ps", help="machines that are up: topology, age, state",
+                       description="List the machines started by pfcxl up: name, topology, age, state "
+                       "(starting, booting, ready, crashed, dead or failed), and the pids of their daemon and QEMU.")
     p.set_defaults(func=cmd_ps, interrupted="pfcxl: interrupted")
 
-    p = sub.add_parser("down", help="stop a machine (or --all) and remove its files")
-    p.add_argument("name", nargs="?")
+    p = sub.add_parser("down", help="stop a machine (or --all) and remove its files",
+                       description="Power off the guest of machine NAME (or of every machine with --all), "
+                       "stop its daemon and remove its control directory.")
+    p.add_argument("name", nargs="?", help="the machine (pfcxl ps)")
     p.add_argument("--all", action="store_true", help="every machine")
     p.set_defaults(func=cmd_down, interrupted="pfcxl: interrupted; pfcxl ps shows what is still up")

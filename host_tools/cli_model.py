@@ -31,7 +31,10 @@ Example: pfcxl model replay trace.npy --system electrical --load 0.8"""
 
 
 def add_parsers(sub) -> None:
-    model = sub.add_parser("model", help="the fabric models offline: replay a captured trace at a chosen load")
+    model = sub.add_parser("model", help="the fabric models offline: replay a captured trace at a chosen load",
+                           description="Run the fabric models of device/ on a trace captured by `pfcxl run "
+                           "--timing trace --trace-out FILE`, without a guest: one offered load (replay) or "
+                           "a latency-bandwidth curve (curve).")
     msub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     p = msub.add_parser("replay", help="replay a captured trace on one system at an offered load",
                         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,7 +56,7 @@ def add_parsers(sub) -> None:
                         description="Replay TRACE at each offered load (as `model replay --load`) on the PF "
                         "appliance, the electrical pool and local DRAM; print offered and achieved GB/s and read "
                         "latency p50/p99 per load, the knee of each system (the first load it no longer carries: "
-                        "achieved below 95%% of offered), and save the curves as a PNG.")
+                        "achieved below 95% of offered), and save the curves as a PNG.")
     p.add_argument("trace", type=Path, help=".npy file of trace records")
     p.add_argument("--out", type=Path, default=Path("latency-bandwidth.png"), help="PNG to write")
     p.add_argument("--loads", type=loads_list, default=loads_list("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1"),
@@ -150,8 +153,8 @@ def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, 
     key = SYSTEMS[system]
     model = fabric_systems.models(topo)[key]
     base, granularity = placement(topo)
-    try:
-        result = fabric_replay.replay(model, records, base_hpa=base, granularity=granularity,
+    try:   # whole 64-byte lines, as the traced run models them (timing_report.as_lines)
+        result = fabric_replay.replay(model, timing_report.as_lines(records), base_hpa=base, granularity=granularity,
                                       ns_per_insn=ns_per_insn, load=load, dilate=dilate)
     except ValueError as exc:                       # an address or host the system does not have
         raise TimingError(f"cannot replay on {model.name}: {exc}") from exc
@@ -209,7 +212,7 @@ def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float
     for system in CURVE_SYSTEMS:
         key = SYSTEMS[system]
         try:
-            points = fabric_replay.curve(models[key], records, loads, base_hpa=base, granularity=granularity,
+            points = fabric_replay.curve(models[key], timing_report.as_lines(records), loads, base_hpa=base, granularity=granularity,
                                          ns_per_insn=ns_per_insn)
         except ValueError as exc:
             raise TimingError(f"cannot replay on {models[key].name}: {exc}") from exc
@@ -217,20 +220,38 @@ def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float
     return out
 
 
-def save_curve(report: dict, path: Path) -> None:
+def curve_figure(report: dict):
+    """The latency-bandwidth figure: a curve per system, its knee marked, the legend below the
+    axes (never over a curve), latency ticks as plain numbers."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for system in report.values():
-        pts = system["points"]
-        ax.plot([p["achieved_gbs"] for p in pts], [p["p50_ns"] for p in pts], marker="o", label=system["label"])
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    for i, system in enumerate(report.values()):
+        pts, knee = system["points"], system["knee"]
+        ax.plot([p["achieved_gbs"] for p in pts], [p["p50_ns"] for p in pts], marker="o", markersize=4,
+                color=f"C{i}", label=system["label"] + (f" (knee at {knee['offered_gbs']:.0f} GB/s offered)"
+                                                        if knee else " (no knee)"))
+        if knee:
+            ax.plot([knee["achieved_gbs"]], [knee["p50_ns"]], marker="D", markersize=9, color=f"C{i}",
+                    markerfacecolor="none")
     ax.set_xlabel("achieved bandwidth, all hosts (GB/s, modelled)")
     ax.set_ylabel("read latency p50 (ns, modelled)")
     ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    ax.set_title("latency against bandwidth, replayed trace")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+    ax.set_title("latency against bandwidth, replayed trace (knees: open diamonds)")
+    return fig
+
+
+def save_curve(report: dict, path: Path) -> None:
+    import matplotlib.pyplot as plt
+    fig = curve_figure(report)
     try:
         fig.savefig(path, dpi=110, bbox_inches="tight")
     except OSError as exc:

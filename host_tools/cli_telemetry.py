@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pfcxl.device import fabric_constants as fc
-from pfcxl.device.units import human
+from pfcxl.device.units import amount
 from pfcxl.errors import PfcxlError
 
 from . import appliance
@@ -37,7 +37,7 @@ def _pct(value: float | None) -> str:
 def _rate(now: dict, before: dict | None, seconds: float) -> str:
     if before is None or seconds <= 0:
         return "-"
-    return f"{human(max(now['bytes'] - before['bytes'], 0) / seconds)}/s"
+    return f"{amount(max(now['bytes'] - before['bytes'], 0) / seconds)}/s"
 
 
 def headline(stats: dict) -> str:
@@ -66,6 +66,7 @@ def tables(stats: dict, before: dict | None = None, seconds: float = 0.0) -> lis
                   f"{fc.PF_PAPER_LOADED_READ_NS[1]} ns, writes {fc.PF_PAPER_LOADED_WRITE_NS[0]}-"
                   f"{fc.PF_PAPER_LOADED_WRITE_NS[1]} ns" if pf else "")
                + "; traffic: CXL requests traced, 64 B each"
+               + (f"; {stats['scope']}" if stats.get("scope") else "")
                + ("; /s: per second of the emulator's wall clock (TCG), not a fabric rate" if before else ""))
     out = []
     for kind in ("host", "module"):
@@ -81,7 +82,7 @@ def tables(stats: dict, before: dict | None = None, seconds: float = 0.0) -> lis
             util = e["utilisation"].get(main) or {}
             busiest = util.get("busiest")
             row = [str(e[kind])] + ([str(e.get("port", "-"))] if kind == "host" else []) + [
-                f"{e['reads']:,}", f"{e['writes']:,}", human(e["bytes"])]
+                f"{e['reads']:,}", f"{e['writes']:,}", amount(e["bytes"])]
             row += [_rate(e, prev.get((kind, e[kind])), seconds)] if before else []
             row += [_lat(e, main, "read"), _lat(e, main, "write")]
             row += [_lat(e, "pf_hbm", "read"), _pct(e["hbm_hit_rate"])] if hbm else []
@@ -117,7 +118,14 @@ def host_figures(vm) -> dict | None:
     for any other Machine."""
     if vm.attachment is None or vm.attachment.ring_fd is None:
         return None
-    return vm.appliance_stats(sync=True)
+    return for_host(vm.appliance_stats(sync=True), vm.attachment.host)
+
+
+def for_host(stats: dict, host: int) -> dict:
+    """The figures one host's command reports: its own row of the host table (the appliance also
+    keeps the rows of hosts that came and went), and the modules, which carry everyone's traffic."""
+    return {**stats, "hosts": [h for h in stats["hosts"] if h["host"] == host],
+            "scope": f"host {host} only; the modules carry every host's traffic since the appliance started"}
 
 
 def cmd_stats(args, run_dir: Path) -> int:
@@ -165,7 +173,10 @@ def add_parsers(asub, base, run_dir_of) -> None:
     p.add_argument("--count", type=int, help="print N text snapshots, --interval apart, and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     p.set_defaults(func=lambda args: cmd_top(args, _checked(args, run_dir_of)))
-    p = base(asub.add_parser("stats", help="a timed appliance's fabric telemetry (as `top`, once)"))
+    p = base(asub.add_parser("stats", help="a timed appliance's fabric telemetry (as `top`, once)",
+                             description="Print the modelled fabric telemetry of an appliance started with "
+                             "--timing once, after it has modelled every record its hosts wrote so far: per "
+                             "host and per module traffic, modelled latency, HBM3E hit rate, utilisation."))
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(func=lambda args: cmd_stats(args, run_dir_of(args)))
 

@@ -109,15 +109,26 @@ def _describe_table_file(path: Path) -> str:
 
 
 def add_topology_parser(sub) -> None:
-    topo = sub.add_parser("topology", help="show, check or list topologies")
+    topo = sub.add_parser("topology", help="show, check or list topologies",
+                          description="Topologies are TOML files describing host bridges, switches, CXL memory "
+                          "devices and their timing; shipped ones are named (pfcxl topology list), others given "
+                          "by path.")
     tsub = topo.add_subparsers(dest="topology_cmd", metavar="ACTION", required=True)
-    p = tsub.add_parser("show", help="the topology as a table with its predicted address map")
+    p = tsub.add_parser("show", help="the topology as a table with its predicted address map",
+                        description="Print a topology's devices, switches and windows as tables, with the "
+                        "address map the guest is predicted to build (CFMWS windows, regions, DAX devices, "
+                        "interleave) and the modelled latencies. Starts nothing.")
     p.add_argument("topology", nargs="?", help="name or TOML path (default: pf-nic)")
     p.set_defaults(func=cmd_topology_show)
-    p = tsub.add_parser("check", help="validate topology files; one line per mistake")
-    p.add_argument("files", nargs="+")
+    p = tsub.add_parser("check", help="validate topology files; one line per mistake",
+                        description="Load and validate each topology file against the rules pfcxl and the "
+                        "Linux CXL driver impose (sizes, alignment, interleave, port counts): 'ok' and a summary "
+                        "per good file, one line per mistake of a bad one (and the topology-error exit status).")
+    p.add_argument("files", nargs="+", metavar="FILE", help="topology TOML files (or shipped names)")
     p.set_defaults(func=cmd_topology_check)
-    p = tsub.add_parser("list", help="the shipped topologies")
+    p = tsub.add_parser("list", help="the shipped topologies",
+                        description="List the shipped topologies with their one-line descriptions; give "
+                        "any of these names where a topology is asked for.")
     p.set_defaults(func=cmd_topology_list)
 
 
@@ -131,7 +142,8 @@ pfcxl tables decode FILE...: decode any CEDT or CDAT (ours, QEMU's, a real machi
 def add_tables_parser(sub) -> None:
     p = sub.add_parser("tables", help="write a topology's CEDT, CDATs and HMAT options; or decode tables",
                        description=TABLES_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("items", nargs="*", metavar="TOPOLOGY | decode FILE...")
+    p.add_argument("items", nargs="*", metavar="TOPOLOGY | decode FILE...",
+                   help="a topology (name or TOML path; default pf-nic), or decode and the table files")
     p.add_argument("--out", help="output directory (default: tables-<topology name>)")
     p.add_argument("--as", dest="kind", choices=("cedt", "cdat"),
                    help="decode: read files as this table kind (default: CEDT if the file says so, else CDAT)")

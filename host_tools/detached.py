@@ -121,7 +121,7 @@ def call(name: str, request: dict, timeout: float = STATUS_TIMEOUT) -> dict:
     machine, never a hang or a traceback."""
     where = machine_dir(name)
     if not where.is_dir():
-        raise VMError(f"no machine '{name}' is up (pfcxl ps lists them)")
+        raise PfcxlError(f"no machine '{name}' is up (pfcxl ps lists them)")   # a wrong name, not a QEMU failure
     op = request["op"]
     try:
         reply = _exchange(where / SOCKET, request, timeout)
@@ -224,7 +224,7 @@ def down(name: str, wait: float = 60) -> None:
     """Stop machine `name` (whatever its state) and remove its directory: no process, no file."""
     where = machine_dir(name)
     if not where.is_dir():
-        raise VMError(f"no machine '{name}' is up (pfcxl ps lists them)")
+        raise PfcxlError(f"no machine '{name}' is up (pfcxl ps lists them)")   # a wrong name, not a QEMU failure
     pid = _read_json(where / DAEMON).get("pid")
     if _alive(pid):
         try:

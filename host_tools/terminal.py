@@ -8,7 +8,19 @@ import sys
 import termios
 import tty
 
+from pfcxl.errors import PfcxlError
+
 ESCAPE = b"\x1d"   # Ctrl-]: leave the console (the VM is then shut down)
+
+
+def check_foreground() -> None:
+    """The console puts the terminal in raw mode, which the kernel stops a process for (SIGTTOU)
+    unless it is in the terminal's foreground process group (`timeout pfcxl boot` is not): say so
+    before anything boots."""
+    stdin = sys.stdin.fileno()
+    if os.isatty(stdin) and os.tcgetpgrp(stdin) != os.getpgrp():
+        raise PfcxlError("pfcxl boot needs the terminal in the foreground (it is not: under `timeout`, give "
+                         "`timeout --foreground`); pfcxl up and pfcxl exec run without a terminal")
 
 
 def interact(console_fd: int, banner: str = "") -> None:

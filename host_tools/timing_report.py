@@ -70,7 +70,7 @@ def table(report: dict, title: str) -> Table:
         count = report.get(f"{op}s", 0)
         if not count:
             continue
-        cells = [f"{emu:.0f} ns/request" if emu else "-"]
+        cells = [f"{emu:.0f} ns wall / request" if emu else "-"]
         for key in SYSTEMS:
             p = report.get(key, {}).get(op, {})
             cells.append(f"p50 {p['p50']:.0f}  p99 {p['p99']:.0f}  p99.9 {p['p99.9']:.0f}  max {p['max']:.0f}"
@@ -79,6 +79,10 @@ def table(report: dict, title: str) -> Table:
     bw = ["-"] + [f"{report[k]['gbps']:.2f} GB/s" if k in report else "-" for k in SYSTEMS]
     t.add_row("achieved bandwidth", *bw)
     captions = [f"modelled system: {report['modelled_system']}"] if report.get("modelled_system") else []
+    if emu:
+        captions.append(f"{LABELS['emulator']}: the whole command's host wall-clock over its CXL requests "
+                        "(guest process start, console and non-CXL work included), not a per-load latency: "
+                        "a guest tool's own ns per load (chase) times its loop alone, and is smaller")
     terms = report.get("pf", {}).get("idle_terms_ns")
     if terms:
         captions.append("PF idle decomposition T_req + T_mem + T_resp: read "

@@ -75,6 +75,7 @@ class Plan:
     cedt_override: bool            # our CEDT replaces QEMU's through the initrd table upgrade
     run_dir: Path
     argv: list[str]
+    kernel: Path                   # the file argv boots: the image's vmlinuz, or its PVH vmlinux (lean)
     files: dict[str, Path] = field(default_factory=dict)   # what launch writes, by role
 
 
@@ -89,7 +90,7 @@ def load_topology(value: str | Path | Topology | None) -> tuple[Topology, Path |
 def timing_config(mode: str | timing_mod.TimingConfig | None, *, profile: str = "pf",
                   baseline_ns: float | None = None) -> timing_mod.TimingConfig | None:
     """None, a TimingConfig, or a mode name. Inject adds `profile`'s idle latencies from the fabric
-    constants; its emulator baseline is measured at boot unless `baseline_ns` is given."""
+    constants and `baseline_ns` (0 when not given: Machine measures it at boot then)."""
     if mode is None or isinstance(mode, timing_mod.TimingConfig):
         return mode
     if mode != "inject":
@@ -98,7 +99,7 @@ def timing_config(mode: str | timing_mod.TimingConfig | None, *, profile: str = 
         raise PfcxlError(f"inject profile '{profile}' is unknown (known: {', '.join(fabric_constants.PROFILES)})")
     return timing_mod.TimingConfig("inject", read_ns=fabric_model.idle_ns(profile, False),
                                    write_ns=fabric_model.idle_ns(profile, True),
-                                   baseline_ns=-1.0 if baseline_ns is None else baseline_ns)
+                                   baseline_ns=baseline_ns or 0.0)
 
 
 class Machine:
@@ -137,6 +138,8 @@ class Machine:
         if ready_timeout <= 0:
             raise PfcxlError(f"ready timeout must be positive, not {ready_timeout}")
         self.timing_config = timing_config(timing, profile=inject_profile, baseline_ns=baseline_ns)
+        # inject named by mode without a baseline: measured first, in a count-mode guest, at launch
+        self._calibrate = timing == "inject" and baseline_ns is None
         self.image_kind, self.host, self.cedt, self.append = image, host, cedt, append
         self.lean = lean
         self.appliance = appliance
@@ -177,9 +180,7 @@ class Machine:
     def plan(self) -> Plan:
         """What a boot would use (image, tables, argv, files), without starting anything."""
         run_dir = self.run_dir or self.run_dir_arg or RUN_DIR_PLACEHOLDER
-        config = self.timing_config
-        if config is not None and config.mode == "inject" and config.baseline_ns < 0:
-            config = _with_baseline(config, 0.0)   # measured at boot; shown as 0 here
+        config = self.timing_config   # a baseline still to measure is shown as 0
         vm = self._vm(run_dir, self._plugin_args(run_dir, config))
         files = {f"backing {k}": v for k, v in qemu.backing_paths(self.topology, run_dir).items()}
         files.update({f"CDAT {k}": vm.tables_dir() / f"{k}.cdat"
@@ -187,7 +188,7 @@ class Machine:
         files.update({"console log": vm.console_log, "QEMU log": vm.qemu_log})
         ours = boot_policy.cedt_for_boot(self.topology, self.cedt)
         return Plan(self.topology, self.boot_image(), vm.tables, ours is not None, run_dir,
-                    vm.planned_argv(), files)
+                    vm.planned_argv(), vm.kernel, files)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -220,9 +221,9 @@ class Machine:
             fds = self._attach(stack)
             self.boot_image()
             config = self.timing_config
-            if config is not None and config.mode == "inject" and config.baseline_ns < 0:
-                config = _with_baseline(config, self._measure_baseline())
-                self.timing_config = config
+            if self._calibrate:
+                config = self.timing_config = _with_baseline(config, self._measure_baseline())
+                self._calibrate = False
             ring_fd = self.attachment.ring_fd if self.attachment is not None else None
             if ring_fd is not None:           # the appliance drains and models this host's trace
                 plugin_args = self._appliance_plugin_args(config)

@@ -1,6 +1,7 @@
 """Commands on a booted guest's console: long commands, bad
 syntax, stdin readers, exit statuses and large output, all on the session's shared pf-nic guest."""
 
+import os
 import subprocess
 import sys
 
@@ -98,3 +99,15 @@ def test_multihost_keeps_quoting_and_bytes():
     # the host's output byte for byte under its header
     header, output = done.stdout.splitlines()[:2]
     assert header.startswith(b"== host 0 (port ") and header.endswith(b", exit 3)") and output == b"\x80\xffA"
+
+
+# a JSON line of 300 characters, rich markup, a run of spaces: data a script reads
+GUEST_LINE = '{"key": "' + "x" * 280 + '", "tag": "[bold]a[/bold]   b"}'
+
+
+@pytest.mark.parametrize("command", [["run"], ["multihost", "-n", "1"]])
+def test_guest_output_goes_out_as_the_guest_wrote_it(command):
+    """stdout a pipe (not a terminal): no rewrapping at any width, no markup eaten."""
+    done = pfcxl_cli(*command, "--", "printf", "%s\\n", GUEST_LINE, timeout=900, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    assert GUEST_LINE in done.stdout.splitlines(), done.stdout

@@ -159,3 +159,21 @@ def test_injected_latency_is_a_floor_under_every_load(timed):
     assert len(cal["runs"]) == 3 and all(r > 0 for r in cal["runs"]), cal
     assert cal["baseline_ns"] == sorted(cal["runs"])[1], cal
 
+
+
+@pytest.mark.parametrize("profile", ["pf", "electrical"])
+def test_inject_without_a_baseline_measures_it_first(tmp_path, profile):
+    """`--timing inject` with no --baseline-ns (as the help text documents) boots a count-mode
+    guest first, measures the emulator's cost per CXL request there, and hands that to the plugin
+    of the guest that runs the command."""
+    from .conftest import pfcxl_cli
+    run_dir = tmp_path / "run"
+    done = pfcxl_cli("run", "-t", TOPOLOGY, "--timing", "inject", "--inject-profile", profile,
+                     "--run-dir", str(run_dir), "--", "chase", "--lines", "64", "--loads", "2000")
+    assert done.returncode == 0, done.stderr
+    start = next(e for e in timing.plugin_events(timing.plugin_log(run_dir, "guest")) if e["event"] == "start")
+    calibrated = [e for e in timing.plugin_events(timing.plugin_log(run_dir / "calibrate", "calibrate"))
+                  if e["event"] == "start"]
+    assert calibrated and calibrated[0]["mode"] == "count"    # the measuring guest ran, in count mode
+    assert start["mode"] == "inject" and start["baseline_ns"] > 0
+    assert start["profiles"][0]["read_ns"] == fabric_model.idle_ns(profile, False)

@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import bench, bench_report
+from pfcxl.host_tools import bench, bench_plots, bench_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -106,7 +106,7 @@ def test_without_a_trace_the_idle_model_is_shown_and_said_so():
 
 
 def test_plots_are_png_files(tmp_path):
-    written = bench_report.plots(sample(), tmp_path)
+    written = bench_plots.plots(sample(), tmp_path)
     assert {p.name for p in written} == {"latency_cdf.png", "loaded_latency.png", "bandwidth.png"}
     assert all(p.read_bytes()[:8] == PNG for p in written)
 

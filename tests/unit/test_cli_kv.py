@@ -68,8 +68,8 @@ def test_bad_input_is_one_line(pool, capsys, tmp_path):
     status, _, err = run(capsys, "bench", "--pool", pool, "--host", "5")
     assert status == 1 and err.strip() == "pfcxl: error: host 5 is out of range (0 <= host < 2)"
     status, _, err = run(capsys, "bench", "--pool", pool, "--size", "64M")
-    assert status == 1 and err.startswith("pfcxl: error: bench --size 67108864: block of 67108864 bytes does not "
-                                          "fit in an arena of ") and len(err.strip().splitlines()) == 1
+    assert status == 1 and err.startswith("pfcxl: error: bench --blocks 16 --size 64 MiB: host 0's arena (") \
+        and "slots) holds 0 such blocks" in err and len(err.strip().splitlines()) == 1
     status, _, err = run(capsys, "stats", "--pool", str(tmp_path / "absent"))
     assert status == 1 and "cannot open" in err and len(err.strip().splitlines()) == 1
     status, _, err = run(capsys, "stats", "--run-dir", str(tmp_path / "nowhere"))
@@ -127,3 +127,37 @@ def test_an_empty_pool_file_and_a_huge_bench_block_are_one_line(pool, capsys, tm
         status, _, err = run(capsys, "bench", "--pool", pool, "--size", size)
         assert status == 1 and err.startswith("pfcxl: error: bench --size ") and "does not fit in an arena of" in err
         assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("blocks,size", [(1, "9M"), (40, "4K"), (9, "1M"), (200, "1K"), (8, "1000000")])
+def test_bench_that_cannot_fit_the_arena_says_so_before_writing_anything(pool, capsys, blocks, size):
+    """4 arenas of ~8 MiB with 32 slots each: too many blocks for the slots, or too many bytes for
+    the arena, is one line naming the room, and the store is as it was (nothing stored, nothing
+    evicted); what fits runs."""
+    run(capsys, "format", "--pool", pool, "--hosts", "4", "--slots", "32")
+    with cli_kv.kv.Store.open(pool, host=3) as s:
+        s.put("kept", b"k" * 1000)
+        lo, hi = s.arena(3)
+    before = json.loads(run(capsys, "stats", "--pool", pool, "--json")[1])
+    block = cli_kv._size(size)
+    fits = blocks <= 32 and blocks * (-(-block // 64) * 64) <= hi - lo
+    status, _, err = run(capsys, "bench", "--pool", pool, "--host", "3", "--blocks", str(blocks), "--size", size,
+                         "--json")
+    if fits:
+        assert status == 0, err
+    else:
+        assert status == 1 and len(err.strip().splitlines()) == 1 and "such blocks; give fewer" in err, err
+        assert json.loads(run(capsys, "stats", "--pool", pool, "--json")[1]) == before
+
+
+def test_bench_defaults_fit_the_default_format(tmp_path, capsys):
+    """`kv format` then `kv bench` with their defaults, on a pool of pf-appliance's shared size."""
+    from pfcxl.device import topology
+    topo = topology.load(topology.resolve(cli_kv.DEFAULT_APPLIANCE))
+    path = tmp_path / "shared.pool"
+    path.write_bytes(b"")
+    os.truncate(path, topo.appliance.shared)
+    assert run(capsys, "format", "--pool", str(path))[0] == 0
+    for host in (0, 15):
+        status, _, err = run(capsys, "bench", "--pool", str(path), "--host", str(host), "--json")
+        assert status == 0, err

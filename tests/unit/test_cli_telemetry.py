@@ -87,3 +87,23 @@ def test_the_tables_label_every_figure_with_its_model(timing):
     text = io.StringIO()
     Console(file=text, width=250, color_system=None).print(cli_telemetry.render(later, stats, 2.0))
     assert "32.0 KiB/s" in text.getvalue() and "emulator's wall clock (TCG), not a fabric rate" in text.getvalue()
+
+
+def test_a_hosts_own_report_leaves_out_hosts_that_are_gone(timing):
+    """`pfcxl run --host 3` on a timed appliance where host 0 ran and left: its tables show host 3
+    alone and say the modules count everyone; amounts read in one unit style (no '192064 B')."""
+    produce(timing.attach(0, 0, {"shared": 0}, None), 3001)        # 3,001 x 64 B = 192,064 B
+    timing.detach(0)
+    produce(timing.attach(3, 1, {"shared": 0}, None), 500)
+    stats = {**synced(timing), "appliance": {"topology": TOPO.name}, "pid": 1}
+    assert {h["host"] for h in stats["hosts"]} == {0, 3}
+    mine = cli_telemetry.for_host(stats, 3)
+    text = io.StringIO()
+    Console(file=text, width=400, color_system=None).print(cli_telemetry.render(mine))
+    host_table = text.getvalue().split("per module")[0]
+    rows = [line for line in host_table.splitlines() if line.startswith("│")]
+    assert [r.split("│")[1].strip() for r in rows] == ["3"], host_table
+    assert "(gone)" not in host_table and "host 3 only; the modules carry every host's traffic" in text.getvalue()
+    text = io.StringIO()
+    Console(file=text, width=400, color_system=None).print(cli_telemetry.render(stats))
+    assert "188 KiB" in text.getvalue() and "192064 B" not in text.getvalue()

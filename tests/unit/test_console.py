@@ -82,3 +82,38 @@ def test_multihost_api_refuses_no_hosts_before_starting_anything(tmp_path):
     with pytest.raises(PfcxlError, match="0 hosts: multihost needs at least 1"):
         multihost.run(topology.load(path), path, 0, "true", run_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+BACKGROUND_BOOT = """
+import os, subprocess, sys
+os.setsid()
+tty = os.open(sys.argv[1], os.O_RDWR)         # the pty becomes this session's terminal, our group in front
+child = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "boot"], stdin=tty,
+                         stderr=subprocess.PIPE, text=True, process_group=0)   # a background group, as under timeout
+try:
+    _, err = child.communicate(timeout=120)
+except subprocess.TimeoutExpired:
+    os.killpg(child.pid, 9)
+    child.wait()
+    err = "(stopped silently)"
+print(child.returncode, err.strip())
+"""
+
+
+def test_boot_outside_the_terminals_foreground_group_says_so_and_exits():
+    """`timeout pfcxl boot` runs pfcxl in a background process group of the terminal: raw mode would
+    stop it (SIGTTOU) without a word. It must say so in one line, before building or booting."""
+    import os
+    import subprocess
+    import sys
+    leader, follower = os.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-c", BACKGROUND_BOOT, os.ttyname(follower)], capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    status, _, message = done.stdout.strip().partition(" ")
+    assert status == "1", done.stdout + done.stderr
+    assert message.startswith("pfcxl: error: pfcxl boot needs the terminal in the foreground")
+    assert len(message.splitlines()) == 1

@@ -55,14 +55,17 @@ def test_the_reuse_key_takes_every_option_of_run_and_up_that_reaches_the_machine
 
 def test_no_machine_up_means_nothing_to_reuse_list_or_exec(capsys):
     assert detached.names() == [] and detached.find_reusable(topology.resolve("pf-nic"), BASE) is None
-    with pytest.raises(VMError, match="no machine 'm1' is up"):
+    with pytest.raises(PfcxlError, match="no machine 'm1' is up") as raised:
         detached.exec_command("m1", "true")
-    assert main(["exec", "m1", "--", "true"]) == VMError.exit_code
-    assert main(["down", "m1"]) == VMError.exit_code
+    assert type(raised.value) is PfcxlError          # a wrong name: not VMError, QEMU's failure code
+    assert main(["exec", "m1", "--", "true"]) == PfcxlError.exit_code != VMError.exit_code
+    assert main(["down", "m1"]) == PfcxlError.exit_code
     assert main(["down"]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == ["pfcxl: error: no machine 'm1' is up (pfcxl ps lists them)"] * 2 + [
         "pfcxl: error: pfcxl down: give a machine name or --all"]
+    assert main(["ps"]) == 0
+    assert capsys.readouterr().out.strip() == "no machines are up (pfcxl up starts one)"
 
 
 def test_up_refuses_run_only_options_before_starting_anything(tmp_path, capsys):

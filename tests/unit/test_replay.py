@@ -165,3 +165,26 @@ def test_the_curve_command_saves_a_png_and_names_each_knee(tmp_path):
     # four electrical switch links of 64 GB/s carry at most 256 GB/s: from 0.625 ports per host on
     assert report["electrical"]["knee"]["load"] == 0.7
     assert report["electrical"]["points"][-1]["achieved_gbs"] == pytest.approx(4 * 64, rel=0.03)
+
+
+@pytest.mark.parametrize("size", [1, 8, 32, 64])
+def test_replay_at_a_light_load_gives_what_the_traced_run_printed(size):
+    """`model replay --load 0.01` of a trace and the traced run's table (timing_report.model_trace)
+    model the same accesses: whole 64-byte lines whatever bytes the program touched, so at a load
+    too light to queue both give each system's idle read and write latency."""
+    from pfcxl.device import trace_format as tf
+    from pfcxl.host_tools import timing_report
+    topo = topology.load(topology.resolve("pf-nic"))
+    n = 600
+    records = np.zeros(n, np.dtype(tf.RECORD_FIELDS))
+    records["insn"] = np.arange(n) * 1000
+    records["hpa"] = address_map.dax_placements(topo)[0].base + (np.arange(n) * 97 % 512) * 64
+    records["size"] = size
+    records["write"] = np.arange(n) % 3 == 0
+    traced = timing_report.model_trace(topo, records, dependent=True)
+    for system, key in cli_model.SYSTEMS.items():
+        if key not in traced:
+            continue
+        replayed = cli_model.replay_report(records, topo, system, load=0.01, dilate=None)
+        for op in ("read", "write"):
+            assert replayed[op]["p50"] == pytest.approx(traced[key][op]["p50"]), (system, op)

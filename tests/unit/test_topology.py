@@ -254,3 +254,19 @@ def _to_toml(doc: dict) -> str:
                 out.append(f"[[{k}]]")
                 out += [f"{kk} = {value(vv)}" for kk, vv in item.items()]
     return "\n".join(out) + "\n"
+
+
+def test_relative_topology_paths_resolve_from_any_directory(tmp_path, monkeypatch):
+    """The documented `tests/data/topologies/X.toml` paths: found from any directory (the checkout's
+    file), while a file of that relative path in the current directory comes first."""
+    data = sorted(topology.SOURCE_ROOT.glob("tests/data/topologies/*.toml"))
+    assert data
+    monkeypatch.chdir(tmp_path)
+    for path in data:
+        relative = path.relative_to(topology.SOURCE_ROOT)
+        assert topology.resolve(str(relative)).resolve() == path.resolve()
+        assert topology.load(topology.resolve(str(relative))).name
+    mine = tmp_path / "tests/data/topologies" / data[0].name
+    mine.parent.mkdir(parents=True)
+    mine.write_text(data[0].read_text())
+    assert topology.resolve(str(mine.relative_to(tmp_path))).resolve() == mine.resolve()
