@@ -93,6 +93,8 @@ def _print_plan(machine, command: str | None = None) -> int:
     lines = [
         f"topology   {plan.topology.name} ({machine.topology_path or 'given as an object'})",
         f"image      {img.initrd} ({'built now' if img.rebuilt else 'cached'}), kernel {img.kernel}",
+        f"qemu       {machine.qemu}" + (f" (QEMU {machine.qemu_version}, --qemu)" if machine.qemu_version else "")
+        + (f", extra arguments: {show(machine.qemu_args)}" if machine.qemu_args else ""),
         "CEDT       " + ("ours, through the initrd table upgrade" if plan.cedt_override else "QEMU's")
         + f" ({len(plan.tables.cedt)} bytes)",
         "CDAT       " + (", ".join(cdats) if cdats else "QEMU's defaults (the topology has no timing)"),
@@ -256,6 +258,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False) -> None:
         p.add_argument("--trace-out", help="trace: also save the captured records (.npy) for pfcxl model replay")
         p.add_argument("--dry-run", action="store_true", help="print the whole plan (image, tables, files, "
                        "QEMU argv) and start nothing")
+        argtypes.add_own_qemu(p)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -24,7 +24,18 @@ def boot_options(args) -> dict:
     return dict(timing=args.timing, image=args.image, host=args.host, appliance=args.appliance_dir,
                 run_dir=args.run_dir, keep=args.keep, cedt=args.cedt, append=args.append,
                 ready_timeout=args.timeout, inject_profile=args.inject_profile, baseline_ns=args.baseline_ns,
-                data_path=getattr(args, "data_path", None))
+                data_path=getattr(args, "data_path", None), **own_qemu(args))
+
+
+def own_qemu(args) -> dict:
+    """--qemu (absolute, so `up`'s daemon execs the same file) and --qemu-arg, when given."""
+    from .qemu_binary import resolve
+    options = {}
+    if getattr(args, "qemu", None):
+        options["qemu"] = resolve(args.qemu)
+    if getattr(args, "qemu_args", None):
+        options["qemu_args"] = list(args.qemu_args)
+    return options
 
 
 def _topology(args) -> tuple[Path, str]:
