@@ -93,6 +93,7 @@ def _print_plan(machine, command: str | None = None) -> int:
     lines = [
         f"topology   {plan.topology.name} ({machine.topology_path or 'given as an object'})",
         f"image      {img.initrd} ({'built now' if img.rebuilt else 'cached'}), kernel {img.kernel}",
+        f"kernel     {img.kernel_release} from {img.kernel_origin}",
         f"qemu       {machine.qemu}" + (f" (QEMU {machine.qemu_version}, --qemu)" if machine.qemu_version else "")
         + (f", extra arguments: {show(machine.qemu_args)}" if machine.qemu_args else ""),
         "CEDT       " + ("ours, through the initrd table upgrade" if plan.cedt_override else "QEMU's")

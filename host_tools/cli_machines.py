@@ -28,13 +28,17 @@ def boot_options(args) -> dict:
 
 
 def own_qemu(args) -> dict:
-    """--qemu (absolute, so `up`'s daemon execs the same file) and --qemu-arg, when given."""
+    """--qemu (absolute, so `up`'s daemon execs the same file) and --qemu-arg, when given; also
+    --kernel and --modules."""
     from .qemu_binary import resolve
     options = {}
     if getattr(args, "qemu", None):
         options["qemu"] = resolve(args.qemu)
     if getattr(args, "qemu_args", None):
         options["qemu_args"] = list(args.qemu_args)
+    for key in ("kernel", "modules"):     # --kernel, --modules: absolute, for the same reason
+        if getattr(args, key, None):
+            options[key] = str(Path(getattr(args, key)).absolute())
     return options
 
 

@@ -42,7 +42,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Options that change what boots: two machines match for --reuse when these and the topology
 # file's bytes are equal. Timeouts, progress and where files go do not change the guest.
 BOOT_OPTIONS = ("timing", "image", "host", "appliance", "cedt", "append", "inject_profile", "baseline_ns", "lean",
-                "qemu", "qemu_args")
+                "qemu", "qemu_args", "kernel", "modules")
 
 
 def machines_dir() -> Path:

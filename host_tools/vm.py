@@ -77,7 +77,7 @@ class VM:
         self.run_dir = Path(run_dir)
         self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline, lean)
         # lean: the kernel's own ELF at its PVH entry, no bzImage decompression under TCG
-        self.kernel = kernel_pvh.uncompressed(image.kernel) if lean else image.kernel
+        self.kernel = (image.pvh or kernel_pvh.uncompressed(image.kernel)) if lean else image.kernel
         self.state = VMState.CREATED
         self.console_log = self.run_dir / f"{name}.console.log"
         self.qemu_log = self.run_dir / f"{name}.qemu.log"

@@ -36,7 +36,7 @@ from pfcxl.host_tools import appliance as appliance_mod
 from pfcxl.host_tools import image as image_mod
 from pfcxl.host_tools.argtypes import writable_dir
 from pfcxl.host_tools.guest_names import guest_name
-from pfcxl.host_tools import qemu as qemu_mod, qemu_binary
+from pfcxl.host_tools import own_kernel, qemu as qemu_mod, qemu_binary
 from pfcxl.host_tools import calibration, timing_plugin
 from pfcxl.host_tools import timing as timing_mod
 from pfcxl.host_tools import vm as vm_mod
@@ -115,6 +115,8 @@ class Machine:
     lean: the lean kernel command line (host_tools.qemu.LEAN_CMDLINE); False boots the classic one.
     qemu: a QEMU binary of one's own (path or name on PATH; 10.0 or newer, checked here).
     qemu_args: more QEMU arguments, appended to the argv after pfcxl's own.
+    kernel: a kernel of one's own, a bzImage/vmlinuz file or a build tree; modules: its
+    INSTALL_MOD_PATH tree (default for a build tree: the tree). Checked here (host_tools/own_kernel.py).
     """
 
     def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
@@ -124,7 +126,8 @@ class Machine:
                  ready_timeout: float = 300, name: str | None = None, inject_profile: str = "pf",
                  baseline_ns: float | None = None, prebuilt: image_mod.BootImage | None = None,
                  progress: Callable[[str], None] | None = None, data_path: str | None = None,
-                 lean: bool = True, qemu: str | Path | None = None, qemu_args: Sequence[str] = ()) -> None:
+                 lean: bool = True, qemu: str | Path | None = None, qemu_args: Sequence[str] = (),
+                 kernel: str | Path | None = None, modules: str | Path | None = None) -> None:
         self.topology, self.topology_path = load_topology(topology)
         self.topology = data_path_mod.with_data_path(self.topology, data_path)
         if cedt not in boot_policy.CEDT_MODES:
@@ -142,6 +145,10 @@ class Machine:
         # checked before anything is built or started: a missing or too old QEMU is one line
         self.qemu = qemu_binary.resolve(qemu) if qemu is not None else qemu_mod.qemu_binary()
         self.qemu_version = qemu_binary.version(self.qemu) if qemu is not None else None
+        if modules is not None and kernel is None:
+            raise PfcxlError("modules: give them with the kernel they belong to (--kernel PATH --modules DIR)")
+        self.kernel_args = (kernel, modules)
+        self.own_kernel = own_kernel.own(kernel, modules) if kernel is not None else None
         self.appliance = appliance
         # absolute: QEMU and the plugin get these paths, and the printed argv must be the exec'd one
         self.run_dir_arg = Path(run_dir).absolute() if run_dir is not None else None
@@ -164,7 +171,7 @@ class Machine:
         if self._image is None:
             ours = boot_policy.cedt_for_boot(self.topology, self.cedt)
             self._image = image_mod.build(self.topology, progress=progress or self.say, kind=self.image_kind,
-                                          acpi_tables={"CEDT": ours} if ours else None)
+                                          acpi_tables={"CEDT": ours} if ours else None, kernel=self.own_kernel)
         return self._image
 
     def _vm(self, run_dir: Path, plugin_args: list[str], appliance_fds: dict[str, int] | None = None,
@@ -295,7 +302,8 @@ class Machine:
         probe = Machine(self.topology, timing="count", image=self.image_kind, host=self.host,
                         appliance=self.appliance, run_dir=self.run_dir / "calibrate", cedt=self.cedt,
                         ready_timeout=self.ready_timeout, name="calibrate", progress=self.say,
-                        qemu=self.qemu if self.qemu_version else None, qemu_args=self.qemu_args)
+                        qemu=self.qemu if self.qemu_version else None, qemu_args=self.qemu_args,
+                        kernel=self.kernel_args[0], modules=self.kernel_args[1])
         with probe:
             return calibration.calibrate_baseline(probe)["baseline_ns"]
 
