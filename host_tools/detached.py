@@ -247,8 +247,10 @@ class Daemon:
             return self.status()
         if op == "down":
             return {"ok": True, "down": True}
+        if op == "inject":
+            return self.inject(request)
         if op != "exec":
-            return {"error": f"unknown op '{op}' (status, exec, down)"}
+            return {"error": f"unknown op '{op}' (status, exec, down, inject)"}
         with self.lock:
             state = self.status()["state"]
             if state != "ready":
@@ -258,6 +260,16 @@ class Daemon:
             except PfcxlError as exc:
                 return {"error": str(exc).splitlines()[0], "state": self.status()["state"]}
             return {"status": result.status, "output": result.output}
+
+    def inject(self, request: dict) -> dict:
+        """pfcxl inject: Machine.inject in the machine this daemon keeps up."""
+        with self.lock:
+            if self.status()["state"] != "ready":
+                return {"error": f"the guest is {self.status()['state']}"}
+            try:
+                return {"injected": self.machine.inject(**request["inject"])}
+            except PfcxlError as exc:
+                return {"error": str(exc).splitlines()[0]}
 
     def serve(self) -> int:
         from pfcxl.machine import Machine      # the daemon only: keeps `pfcxl ps` light
