@@ -144,7 +144,7 @@ wr $((off+8)) $(( $(rd $((off+8))) & ~(1<<22) ))
 AER_STATUS = {("correctable", "mem-data-ecc"): "Memory Data ECC Error",
               ("uncorrectable", "internal"): "Component Specific Error"}
 
-ARM = (f"mountpoint -q {TRACEFS} || mount -t tracefs nodev {TRACEFS}; "
+ARM = (f"grep -q ' {TRACEFS} tracefs ' /proc/mounts || mount -t tracefs nodev {TRACEFS}; "
        f"echo 1 > {TRACEFS}/events/cxl/enable")
 
 
@@ -152,7 +152,7 @@ def _records(run, injection: Injection) -> list[str]:
     """What the guest holds of this kind of injection on this device, oldest first: poison list
     entries (JSON) or trace lines / AER kernel messages."""
     if injection.kind == "poison":
-        listing = json.loads(run("cxl list -M -L").output or "[]")
+        listing = json.loads(run("cxl list -M -L 2>/dev/null").output or "[]")
         listing = listing if isinstance(listing, list) else [listing]
         memdev = next((m for m in listing if m.get("serial") == injection.serial), None)
         if memdev is None:
@@ -165,15 +165,14 @@ def _records(run, injection: Injection) -> list[str]:
     return lines
 
 
-def aer_messages(run, injection: Injection) -> list[str]:
-    """The kernel's AER messages about the device (dmesg)."""
-    bdf = _bdf(run, injection)
+def aer_messages(run, bdf: str) -> list[str]:
+    """The kernel's AER messages about the device at `bdf` (dmesg)."""
     return [line.strip() for line in run("dmesg").output.splitlines()
-            if bdf in line and ("AER" in line or "PCIe Bus Error" in line or "error" in line)]
+            if bdf in line and "err" in line.lower()]
 
 
 def _bdf(run, injection: Injection) -> str:
-    listing = json.loads(run("cxl list -M").output or "[]")
+    listing = json.loads(run("cxl list -M 2>/dev/null").output or "[]")
     listing = listing if isinstance(listing, list) else [listing]
     for memdev in listing:
         if memdev.get("serial") == injection.serial:
@@ -181,11 +180,35 @@ def _bdf(run, injection: Injection) -> str:
     raise PfcxlError(f"inject: the guest has no memdev with serial {injection.serial:#x} ('{injection.device}')")
 
 
-def unmask_aer(run, injection: Injection) -> None:
-    """Let the device's internal errors reach the AER driver (UNMASK_AER)."""
-    done = run(f"BDF={_bdf(run, injection)}\n{UNMASK_AER}")
+def unmask_aer(run, injection: Injection) -> str:
+    """Let the device's internal errors reach the AER driver (UNMASK_AER); its PCI address."""
+    bdf = _bdf(run, injection)
+    done = run(f"BDF={bdf}\n{UNMASK_AER}")
     if done.status != 0:
         raise PfcxlError(f"inject: unmasking AER internal errors failed: {done.output.strip()[:200]}")
+    return bdf
+
+
+def inject_into(machine, kind: str, device: str, *, expect: bool = False, timeout: float = 60,
+                **fields: object) -> dict:
+    """Machine.inject: plan (checks), arm the trace events once, unmask AER for RAS errors, inject
+    through QMP, and with `expect` collect the guest's record of it."""
+    injection = plan(machine.topology, kind, device, **fields)
+    run = lambda command: machine.run(command, timeout=600)      # noqa: E731
+    if not getattr(machine, "_trace_armed", False):
+        arm(run)
+        machine._trace_armed = True
+    # the address is taken before: an uncorrectable error resets the link and re-probes the device
+    bdf = unmask_aer(run, injection) if kind in ("correctable", "uncorrectable") else None
+    seen = before(run, injection) if expect else 0
+    machine.qmp(injection.command, **injection.arguments)
+    done = {"kind": kind, "device": device, "serial": injection.serial, "qmp": injection.command,
+            "arguments": injection.arguments}
+    if expect:
+        done["guest"] = guest_record(run, injection, seen, timeout)
+        if bdf is not None:
+            done["guest"] += aer_messages(run, bdf)
+    return done
 
 
 def matches(injection: Injection, record: str) -> bool:

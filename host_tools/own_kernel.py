@@ -20,6 +20,7 @@ from . import cache, kernel_pvh
 
 HDRS_OFFSET, HDRS_MAGIC = 0x202, b"HdrS"
 KERNEL_VERSION_FIELD = 0x20E        # u16: the version string's offset, minus 0x200
+SETUP_AREA = 32 * 1024              # the real-mode setup code, where that string lives
 BUILD_TREE_BZIMAGE = Path("arch/x86/boot/bzImage")
 RELEASE_RE = re.compile(r"[0-9][A-Za-z0-9.+_~-]*")
 
@@ -38,7 +39,7 @@ class Kernel:
 def bzimage_release(path: Path) -> str:
     """The release (`uname -r`) a bzImage announces in its setup header; ImageError if it has none."""
     with open(path, "rb") as f:
-        head = f.read(0x10000)
+        head = f.read(SETUP_AREA)
     if head[HDRS_OFFSET:HDRS_OFFSET + 4] != HDRS_MAGIC or len(head) < KERNEL_VERSION_FIELD + 2:
         raise ImageError(f"--kernel {path}: not a bzImage (no 'HdrS' boot header); give arch/x86/boot/bzImage "
                          "or the build tree")

@@ -364,22 +364,7 @@ class Machine:
         '-'), checked first (PfcxlError, one line, nothing injected). With `expect`, wait for the
         guest's record of it (poison list, CXL trace event, AER message) and return it as "guest"."""
         from pfcxl.host_tools import inject as inject_mod
-        injection = inject_mod.plan(self.topology, kind, device, **fields)
-        run = lambda command: self.run(command, timeout=120)      # noqa: E731
-        if not getattr(self, "_trace_armed", False):
-            inject_mod.arm(run)
-            self._trace_armed = True
-        if kind in ("correctable", "uncorrectable"):
-            inject_mod.unmask_aer(run, injection)
-        seen = inject_mod.before(run, injection) if expect else 0
-        self.qmp(injection.command, **injection.arguments)
-        done = {"kind": kind, "device": device, "serial": injection.serial, "qmp": injection.command,
-                "arguments": injection.arguments}
-        if expect:
-            done["guest"] = inject_mod.guest_record(run, injection, seen, timeout)
-            if kind in ("correctable", "uncorrectable"):
-                done["guest"] += inject_mod.aer_messages(run, injection)
-        return done
+        return inject_mod.inject_into(self, kind, device, expect=expect, timeout=timeout, **fields)
 
     def _booted(self) -> VM:
         if self.vm is None:
