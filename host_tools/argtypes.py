@@ -62,3 +62,17 @@ def add_data_path(p: argparse.ArgumentParser) -> None:
                    help="how the guest reaches the memory: cxl (the CXL region, emulated I/O), direct (the "
                    "same bytes as an NVDIMM devdax device at guest-RAM speed) or both (default: the "
                    "topology's [guest] data_path, itself cxl by default)")
+
+
+def add_own_qemu(p: argparse.ArgumentParser) -> None:
+    """--qemu and --qemu-arg for every command that boots (host_tools/qemu_binary.py)."""
+    p.add_argument("--qemu", metavar="PATH", help="the QEMU binary to boot with (10.0 or newer; default "
+                   "qemu-system-x86_64 from setup)")
+    p.add_argument("--qemu-arg", metavar="ARG", dest="qemu_args", action="append", default=[],
+                   help="one more QEMU argument, appended after pfcxl's own (repeatable); one that starts "
+                   "with '-' is written with '=': --qemu-arg=-name --qemu-arg=mine")
+    p.add_argument("--kernel", metavar="PATH", help="boot this kernel: a bzImage/vmlinuz file, or a kernel build "
+                   "tree (its arch/x86/boot/bzImage, and vmlinux for the lean PVH entry)")
+    p.add_argument("--modules", metavar="DIR", help="the kernel's modules: an INSTALL_MOD_PATH tree "
+                   "(lib/modules/RELEASE); default for a build tree: the tree; the image takes the CXL, DAX, "
+                   "NVDIMM and kmem modules and their dependencies from it")

@@ -93,7 +93,10 @@ def _print_plan(machine, command: str | None = None) -> int:
     lines = [
         f"topology   {plan.topology.name} ({machine.topology_path or 'given as an object'})",
         f"image      {img.initrd} ({'built now' if img.rebuilt else 'cached'})",
-        f"kernel     {plan.kernel}" + (f" (the PVH entry of {img.kernel.name})" if plan.kernel != img.kernel else ""),
+        f"kernel     {plan.kernel}" + (f" (the PVH entry of {img.kernel.name})" if plan.kernel != img.kernel else "")
+        + f": {img.kernel_release} from {img.kernel_origin}",
+        f"qemu       {machine.qemu}" + (f" (QEMU {machine.qemu_version}, --qemu)" if machine.qemu_version else "")
+        + (f", extra arguments: {show(machine.qemu_args)}" if machine.qemu_args else ""),
         "CEDT       " + ("ours, through the initrd table upgrade" if plan.cedt_override else "QEMU's")
         + f" ({len(plan.tables.cedt)} bytes)",
         "CDAT       " + (", ".join(cdats) if cdats else "QEMU's defaults (the topology has no timing)"),
@@ -245,6 +248,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: boo
                        "(default: $PFCXL_CACHE/appliance/<topology name>)")
         p.add_argument("--dry-run", action="store_true", help="print the whole plan (image, tables, files, "
                        "QEMU argv) and start nothing")
+        argtypes.add_own_qemu(p)
     if boots and timing_options:
         p.add_argument("--timing", choices=timing.MODES, help="load the TCG plugin: count (CXL requests), "
                        "trace (every request, modelled on the PF and electrical fabrics afterwards) or "

@@ -16,7 +16,7 @@ from pfcxl.errors import PfcxlError
 
 from pfcxl.device.fabric_modes import ISSUES, SYSTEMS
 
-from . import appliance, argtypes, cli_telemetry
+from . import appliance, argtypes, cli_machines, cli_telemetry
 from .ui import err, out, write_output
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -126,7 +126,8 @@ def cmd_multihost(args) -> int:
                             ready_timeout=args.timeout, command_timeout=args.command_timeout,
                             parallel_boots=args.parallel_boots, say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"),
                             host_done=host_done, timing=args.fabric if args.timing else None, issue=args.issue,
-                            telemetry=figures.update, capture=Path(args.capture) if args.capture else None)
+                            telemetry=figures.update, capture=Path(args.capture) if args.capture else None,
+                            machine_options=cli_machines.own_qemu(args))
     for r in results:
         out.print(f"== host {r.host} (port {r.port}, exit {r.status if r.status is not None else '-'})",
                   highlight=False)
@@ -215,5 +216,6 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--capture", metavar="DIR", help="--timing: keep every host's drained trace records and its "
                    "plugin phases in DIR (absent or empty; a temporary appliance completes the manifest as it "
                    "stops, a running one must have been started with this --capture)")
+    argtypes.add_own_qemu(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command for each guest")
     p.set_defaults(func=cmd_multihost)

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from pfcxl.errors import PfcxlError, TimingError
 
-from . import argtypes, image
+from . import argtypes, cli_machines, image
 from .ui import err, out
 
 
@@ -37,9 +37,14 @@ def cmd_bench(args) -> int:
             boots[0] += 1
             # always in trace mode: the modelled columns replay the stream each run issued
             machine = Machine(topo, timing="trace", image=args.image,
-                              run_dir=out_dir / "run", name=f"bench{boots[0]}", ready_timeout=args.timeout)
+                              run_dir=out_dir / "run", name=f"bench{boots[0]}", ready_timeout=args.timeout,
+                              **cli_machines.own_qemu(args))
             stack.callback(machine.close)
-            return machine.start()
+            machine.start()
+            # the kernel and QEMU that ran, as the guest and Machine say (--kernel, --qemu)
+            results.env.update(kernel=machine.ready.get("kernel"), kernel_origin=machine.ready.get("kernel_origin"),
+                               qemu_binary=machine.qemu)
+            return machine
 
         phases_before = [0]
 
@@ -113,6 +118,7 @@ def add_parsers(sub) -> None:
     argtypes.add_data_path(p)
     p.add_argument("--out", help="results directory (default results/<time>-<topology>)")
     p.add_argument("--timeout", type=argtypes.seconds, default=300, help="seconds for the guest to become ready")
+    argtypes.add_own_qemu(p)
     p.set_defaults(func=cmd_bench)
     actions = p.add_subparsers(dest="bench_action", metavar="[compare]", required=False)
     c = actions.add_parser("compare", help="compare two results files",

@@ -24,7 +24,22 @@ def boot_options(args) -> dict:
     return dict(timing=getattr(args, "timing", None), image=args.image, host=args.host, appliance=args.appliance_dir,
                 run_dir=args.run_dir, keep=args.keep, cedt=args.cedt, append=args.append, ready_timeout=args.timeout,
                 inject_profile=getattr(args, "inject_profile", "pf"), baseline_ns=getattr(args, "baseline_ns", None),
-                data_path=getattr(args, "data_path", None))
+                data_path=getattr(args, "data_path", None), **own_qemu(args))
+
+
+def own_qemu(args) -> dict:
+    """--qemu (absolute, so `up`'s daemon execs the same file) and --qemu-arg, when given; also
+    --kernel and --modules."""
+    from .qemu_binary import resolve
+    options = {}
+    if getattr(args, "qemu", None):
+        options["qemu"] = resolve(args.qemu)
+    if getattr(args, "qemu_args", None):
+        options["qemu_args"] = list(args.qemu_args)
+    for key in ("kernel", "modules"):     # --kernel, --modules: absolute, for the same reason
+        if getattr(args, key, None):
+            options[key] = str(Path(getattr(args, key)).absolute())
+    return options
 
 
 def _topology(args) -> tuple[Path, str]:
@@ -97,6 +112,36 @@ def _age(started: float | None) -> str:
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def _field(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"'{text}' is not KEY=VALUE")
+    try:
+        return key.replace("-", "_"), int(value, 0)
+    except ValueError:
+        return key.replace("-", "_"), value
+
+
+def cmd_inject(args) -> int:
+    import json
+    fields = dict(args.set)
+    for key in ("dpa", "length", "log", "type"):
+        value = getattr(args, key)
+        if value is not None:
+            fields[key] = _field(f"{key}={value}")[1]
+    request = dict(fields, kind=args.kind, device=args.device, expect=args.expect, timeout=args.expect_timeout)
+    reply = detached.call(args.name, {"op": "inject", "inject": request},
+                          timeout=2 * detached.INJECT_TIMEOUT + args.expect_timeout + detached.EXEC_SLACK)
+    if "error" in reply:
+        raise PfcxlError(f"machine '{args.name}': {reply['error']}")
+    done = reply["injected"]
+    err.print(f"[dim]injected {escape(done['kind'])} into {escape(done['device'])} (serial {done['serial']:#x}): "
+              f"{escape(done['qmp'])} {escape(json.dumps(done['arguments']))}[/dim]", highlight=False)
+    for record in done.get("guest", []):
+        out.print(escape(record), highlight=False, soft_wrap=True)
+    return 0
+
+
 def cmd_ps(args) -> int:
     from rich.table import Table
     names = detached.names()
@@ -139,6 +184,25 @@ def add_parsers(sub, common) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
     p.set_defaults(func=cmd_exec, interrupted="pfcxl: interrupted; the machine stays up, and the command may "
                    "still be running in it")
+
+    from .inject import KINDS
+    p = sub.add_parser("inject", help="inject a CXL error (poison, event record, RAS error) into an up machine",
+                       description="Inject a CXL error into a device of a machine kept up with pfcxl up, through "
+                       "QEMU's QMP: " + ", ".join(KINDS) + ". The device is named as in the topology; bad "
+                       "arguments are refused before anything is injected. --expect waits for the guest's record "
+                       "(cxl list -L, the CXL trace event in tracefs, AER messages) and prints it.")
+    p.add_argument("kind", choices=tuple(KINDS), help="what to inject: " + ", ".join(KINDS))
+    p.add_argument("--name", default=DEFAULT_NAME, help=f"the machine (pfcxl ps; default {DEFAULT_NAME})")
+    p.add_argument("--device", "-d", required=True, help="the device's id in the topology")
+    p.add_argument("--dpa", help="device physical address (poison start, event DPA; 64-byte aligned)")
+    p.add_argument("--length", help="poison: bytes, a multiple of 64 (default 64)")
+    p.add_argument("--log", help="event records: informational (default), warning, failure or fatal")
+    p.add_argument("--type", help="event type (a number), or the RAS error's name (correctable, uncorrectable)")
+    p.add_argument("--set", type=_field, action="append", default=[], metavar="FIELD=VALUE",
+                   help="any other field of the QMP command (e.g. --set transaction-type=2 --set temperature=70)")
+    p.add_argument("--expect", action="store_true", help="wait for the guest's record of the error and print it")
+    p.add_argument("--expect-timeout", type=argtypes.seconds, default=60, help="seconds --expect waits (default 60)")
+    p.set_defaults(func=cmd_inject)
 
     p = sub.add_parser("ps", help="machines that are up: topology, age, state",
                        description="List the machines started by pfcxl up: name, topology, age, state "

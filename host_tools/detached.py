@@ -49,10 +49,11 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")   # fullmatch: `$` lets
 # Options that change what boots: two machines match for --reuse when these and the topology
 # file's bytes are equal. Timeouts, progress and where files go do not change the guest.
 BOOT_OPTIONS = ("timing", "image", "host", "appliance", "cedt", "append", "inject_profile", "baseline_ns", "lean",
-                "data_path")
+                "data_path", "qemu", "qemu_args", "kernel", "modules")
 MAX_CONNECTIONS = 16        # served at once (each a thread); more are refused, saying so
 STATUS_TIMEOUT = 10         # seconds a client waits for status or down
 EXEC_SLACK = 120            # seconds an exec's client waits beyond its command's own timeouts
+INJECT_TIMEOUT = 600        # seconds an injection waits for the console, and its guest commands take
 # accept() failures that pass once connections end: a daemon out of descriptors must go on
 _TRANSIENT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EINTR)
 
@@ -316,8 +317,10 @@ class Daemon:
             return self.status()
         if op == "down":
             return {"ok": True, "down": True}
+        if op == "inject":
+            return self.inject(request)
         if op != "exec":
-            return {"error": f"unknown op {str(op)[:40]!r} (status, exec, down)"}
+            return {"error": f"unknown op {str(op)[:40]!r} (status, exec, down, inject)"}
         timeout = request.get("timeout", 600)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e9:
             return {"error": f"exec: timeout {timeout!r} must be a number of seconds above 0"}
@@ -343,6 +346,20 @@ class Daemon:
         listener.settimeout(0.5)
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
         return listener
+
+    def inject(self, request: dict) -> dict:
+        """pfcxl inject: Machine.inject in the machine this daemon keeps up."""
+        if not self.lock.acquire(timeout=INJECT_TIMEOUT):
+            return {"error": f"another command held the console for all of {INJECT_TIMEOUT}s"}
+        try:
+            if self.status()["state"] != "ready":
+                return {"error": f"the guest is {self.status()['state']}"}
+            try:
+                return {"injected": self.machine.inject(**request["inject"])}
+            except PfcxlError as exc:
+                return {"error": str(exc).splitlines()[0]}
+        finally:
+            self.lock.release()
 
     def serve(self) -> int:
         from pfcxl.machine import Machine      # the daemon only: keeps `pfcxl ps` light

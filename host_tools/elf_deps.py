@@ -35,6 +35,15 @@ def module_name(path: Path) -> str:
 def module_bytes(path: Path) -> bytes:
     """A module file's ELF bytes, decompressed when it ends in .xz."""
     data = path.read_bytes()
+    if path.suffix == ".gz":
+        import gzip
+        return gzip.decompress(data)
+    if path.suffix == ".zst":     # CONFIG_MODULE_COMPRESS_ZSTD; zstd is a host package (make setup)
+        import subprocess
+        done = subprocess.run(["zstd", "-d", "-c", "-q"], input=data, capture_output=True)
+        if done.returncode != 0:
+            raise ImageError(f"module {path} is not valid zstd: {done.stderr.decode(errors='replace').strip()}")
+        return done.stdout
     if path.suffix == ".xz":
         try:
             return lzma.decompress(data)
@@ -92,7 +101,9 @@ class ModuleTree:
     root: Path
 
     def index(self) -> dict[str, Path]:
-        return {module_name(p): p for p in (self.root / "kernel").rglob("*.ko*")}
+        # an installed tree keeps modules under kernel/; a build tree has them beside their sources
+        base = self.root / "kernel" if (self.root / "kernel").is_dir() else self.root
+        return {module_name(p): p for p in base.rglob("*.ko*") if p.name.endswith((".ko", ".ko.xz", ".ko.zst", ".ko.gz"))}
 
     def builtin(self) -> set[str]:
         listing = self.root / "modules.builtin"

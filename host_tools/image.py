@@ -27,6 +27,7 @@ from pfcxl.process import run
 
 if TYPE_CHECKING:
     from .elf_deps import Module
+    from .own_kernel import Kernel
 
 GUEST_DIR = Path(__file__).resolve().parent.parent / "guest"
 GUEST_SOURCES = GUEST_DIR / "src"
@@ -46,6 +47,8 @@ class BootImage:
     initrd: Path
     kernel_release: str
     rebuilt: bool
+    kernel_origin: str = ""
+    pvh: Path | None = None        # a lean boot's ELF, when known (own kernels); else unpacked from kernel
 
 
 def _usr(path: str) -> str:
@@ -97,10 +100,10 @@ def _busybox_entries() -> list[cpio.Entry]:
     return entries
 
 
-def base_entries(manifest: dict, modules: list[Module]) -> list[cpio.Entry]:
+def base_entries(manifest: dict, modules: list[Module], kernel: Kernel | None = None) -> list[cpio.Entry]:
     """Everything but the topology's plan."""
     from . import elf_deps
-    release = manifest["kernel_release"]
+    release = kernel.release if kernel else manifest["kernel_release"]
     files: dict[str, cpio.Entry] = {}
 
     def add(entry: cpio.Entry) -> None:
@@ -119,6 +122,9 @@ def base_entries(manifest: dict, modules: list[Module]) -> list[cpio.Entry]:
     for module in modules:
         add(cpio.Entry.file(f"usr/lib/modules/{module.name}.ko", module.elf, 0o644))
     add(cpio.Entry.file("etc/pfcxl/kernel-release", (release + "\n").encode()))
+    if kernel is not None:     # init puts it in PFCXL-READY's JSON: no quote or backslash may reach it
+        origin = kernel.origin.replace("\\", "/").replace('"', "'")
+        add(cpio.Entry.file("etc/pfcxl/kernel-origin", (origin + "\n").encode()))
     return _with_directories(list(files.values()))
 
 
@@ -172,29 +178,32 @@ IMAGE_KINDS = ("busybox", "debian")
 
 
 def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = None,
-          kind: str = "busybox") -> BootImage:
+          kind: str = "busybox", kernel: Kernel | None = None) -> BootImage:
     """The kernel and initrd to boot `topo`, from the cache when nothing changed.
 
     `acpi_tables` (signature -> bytes) replace QEMU's tables through the initrd table upgrade.
     kind "debian" lays pfcxl's files over a Debian rootfs with python3 (debian_image.py).
+    `kernel`: the user's (own_kernel.own); default setup's Debian kernel.
     """
     try:
-        return _build(topo, progress, acpi_tables, kind)
+        return _build(topo, progress, acpi_tables, kind, kernel)
     except OSError as exc:   # typically a read-only or full PFCXL_CACHE
         raise ImageError(f"building the guest image: {exc.filename or cache.images_dir()}: {exc.strerror} "
                          f"(the image cache is {cache.images_dir()}: PFCXL_CACHE must be writable)") from exc
 
 
-def _build(topo: Topology, progress, acpi_tables: dict[str, bytes] | None, kind: str) -> BootImage:
+def _build(topo: Topology, progress, acpi_tables: dict[str, bytes] | None, kind: str,
+           kernel: Kernel | None) -> BootImage:
     if kind not in IMAGE_KINDS:
         raise ImageError(f"image kind '{kind}' must be one of {', '.join(IMAGE_KINDS)}")
-    from . import elf_deps
+    from . import elf_deps, own_kernel
     manifest = _manifest()
+    kernel = kernel or own_kernel.setup_kernel(manifest)
     say = progress or (lambda message: None)
     say("collecting guest image inputs")
-    tree = elf_deps.ModuleTree(Path(manifest["modules_dir"]))
+    tree = elf_deps.ModuleTree(kernel.modules_dir)
     modules = elf_deps.module_closure(tree, plan.modules_needed(topo))
-    entries = base_entries(manifest, modules)
+    entries = base_entries(manifest, modules, kernel)
     rootfs = b""
     if kind == "debian":
         rootfs, present = _debian_rootfs(say)
@@ -220,5 +229,5 @@ def _build(topo: Topology, progress, acpi_tables: dict[str, bytes] | None, kind:
         # Linux takes an uncompressed archive after a compressed one only at a 4-byte aligned
         # offset, and skips zeros up to it ("invalid magic at start of compressed archive" else).
         _write_whole(initrd, head + bytes(-len(head) % 4) + body)
-    return BootImage(Path(manifest["vmlinuz"]), initrd, manifest["kernel_release"], rebuilt)
+    return BootImage(kernel.vmlinuz, initrd, kernel.release, rebuilt, kernel.origin, kernel.pvh)
 

@@ -33,9 +33,10 @@ def has_pvh_entry(elf: bytes) -> bool:
     return any(n["n_name"] == "Xen" and n["n_type"] in (PVH_ENTRY_NOTE, "XEN_ELFNOTE_PHYS32_ENTRY") for n in notes)
 
 
-def uncompressed(vmlinuz: Path) -> Path:
-    """vmlinuz's vmlinux (cached): an ELF with a PVH entry, or ImageError saying why not."""
-    out = vmlinuz.with_name(vmlinuz.name.replace("vmlinuz", "vmlinux", 1) + ".pvh")
+def uncompressed(vmlinuz: Path, out: Path | None = None) -> Path:
+    """vmlinuz's vmlinux (cached at `out`, default beside it): an ELF with a PVH entry, or
+    ImageError saying why not."""
+    out = out or vmlinuz.with_name(vmlinuz.name.replace("vmlinuz", "vmlinux", 1) + ".pvh")
     if out.exists():
         return out
     data = vmlinuz.read_bytes()
@@ -53,5 +54,6 @@ def uncompressed(vmlinuz: Path) -> Path:
     if not has_pvh_entry(elf):
         raise ImageError(f"{vmlinuz}: its payload is not an ELF with a PVH entry note (CONFIG_PVH); "
                          "Machine(lean=False) boots it as a bzImage")
+    out.parent.mkdir(parents=True, exist_ok=True)
     _write_whole(out, elf)
     return out

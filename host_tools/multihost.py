@@ -124,13 +124,14 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         say: Callable[[str], None] = lambda m: None,
         host_done: Callable[[HostResult], None] = lambda r: None, timing: str | None = None,
         issue: str = "dependent", telemetry: Callable[[dict], None] = lambda s: None,
-        capture: Path | None = None) -> list[HostResult]:
+        capture: Path | None = None, machine_options: dict | None = None) -> list[HostResult]:
     """Boot `hosts` guests on one appliance and run `command` in each. With `timing` (pf,
     electrical) the appliance traces and models every host's CXL requests (each command is
     bracketed by the phase markers, unless it marks its rows itself: --mark-rows 1), and
     `telemetry` gets its figures once they are modelled. With `capture` (needs `timing`) the
     appliance keeps every host's drained records in that directory and each host's plugin phases
-    are written beside them (device/trace_capture.py); a temporary appliance completes it as it stops."""
+    are written beside them (device/trace_capture.py); a temporary appliance completes it as it stops.
+    `machine_options` go to every Machine (qemu, qemu_args, kernel, modules)."""
     if not any(d.appliance for d in topo.devices):
         raise PfcxlError(f"topology '{topo.name}' has no devices served by the appliance "
                          "(appliance = \"shared\"/\"private\"); multihost needs one, e.g. pf-appliance")
@@ -162,7 +163,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
             while waiting and len(booting) < slots:
                 h = waiting.pop(0)
                 vm = Machine(topo, host=h, appliance=where, run_dir=run_dir / f"host{h}", name=f"host{h}",
-                             ready_timeout=ready_timeout, prebuilt=prebuilt, lean=lean)
+                             ready_timeout=ready_timeout, prebuilt=prebuilt, lean=lean, **(machine_options or {}))
                 stack.callback(vm.close)
                 machines[h] = vm
                 vm.launch()

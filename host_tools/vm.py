@@ -78,13 +78,16 @@ class VM:
     def __init__(self, topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
                  extra_cmdline: str = "", tables: TableSet | None = None,
                  appliance_fds: dict[str, int] | None = None, extra_args: list[str] | None = None,
-                 lean: bool = True, ring_fd: int | None = None) -> None:
+                 lean: bool = True, ring_fd: int | None = None, qemu_path: str | None = None,
+                 qemu_args: list[str] | None = None) -> None:
         self.topo, self.image, self.name = topo, image, name
         self.extra_args = list(extra_args or [])   # appended to QEMU's argv (e.g. a TCG plugin)
+        self.qemu_path = qemu_path or qemu.qemu_binary()
+        self.qemu_args = list(qemu_args or [])     # the user's own (--qemu-arg), last so they can override
         self.run_dir = Path(run_dir)
         self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline, lean)
         # lean: the kernel's own ELF at its PVH entry, no bzImage decompression under TCG
-        self.kernel = kernel_pvh.uncompressed(image.kernel) if lean else image.kernel
+        self.kernel = (image.pvh or kernel_pvh.uncompressed(image.kernel)) if lean else image.kernel
         self.state = VMState.CREATED
         self.console_log = self.run_dir / f"{name}.console.log"
         self.qemu_log = self.run_dir / f"{name}.qemu.log"
@@ -123,8 +126,9 @@ class VM:
         backing.update(qemu.inherited_backing(self.memory_fds()))
         cdat_files = {k: self.tables_dir() / f"{k}.cdat" for k in {**self.tables.device_cdat, **self.tables.switch_cdat}}
         boot = qemu.BootFiles(self.kernel, self.image.initrd, self.cmdline)
-        return qemu.argv(self.topo, boot, backing, console_fd=CONSOLE_FD, qmp_fd=QMP_FD, qemu=qemu.qemu_binary(),
-                         cdat=cdat_files, numa_args=self.tables.numa_args, extra_args=self.extra_args)
+        return qemu.argv(self.topo, boot, backing, console_fd=CONSOLE_FD, qmp_fd=QMP_FD, qemu=self.qemu_path,
+                         cdat=cdat_files, numa_args=self.tables.numa_args,
+                         extra_args=self.extra_args + self.qemu_args)
 
     def launch(self) -> None:
         if self.state is not VMState.CREATED:

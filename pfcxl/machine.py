@@ -36,7 +36,7 @@ from pfcxl.host_tools import appliance as appliance_mod
 from pfcxl.host_tools import image as image_mod
 from pfcxl.host_tools.argtypes import writable_dir
 from pfcxl.host_tools.guest_names import guest_name
-from pfcxl.host_tools import qemu
+from pfcxl.host_tools import own_kernel, qemu as qemu_mod, qemu_binary
 from pfcxl.host_tools import calibration, timing_plugin
 from pfcxl.host_tools import timing as timing_mod
 from pfcxl.host_tools import vm as vm_mod
@@ -119,6 +119,10 @@ class Machine:
     data_path: "cxl", "direct" or "both" (default: the topology's [guest] data_path, itself cxl by
     default); see pfcxl.device.data_path.
     lean: the lean kernel command line (host_tools.qemu.LEAN_CMDLINE); False boots the classic one.
+    qemu: a QEMU binary of one's own (path or name on PATH; 10.0 or newer, checked here).
+    qemu_args: more QEMU arguments, appended to the argv after pfcxl's own.
+    kernel: a kernel of one's own, a bzImage/vmlinuz file or a build tree; modules: its
+    INSTALL_MOD_PATH tree (default for a build tree: the tree). Checked here (host_tools/own_kernel.py).
     """
 
     def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
@@ -128,7 +132,8 @@ class Machine:
                  ready_timeout: float = 300, name: str | None = None, inject_profile: str = "pf",
                  baseline_ns: float | None = None, prebuilt: image_mod.BootImage | None = None,
                  progress: Callable[[str], None] | None = None, data_path: str | None = None,
-                 lean: bool = True) -> None:
+                 lean: bool = True, qemu: str | Path | None = None, qemu_args: Sequence[str] = (),
+                 kernel: str | Path | None = None, modules: str | Path | None = None) -> None:
         self.topology, self.topology_path = load_topology(topology)
         self.topology = data_path_mod.with_data_path(self.topology, data_path)
         if cedt not in boot_policy.CEDT_MODES:
@@ -142,6 +147,16 @@ class Machine:
         self._calibrate = timing == "inject" and baseline_ns is None
         self.image_kind, self.host, self.cedt, self.append = image, host, cedt, append
         self.lean = lean
+        if isinstance(qemu_args, str) or not all(isinstance(a, str) for a in qemu_args):
+            raise PfcxlError(f"qemu_args must be a list of strings, not {qemu_args!r}")
+        self.qemu_args = list(qemu_args)
+        # checked before anything is built or started: a missing or too old QEMU is one line
+        self.qemu = qemu_binary.resolve(qemu) if qemu is not None else qemu_mod.qemu_binary()
+        self.qemu_version = qemu_binary.version(self.qemu) if qemu is not None else None
+        if modules is not None and kernel is None:
+            raise PfcxlError("modules: give them with the kernel they belong to (--kernel PATH --modules DIR)")
+        self.kernel_args = (kernel, modules)
+        self.own_kernel = own_kernel.own(kernel, modules) if kernel is not None else None
         self.appliance = appliance
         # absolute: QEMU and the plugin get these paths, and the printed argv must be the exec'd one
         self.run_dir_arg = Path(run_dir).absolute() if run_dir is not None else None
@@ -164,13 +179,14 @@ class Machine:
         if self._image is None:
             ours = boot_policy.cedt_for_boot(self.topology, self.cedt)
             self._image = image_mod.build(self.topology, progress=progress or self.say, kind=self.image_kind,
-                                          acpi_tables={"CEDT": ours} if ours else None)
+                                          acpi_tables={"CEDT": ours} if ours else None, kernel=self.own_kernel)
         return self._image
 
     def _vm(self, run_dir: Path, plugin_args: list[str], appliance_fds: dict[str, int] | None = None,
             ring_fd: int | None = None) -> VM:
         return VM(self.topology, self.boot_image(), run_dir, name=self.name, extra_cmdline=self.append,
-                  appliance_fds=appliance_fds, extra_args=plugin_args, lean=self.lean, ring_fd=ring_fd)
+                  appliance_fds=appliance_fds, extra_args=plugin_args, lean=self.lean, ring_fd=ring_fd,
+                  qemu_path=self.qemu, qemu_args=self.qemu_args)
 
     def _plugin_args(self, run_dir: Path, config: timing_mod.TimingConfig | None) -> list[str]:
         if config is None:
@@ -182,7 +198,7 @@ class Machine:
         run_dir = self.run_dir or self.run_dir_arg or RUN_DIR_PLACEHOLDER
         config = self.timing_config   # a baseline still to measure is shown as 0
         vm = self._vm(run_dir, self._plugin_args(run_dir, config))
-        files = {f"backing {k}": v for k, v in qemu.backing_paths(self.topology, run_dir).items()}
+        files = {f"backing {k}": v for k, v in qemu_mod.backing_paths(self.topology, run_dir).items()}
         files.update({f"CDAT {k}": vm.tables_dir() / f"{k}.cdat"
                       for k in {**vm.tables.device_cdat, **vm.tables.switch_cdat}})
         files.update({"console log": vm.console_log, "QEMU log": vm.qemu_log})
@@ -291,7 +307,9 @@ class Machine:
         self.say("calibrating the emulator's cost per CXL request (a count-mode guest)")
         probe = Machine(self.topology, timing="count", image=self.image_kind, host=self.host,
                         appliance=self.appliance, run_dir=self.run_dir / "calibrate", cedt=self.cedt,
-                        ready_timeout=self.ready_timeout, name="calibrate", progress=self.say)
+                        ready_timeout=self.ready_timeout, name="calibrate", progress=self.say,
+                        qemu=self.qemu if self.qemu_version else None, qemu_args=self.qemu_args,
+                        kernel=self.kernel_args[0], modules=self.kernel_args[1])
         with probe:
             return calibration.calibrate_baseline(probe)["baseline_ns"]
 
@@ -346,6 +364,14 @@ class Machine:
 
     def qmp(self, command: str, **arguments: object) -> object:
         return self._booted().qmp(command, **arguments)
+
+    def inject(self, kind: str, device: str, *, expect: bool = False, timeout: float = 60, **fields) -> dict:
+        """Inject a CXL error into `device` (the topology's name) through QMP: kind is one of
+        host_tools.inject.KINDS; fields are the QMP command's (dpa, length, log, type, ...; '_' for
+        '-'), checked first (PfcxlError, one line, nothing injected). With `expect`, wait for the
+        guest's record of it (poison list, CXL trace event, AER message) and return it as "guest"."""
+        from pfcxl.host_tools import inject as inject_mod
+        return inject_mod.inject_into(self, kind, device, expect=expect, timeout=timeout, **fields)
 
     def _booted(self) -> VM:
         if self.vm is None:

@@ -123,3 +123,35 @@ def test_a_users_own_test_file_runs_with_the_plugin(tmp_path):
                           cwd=outside, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
+
+
+WRAPPER = """#!/bin/sh
+# logs the argv it was started with (NUL-separated), then becomes the real QEMU
+printf '%s\\0' "$0" "$@" > "{log}"
+exec {qemu} "$@"
+"""
+
+
+def test_own_qemu_and_its_arguments_are_what_boots(tmp_path):
+    """--qemu: the wrapper pfcxl was given is what runs (its log holds the printed argv), with the
+    --qemu-arg options last; QEMU took them (QMP reports the -name given); the guest boots."""
+    from pfcxl.host_tools.provision.host import QEMU_BINARY
+    log = tmp_path / "wrapper.argv"
+    wrapper = tmp_path / "my-qemu"
+    wrapper.write_text(WRAPPER.format(log=log, qemu=QEMU_BINARY))
+    wrapper.chmod(0o755)
+    run_dir = tmp_path / "run"
+    own = ["-name", "pfcxl-own-qemu", "-msg", "timestamp=on"]
+    printed = pfcxl_cli("qemu-args", "pf-nic", "--lines", "--run-dir", str(run_dir), "--qemu", str(wrapper),
+                        *(f"--qemu-arg={a}" for a in own))
+    assert printed.returncode == 0, printed.stderr
+    dry = pfcxl_cli("run", "--dry-run", "--run-dir", str(run_dir), "--qemu", str(wrapper),
+                    *(f"--qemu-arg={a}" for a in own), "--", "true")
+    assert f"qemu       {wrapper} (QEMU 10." in dry.stdout and "extra arguments: -name pfcxl-own-qemu" in dry.stdout
+    with Machine("pf-nic", run_dir=run_dir, qemu=wrapper, qemu_args=own) as m:
+        logged = log.read_bytes().rstrip(b"\0").decode().split("\0")
+        assert logged == m.argv == printed.stdout.splitlines()
+        assert logged[0] == str(wrapper) and logged[-len(own):] == own
+        assert launched_argv(m.pid) == [str(QEMU_BINARY)] + logged[1:]    # the wrapper exec'd QEMU
+        assert m.qmp("query-name") == {"name": "pfcxl-own-qemu"}
+        assert m.run("cxl list -M").ok
