@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pfcxl.errors import ImageError
 
-from . import cache, kernel_pvh
+from pfcxl import cache
+from . import kernel_pvh
 
 HDRS_OFFSET, HDRS_MAGIC = 0x202, b"HdrS"
 KERNEL_VERSION_FIELD = 0x20E        # u16: the version string's offset, minus 0x200

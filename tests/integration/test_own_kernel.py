@@ -10,7 +10,8 @@ import subprocess
 import pytest
 
 from pfcxl import Machine
-from pfcxl.host_tools import cache, discovery
+from pfcxl import cache
+from pfcxl.host_tools import discovery
 
 from .conftest import READY_TIMEOUT, pfcxl_cli
 

@@ -13,7 +13,8 @@ import pytest
 
 from pfcxl.errors import ImageError
 from pfcxl.guest import plan
-from pfcxl.host_tools import cache, elf_deps, kernel_pvh, own_kernel
+from pfcxl import cache
+from pfcxl.host_tools import elf_deps, kernel_pvh, own_kernel
 from pfcxl.machine import Machine
 
 MANIFEST = cache.read_manifest()
