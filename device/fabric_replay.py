@@ -121,3 +121,11 @@ def knee(points: list[dict], *, keep: float = 0.95) -> dict | None:
     """The first point whose achieved bandwidth falls below `keep` of what was offered: where the
     system stops carrying its load (None: it carried every load)."""
     return next((p for p in points if p["achieved_gbs"] < keep * p["offered_gbs"]), None)
+
+
+def as_lines(records: np.ndarray) -> np.ndarray:
+    """The records as the fabric carries them: a CPU moves whole 64-byte lines over CXL, whatever
+    part of the line the program touched (the plugin's size is the bytes it touched)."""
+    lines = records.copy()
+    lines["size"] = LINE
+    return lines

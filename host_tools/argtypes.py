@@ -76,3 +76,13 @@ def add_own_qemu(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modules", metavar="DIR", help="the kernel's modules: an INSTALL_MOD_PATH tree "
                    "(lib/modules/RELEASE); default for a build tree: the tree; the image takes the CXL, DAX, "
                    "NVDIMM and kmem modules and their dependencies from it")
+
+
+MAX_LOADS = 100         # each load is one replay of the whole trace per system
+
+
+def loads_list(text: str) -> list[float]:
+    parts = text.split(",", MAX_LOADS)
+    if len(parts) > MAX_LOADS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_LOADS} loads (each is one replay of the trace per system)")
+    return [positive(x) for x in parts]

@@ -26,7 +26,7 @@ from rich.console import Console
 
 from pfcxl.device import topology
 
-from . import appliance, cli_telemetry, multihost
+from . import appliance, multihost, telemetry_view
 
 DEFAULT_COMMAND = "chase --dax /dev/dax0.0 --loads 20000"
 
@@ -81,7 +81,7 @@ def run(hosts: int, command: str, fabric: str = "pf", topo_name: str = "pf-appli
         shutil.rmtree(run_dir, ignore_errors=True)
     failed = [r.host for r in results if r.error or r.status]
     text = io.StringIO()
-    Console(file=text, width=160, color_system=None).print(cli_telemetry.render(figures))
+    Console(file=text, width=160, color_system=None).print(telemetry_view.render(figures))
     main = figures["models"][0]
     return {"hosts": hosts, "command": command, "failed": failed, "wall_s": wall,
             "appliance_cpu_s": app1 - app0, "guests_cpu_s": kids1 - kids0,

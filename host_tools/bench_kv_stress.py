@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import hashlib
 import json
 import multiprocessing
 import os

@@ -38,9 +38,9 @@ from pfcxl.errors import TimingError
 
 from pfcxl.device import fabric_systems
 
-from . import cli_model, timing_report
+from . import model_runs, timing_report
 
-SYSTEMS = cli_model.CURVE_SYSTEMS                     # pf, electrical, dram: the columns
+SYSTEMS = model_runs.CURVE_SYSTEMS                     # pf, electrical, dram: the columns
 HOST_LINK_LOAD = fc.PF_HOST_BANDWIDTH_MBS / fc.PF_PORT_BANDWIDTH_MBS   # in PF ports (replay's load unit)
 HOST_LINK_GBS = fc.PF_HOST_BANDWIDTH_MBS / 1000
 # offered load per host in PF ports: up to past the host link, so both knees show
@@ -64,7 +64,7 @@ def split_rows(records: np.ndarray, phases: list[dict]) -> list[np.ndarray]:
 
 def _models(topo: Topology) -> dict:
     models = fabric_systems.models(topo)
-    return {s: models[cli_model.SYSTEMS[s]] for s in SYSTEMS}
+    return {s: models[model_runs.SYSTEMS[s]] for s in SYSTEMS}
 
 
 def even(records: np.ndarray) -> np.ndarray:
@@ -86,7 +86,7 @@ def _achieved_gbs(nbytes: int, result: fabric_engine.EngineResult) -> float:
 
 def bandwidth_row(topo: Topology, records: np.ndarray) -> dict:
     """One bandwidth row's stream at the host link's full rate, on every system."""
-    base, granularity = cli_model.placement(topo)
+    base, granularity = model_runs.placement(topo)
     records = bench_stream(records)
     nbytes = int(records["size"].sum())
     out = {"requests": int(len(records)), "bytes": nbytes, "load": HOST_LINK_LOAD,
@@ -117,7 +117,7 @@ def loaded_row(topo: Topology, data: dict, row: dict, records: np.ndarray) -> di
     load = traffic_load(data, row)
     if load is None:
         return {"error": f"delays in {data.get('delay_unit')}: no nominal rate (use --delay-ns)"}
-    base, granularity = cli_model.placement(topo)
+    base, granularity = model_runs.placement(topo)
     records = bench_stream(records)
     chase_mask = (records["hpa"] - np.uint64(base)) < np.uint64(data["span"])
     traffic, chase = records[~chase_mask], records[chase_mask]
@@ -159,6 +159,6 @@ def model_run(topo: Topology, tool: str, data: dict, pieces: list[np.ndarray]) -
         reads = [p for row, p in zip(rows, pieces) if row.get("op") == "read"] or pieces
         whole = bench_stream(np.concatenate(reads))
         if len(whole):
-            out["curve"] = cli_model.curve_report(whole, topo, CURVE_LOADS)
+            out["curve"] = model_runs.curve_report(whole, topo, CURVE_LOADS)
         return out
     return {"rows": [loaded_row(topo, data, row, p) for row, p in zip(rows, pieces)]}

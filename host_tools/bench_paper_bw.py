@@ -38,7 +38,7 @@ from pfcxl.errors import PfcxlError
 
 from pfcxl.device import fabric_systems
 
-from . import argtypes, bench, bench_model, bench_paper_bw_hosts, cli_model, image
+from . import argtypes, bench, bench_model, bench_paper_bw_hosts, image, model_runs
 
 SIZES = "32,64,128,256,512,1024"
 HOSTS_SIZES, HOSTS_BYTES, HOSTS_SPAN = "64,1024", "1M", "2M"     # --hosts: few rows, so 16 guests fit minutes
@@ -65,7 +65,7 @@ def capture(topo, out: Path, *, sizes: str, nbytes: str, span: str, image_kind: 
 
 def load_capture(folder: Path) -> tuple[np.ndarray, list[dict]]:
     """The records and rows an earlier run saved in `folder` (capture.npy, capture.json)."""
-    records = cli_model.read_trace(folder / "capture.npy")
+    records = model_runs.read_trace(folder / "capture.npy")
     try:
         rows = json.loads((folder / "capture.json").read_text())["rows"]
         counts = [int(r["records"]) for r in rows]
@@ -79,7 +79,7 @@ def load_capture(folder: Path) -> tuple[np.ndarray, list[dict]]:
 def hosts(records: np.ndarray, topo, *, all_to_all: bool) -> np.ndarray:
     """The row stream as every host of the appliance issues it: on its own module, or shifted."""
     app = fabric_systems.appliance_for(topo)
-    base, _ = cli_model.placement(topo)
+    base, _ = model_runs.placement(topo)
     offset = (records["hpa"] - np.uint64(base)).astype(np.int64)
     copies = []
     for h in range(min(app.ports, app.modules)):
@@ -116,7 +116,7 @@ def replay_streams(streams: dict[str, np.ndarray], topo, load: float, full_load:
                    curve_loads: list[float]) -> dict:
     """Every host's records of one row, own-module and all-to-all (`host`: the port), replayed at
     `load` on PF and electrical, all-to-all once more at `full_load`; the electrical knee of own-module."""
-    base, granularity = cli_model.placement(topo)
+    base, granularity = model_runs.placement(topo)
     app = fabric_systems.appliance_for(topo)
     models = {"pf": fabric_model.pf_appliance(app, cache=False),
               "electrical": fabric_model.electrical_pool(app.ports, app.modules)}
@@ -178,7 +178,7 @@ def run(args) -> dict:
     else:
         out.mkdir(parents=True, exist_ok=True)
         records, rows = capture(topo, out, sizes=args.sizes, nbytes=args.bytes, span=args.span, image_kind=args.image)
-        cli_model.save_trace(out / "capture.npy", records)
+        model_runs.save_trace(out / "capture.npy", records)
         (out / "capture.json").write_text(json.dumps({"rows": rows}, indent=1))
     pieces = np.split(records, np.cumsum([r["records"] for r in rows])[:-1])
     report = {"capture": "one guest's bandwidth rows (TCG plugin), copied to every host: own module or all-to-all",
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all-to-all-load", type=argtypes.positive, default=bench_model.HOST_LINK_LOAD,
                    help=f"a second all-to-all load (default {bench_model.HOST_LINK_LOAD:g}: the host's "
                    f"{bench_model.HOST_LINK_GBS:g} GB/s link)")
-    p.add_argument("--curve-loads", type=cli_model.loads_list, default=cli_model.loads_list(
+    p.add_argument("--curve-loads", type=argtypes.loads_list, default=argtypes.loads_list(
         "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0"), help="loads for the electrical knee (default 0.1 to 1.0)")
     args = p.parse_args(argv)
     console = Console(width=200)

@@ -26,7 +26,7 @@ from pfcxl.device import fabric_systems, trace_capture
 from pfcxl.device.address_map import interleave
 from pfcxl.errors import PfcxlError
 
-from . import bench_model, cli_model, multihost
+from . import bench_model, model_runs, multihost
 
 TARGET = "/dev/dax0.0"          # the shared pool region of pf-appliance (region0)
 ROWS_FILE = "hosts_rows.json"
@@ -129,7 +129,7 @@ def streams(got: dict, rows: dict) -> dict[tuple, dict[str, np.ndarray]]:
 
 def on_own_module(tr: np.ndarray, topo) -> float:
     """Share of the records that land on the module numbered as their host."""
-    base, _ = cli_model.placement(topo)
+    base, _ = model_runs.placement(topo)
     app = fabric_systems.appliance_for(topo)
     module = interleave((tr["hpa"] - np.uint64(base)).astype(np.int64), app.granularity, app.modules)[0]
     return float(np.mean(module == tr["host"])) if len(tr) else 0.0

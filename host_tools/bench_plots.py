@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import cli_model
+from . import model_runs
 from .bench_report import DIRECT, LOCAL, MEASURED, MODEL_KEYS, MODEL_SYSTEMS, _idle_topology, _rows_caption, _runs
 from .timing_report import LABELS, QUANTILES, models
 
@@ -137,7 +137,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
     written = [_draw(spec, out_dir / name) for name, spec in figures(results).items()]
     curve = (_runs(results).get("bandwidth/cxl") or {}).get("modelled", {}).get("curve")
     if curve:                 # `pfcxl model curve` of the bandwidth run's read rows
-        cli_model.save_curve(curve, out_dir / "latency_bandwidth.png")
+        model_runs.save_curve(curve, out_dir / "latency_bandwidth.png")
         written.append(out_dir / "latency_bandwidth.png")
     return written
 

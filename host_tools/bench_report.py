@@ -15,7 +15,7 @@ from rich.table import Table
 
 from pfcxl.errors import PfcxlError
 
-from . import bench_model, bench_results, cli_model
+from . import bench_model, bench_results, model_runs
 from .timing_report import LABELS, modelled_system, models
 
 MEASURED = "measured in emulator (CXL)"
@@ -23,7 +23,7 @@ LOCAL = "local DRAM (measured in emulator)"
 DIRECT = "direct device (measured in emulator)"
 PF, EL = LABELS["pf"], LABELS["electrical"]
 MODEL_SYSTEMS = bench_model.SYSTEMS                   # the modelled columns: pf, electrical, dram
-MODEL_KEYS = cli_model.SYSTEMS                        # -> timing_report's keys and LABELS
+MODEL_KEYS = model_runs.SYSTEMS                        # -> timing_report's keys and LABELS
 LOADED_CAPTION = ("modelled columns: each row's captured stream replayed: its traffic at the nominal rate "
                   f"(threads x 64 B per delay, delay 0 = the host's {bench_model.HOST_LINK_GBS:g} GB/s link), its chase dependent "
                   "beside it; chase read p50 while the traffic ran")

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pfcxl.serving import calibrate, inputs, traces
 from pfcxl.serving.trace_sim import UNBOUNDED, TraceSetup, replay
+from pfcxl.serving.traces import SWEEP_DEFAULT, TRACE_MODEL
 
-from .cli_serving_trace import SWEEP_DEFAULT, TRACE_MODEL
 
 
 def timed(fn):

@@ -26,7 +26,7 @@ from pfcxl.errors import PfcxlError, TopologyError
 from pfcxl.device import fabric_constants, fabric_model
 from pfcxl.firmware_tables import boot_policy
 
-from . import argtypes, cli_appliance, cli_bench, cli_kv, cli_machines, cli_model, cli_serving, cli_topology
+from . import argtypes, cli_appliance, cli_bench, cli_kv, cli_machines, cli_model, cli_serving, cli_topology, model_runs
 from . import cli_telemetry, image, timing
 from .console import shell_command
 from .ui import err, out, write_output
@@ -179,7 +179,7 @@ def cmd_run(args) -> int:
                     report = timing_report.model_trace(topo, records, dependent=args.issue == "dependent")
                 report["emulator"] = timing_report.emulator_cost(len(records), seconds)
                 if args.trace_out:                      # for pfcxl model replay
-                    cli_model.save_trace(Path(args.trace_out), records)
+                    model_runs.save_trace(Path(args.trace_out), records)
             else:
                 err.print(f"[dim]plugin ({args.timing}): {json.dumps(phase)}[/dim]", highlight=False)
     write_output(result.data)

@@ -11,11 +11,10 @@ from rich.markup import escape
 
 from pfcxl.errors import ServingError
 from pfcxl.serving import inputs
+from pfcxl.serving.traces import SWEEP_DEFAULT, TRACE_MODEL
 
 from .ui import err, out
 
-TRACE_MODEL = "llama-70b"
-SWEEP_DEFAULT = [10 ** (k / 2) for k in range(8, 19)]         # 10^4 .. 10^9 tokens, per half decade
 _BYTES = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
           "TIB": 2**40}
 TRACE_ONLY = ("block_tokens", "time_scale", "kv_capacity", "capacity_sweep", "sequence_only")

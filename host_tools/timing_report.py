@@ -12,19 +12,12 @@ import numpy as np
 from rich.table import Table
 
 from pfcxl.device import address_map, fabric_engine
+from pfcxl.device.fabric_replay import as_lines
 from pfcxl.device.fabric_systems import LABELS, SYSTEMS, appliance_for, modelled_system, models
 from pfcxl.device.topology import Topology
 from pfcxl.device.trace_format import LINE
 
 QUANTILES = list(range(0, 100)) + [99.5, 99.9, 100]
-def as_lines(records: np.ndarray) -> np.ndarray:
-    """The records as the fabric carries them: a CPU moves whole 64-byte lines over CXL, whatever
-    part of the line the program touched (the plugin's size is the bytes it touched)."""
-    lines = records.copy()
-    lines["size"] = LINE
-    return lines
-
-
 def model_trace(topo: Topology, records: np.ndarray, *, dependent: bool, seed: int = 1) -> dict:
     """Per model: read/write latency percentiles (ns), requests, bytes and achieved GB/s."""
     app = appliance_for(topo)

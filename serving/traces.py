@@ -22,6 +22,11 @@ from pathlib import Path
 
 from pfcxl.errors import ServingError
 
+# Defaults of a trace replay (pfcxl serving --trace): the model it assumes, the capacity sweep.
+TRACE_MODEL = "llama-70b"
+SWEEP_DEFAULT = [10 ** (k / 2) for k in range(8, 19)]         # 10^4 .. 10^9 tokens, per half decade
+
+
 DEFAULT_BLOCK_TOKENS = 512
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 BUNDLED = Path(__file__).resolve().parent / "data" / "traces"

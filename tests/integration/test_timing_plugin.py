@@ -10,7 +10,6 @@ difference between the PF and electrical profiles compares with the modelled one
 
 from __future__ import annotations
 
-import json
 import statistics
 
 import numpy as np

@@ -18,7 +18,6 @@ import pytest
 from pfcxl.device import appliance_protocol as proto
 from pfcxl.device.appliance_service import MAX_CHECKSUMS_WAITING, MAX_CLIENTS, MAX_PER_PROCESS
 from pfcxl.device.units import MiB
-from pfcxl.host_tools import appliance
 
 from .appliance_helpers import WAIT, resources, wait_until
 from .hostile_helpers import exchange, real  # noqa: F401 (real is the module's fixture)

@@ -18,7 +18,7 @@ from pfcxl.device import appliance_rundir, trace_capture
 from pfcxl.device import trace_format as tf
 from pfcxl.device.trace_plausible import MAX_INSN_PER_SECOND
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import appliance, cli_telemetry
+from pfcxl.host_tools import appliance, telemetry_view
 
 from .appliance_helpers import _stop_and_check, play_plugin, reads_of_the_shared_region, write_topology
 
@@ -74,7 +74,7 @@ def test_a_ring_its_client_corrupts_is_cut_and_every_other_host_goes_on(tmp_path
                 assert "corrupt ring" in e["ring"]["cut"], why
             assert [x["host"] for x in stats["rings"]["cut"]] == list(bad)
             text = io.StringIO()
-            Console(file=text, width=400, color_system=None).print(cli_telemetry.render(stats))
+            Console(file=text, width=400, color_system=None).print(telemetry_view.render(stats))
             assert all(f"host {h}'s ring detached: " in text.getvalue() for h in bad)
             assert text.getvalue().count("(cut)") == len(bad)
             logged = log_of(run_dir)

@@ -12,7 +12,7 @@ import pytest
 from pfcxl.device import address_map, fabric_constants as fc, fabric_engine, topology
 from pfcxl.device.fabric_engine import trace_dtype
 from pfcxl.device import fabric_systems
-from pfcxl.host_tools import bench_paper_bw, cli_model
+from pfcxl.host_tools import bench_paper_bw, model_runs
 
 TOPO = topology.load(topology.resolve("pf-nic"))
 BASE = address_map.dax_placements(TOPO)[0].base
@@ -69,7 +69,7 @@ def test_pf_ports_hold_their_rate_and_the_electrical_pool_hits_its_switch_links(
 
 def test_the_script_replays_a_saved_capture_and_writes_its_report(tmp_path):
     capture = np.concatenate([row(2048), row(2048, write=True)])
-    cli_model.save_trace(tmp_path / "capture.npy", capture)
+    model_runs.save_trace(tmp_path / "capture.npy", capture)
     (tmp_path / "capture.json").write_text(json.dumps({"rows": [
         {"pattern": "seq", "op": "read", "size": 64, "records": 2048},
         {"pattern": "seq", "op": "write", "size": 64, "records": 2048}]}))

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from pfcxl.device import fabric_model
-from pfcxl.host_tools import bench_plots, bench_report, cli_model, timing_report
+from pfcxl.host_tools import bench_plots, bench_report, model_runs, timing_report
 
 from .test_bench_report import sample
 
@@ -68,7 +68,7 @@ def test_modelled_series_exist_exactly_when_the_results_hold_them_and_titles_say
     assert any(t.startswith("measured") for t in titles) and loaded["panels"][0]["xlog"]
     if rows:
         (panel,) = [p for p in loaded["panels"] if p["title"].startswith("modelled")]
-        assert labels(panel) == [timing_report.LABELS[cli_model.SYSTEMS[s]] for s in SYSTEMS]
+        assert labels(panel) == [timing_report.LABELS[model_runs.SYSTEMS[s]] for s in SYSTEMS]
         assert all(s["x"] == [0.032, 128.0] for s in panel["series"])
         assert "measured and modelled" in loaded["title"]
     else:
@@ -86,9 +86,9 @@ def test_model_curve_legend_covers_no_curve_and_its_ticks_are_plain_numbers():
     knee = {"load": 0.5, "offered_gbs": 12.8, "achieved_gbs": 12.0, "p50_ns": 5000.0}
     points = [{"load": x / 10, "offered_gbs": x * 2.56, "achieved_gbs": x * 2.5, "p50_ns": 300.0 * (1 + x * x)}
               for x in range(1, 12)]
-    report = {s: {"label": timing_report.LABELS[cli_model.SYSTEMS[s]], "points": points,
+    report = {s: {"label": timing_report.LABELS[model_runs.SYSTEMS[s]], "points": points,
                   "knee": knee if s != "dram" else None} for s in SYSTEMS}
-    fig = cli_model.curve_figure(report)
+    fig = model_runs.curve_figure(report)
     fig.canvas.draw()
     ax = fig.axes[0]
     legend = ax.get_legend()

@@ -14,7 +14,7 @@ from rich.console import Console
 from pfcxl.device import address_map, fabric_model, topology
 from pfcxl.device import trace_format as tf
 from pfcxl.device.appliance_timing import ApplianceTiming
-from pfcxl.host_tools import cli_telemetry
+from pfcxl.host_tools import telemetry_view
 from pfcxl.device.trace_ring import Ring
 
 TOPO = topology.load(topology.resolve("pf-appliance"))
@@ -75,7 +75,7 @@ def test_the_tables_label_every_figure_with_its_model(timing):
     produce(timing.attach(0, 0, {"shared": 0}, None), 2000)
     stats = {**synced(timing), "appliance": {"topology": TOPO.name}, "pid": 1}
     text = io.StringIO()
-    Console(file=text, width=250, color_system=None).print(cli_telemetry.render(stats))
+    Console(file=text, width=250, color_system=None).print(telemetry_view.render(stats))
     out = text.getvalue()
     assert "modelled PF appliance (DDR5 path) and modelled PF + HBM3E cache, dependent issue" in out
     assert "2,000 CXL requests modelled" in out and "0 dropped" in out
@@ -85,7 +85,7 @@ def test_the_tables_label_every_figure_with_its_model(timing):
     assert "the paper's loaded PF range: reads 275-290 ns" in out and "traced/s" not in out
     later = {**stats, "hosts": [{**stats["hosts"][0], "bytes": stats["hosts"][0]["bytes"] + 64 * 1024}]}
     text = io.StringIO()
-    Console(file=text, width=250, color_system=None).print(cli_telemetry.render(later, stats, 2.0))
+    Console(file=text, width=250, color_system=None).print(telemetry_view.render(later, stats, 2.0))
     assert "32.0 KiB/s" in text.getvalue() and "emulator's wall clock (TCG), not a fabric rate" in text.getvalue()
 
 
@@ -97,13 +97,13 @@ def test_a_hosts_own_report_leaves_out_hosts_that_are_gone(timing):
     produce(timing.attach(3, 1, {"shared": 0}, None), 500)
     stats = {**synced(timing), "appliance": {"topology": TOPO.name}, "pid": 1}
     assert {h["host"] for h in stats["hosts"]} == {0, 3}
-    mine = cli_telemetry.for_host(stats, 3)
+    mine = telemetry_view.for_host(stats, 3)
     text = io.StringIO()
-    Console(file=text, width=400, color_system=None).print(cli_telemetry.render(mine))
+    Console(file=text, width=400, color_system=None).print(telemetry_view.render(mine))
     host_table = text.getvalue().split("per module")[0]
     rows = [line for line in host_table.splitlines() if line.startswith("│")]
     assert [r.split("│")[1].strip() for r in rows] == ["3"], host_table
     assert "(gone)" not in host_table and "host 3 only; the modules carry every host's traffic" in text.getvalue()
     text = io.StringIO()
-    Console(file=text, width=400, color_system=None).print(cli_telemetry.render(stats))
+    Console(file=text, width=400, color_system=None).print(telemetry_view.render(stats))
     assert "188 KiB" in text.getvalue() and "192064 B" not in text.getvalue()

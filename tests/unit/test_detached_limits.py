@@ -8,7 +8,6 @@ EMFILE, and clients that hung or ended in a BlockingIOError traceback, so `down`
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys

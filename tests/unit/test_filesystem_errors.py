@@ -11,7 +11,7 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl import cache
-from pfcxl.host_tools import cpio, image, qemu
+from pfcxl.host_tools import image, qemu
 
 REAL_MANIFEST = cache.manifest_path()     # before any test moves PFCXL_CACHE
 REAL_IMAGES = cache.images_dir()

@@ -5,7 +5,6 @@ import subprocess
 
 import pytest
 
-from pfcxl.device import topology
 from pfcxl.errors import ImageError
 from pfcxl import cache
 from pfcxl.host_tools import kernel_pvh

@@ -11,7 +11,7 @@ import pytest
 
 from pfcxl.device import address_map, fabric_constants as fc, fabric_model as fm, fabric_replay as fr
 from pfcxl.device import fabric_workloads as wl, topology
-from pfcxl.host_tools import cli_model
+from pfcxl.host_tools import model_runs
 
 TOPO = topology.load(topology.resolve("pf-appliance"))
 APP = TOPO.appliance
@@ -82,7 +82,7 @@ def cli(*args):
 
 def test_the_command_replays_a_saved_trace_and_refuses_bad_files(tmp_path):
     path = tmp_path / "trace.npy"
-    cli_model.save_trace(path, captured(n=5000))
+    model_runs.save_trace(path, captured(n=5000))
     done = cli(str(path), "--system", "pf", "--load", "1", "-t", "pf-appliance", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -95,7 +95,7 @@ def test_the_command_replays_a_saved_trace_and_refuses_bad_files(tmp_path):
         assert done.returncode == 9 and line in done.stderr and "Traceback" not in done.stderr
     low = captured(n=50)
     low["hpa"] = np.arange(len(low)) * 64            # below every CXL window: not this topology's traffic
-    cli_model.save_trace(tmp_path / "low.npy", low)
+    model_runs.save_trace(tmp_path / "low.npy", low)
     done = cli(str(tmp_path / "low.npy"), "--load", "1")
     assert done.returncode == 9 and "record 0: hpa 0x0 is not inside the CXL window" in done.stderr, done.stderr
 
@@ -151,7 +151,7 @@ def test_pf_latency_rises_once_the_shared_module_is_the_limit():
 def test_the_curve_command_saves_a_png_and_names_each_knee(tmp_path):
     # the paper's bandwidth experiment: 16 hosts, each to its own module
     path = tmp_path / "sixteen.npy"
-    cli_model.save_trace(path, captured(hosts=16, n=10_000))
+    model_runs.save_trace(path, captured(hosts=16, n=10_000))
     png = tmp_path / "curve.png"
     done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "model", "curve", str(path), "-t",
                            "pf-appliance", "--loads", "0.5,0.6,0.7,1.0", "--out", str(png), "--json"],
@@ -182,9 +182,9 @@ def test_replay_at_a_light_load_gives_what_the_traced_run_printed(size):
     records["size"] = size
     records["write"] = np.arange(n) % 3 == 0
     traced = timing_report.model_trace(topo, records, dependent=True)
-    for system, key in cli_model.SYSTEMS.items():
+    for system, key in model_runs.SYSTEMS.items():
         if key not in traced:
             continue
-        replayed = cli_model.replay_report(records, topo, system, load=0.01, dilate=None)
+        replayed = model_runs.replay_report(records, topo, system, load=0.01, dilate=None)
         for op in ("read", "write"):
             assert replayed[op]["p50"] == pytest.approx(traced[key][op]["p50"]), (system, op)

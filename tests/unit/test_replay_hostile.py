@@ -12,7 +12,7 @@ import pytest
 from pfcxl.device import address_map, fabric_replay as fr
 from pfcxl.device.fabric_engine import trace_dtype
 from pfcxl.device import fabric_systems
-from pfcxl.host_tools import cli_model
+from pfcxl.host_tools import argtypes, model_runs
 from pfcxl.errors import TimingError
 
 from . import bounded_cli
@@ -74,15 +74,15 @@ def test_the_issues_files_are_one_line_each(tmp_path):
 ])
 def test_records_a_capture_cannot_hold_are_refused(field, value, words):
     with pytest.raises(TimingError) as info:
-        cli_model.checked(one_record(**{field: value}), TOPO, "t.npy")
+        model_runs.checked(one_record(**{field: value}), TOPO, "t.npy")
     assert "t.npy: not a trace captured on topology 'pf-appliance': record 0: " + words in str(info.value)
-    cli_model.checked(one_record(), TOPO, "t.npy")                       # the untouched stream passes
+    model_runs.checked(one_record(), TOPO, "t.npy")                       # the untouched stream passes
 
 
 def test_the_last_line_of_the_window_is_in_it():
-    cli_model.checked(one_record(hpa=END - 64), TOPO, "t.npy")
+    model_runs.checked(one_record(hpa=END - 64), TOPO, "t.npy")
     with pytest.raises(TimingError, match="below|inside the CXL window"):
-        cli_model.checked(one_record(hpa=BASE - 64), TOPO, "t.npy")
+        model_runs.checked(one_record(hpa=BASE - 64), TOPO, "t.npy")
 
 
 def test_dilation_stretches_the_window_or_is_refused():
@@ -101,7 +101,7 @@ def test_hostile_trace_files_and_factors_are_one_line_in_bounded_time_and_memory
     # and factors that overflow the model's clock; all through the CLI in a 1 GiB address space
     rng = random.Random(21)
     good = tmp_path / "good.npy"
-    cli_model.save_trace(good, captured(hosts=2, n=500))
+    model_runs.save_trace(good, captured(hosts=2, n=500))
     f8 = np.lib.format.dtype_to_descr(np.dtype("<f8"))
     cases = []
     for i in range(40):
@@ -126,7 +126,7 @@ def test_hostile_trace_files_and_factors_are_one_line_in_bounded_time_and_memory
                                        ("write", rng.randint(2, 255))])
             tr = captured(hosts=1, n=200)
             tr[field][rng.randrange(len(tr))] = value
-            cli_model.save_trace(path, tr)
+            model_runs.save_trace(path, tr)
             name = str(path)
         else:
             name = str(good)
@@ -141,6 +141,6 @@ def test_hostile_trace_files_and_factors_are_one_line_in_bounded_time_and_memory
 
 
 def test_the_curve_takes_a_bounded_number_of_loads():
-    assert len(cli_model.loads_list(",".join(["0.5"] * cli_model.MAX_LOADS))) == cli_model.MAX_LOADS
+    assert len(argtypes.loads_list(",".join(["0.5"] * argtypes.MAX_LOADS))) == argtypes.MAX_LOADS
     with pytest.raises(argparse.ArgumentTypeError, match="at most 100 loads"):
-        cli_model.loads_list(",".join(["0.5"] * 10 ** 6))
+        argtypes.loads_list(",".join(["0.5"] * 10 ** 6))
