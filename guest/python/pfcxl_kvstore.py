@@ -154,13 +154,21 @@ class Store:
 
     def get(self, key):
         """The block stored under `key` (bytes), or None: missing, evicted, or failing its check."""
+        return self.load(key)[0]
+
+    def load(self, key) -> tuple:
+        """(bytes, the host whose arena held them, copies that failed their check) for `key`; the
+        bytes are None on a miss. A copy withdrawn while it was read is a miss, not a failure."""
+        failed = 0
         for host, slot, rec in self.find(key):
             data = self.read_block(host, slot, rec)
             if data is not None:
                 if host == self.host:
                     self._touch(slot)
-                return data
-        return None
+                return data, host, failed
+            if self._state(host, slot) == rec["state"]:
+                failed += 1
+        return None, None, failed
 
     def exists(self, key) -> bool:
         return bool(self.find(key))
