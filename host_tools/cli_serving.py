@@ -14,6 +14,7 @@ from rich.markup import escape
 from pfcxl.errors import ServingError
 from pfcxl.serving import inputs
 
+from . import cli_serving_trace
 from .ui import err, out
 
 DESCRIPTION = """\
@@ -114,24 +115,31 @@ def cmd_serving(args) -> int:
     else:
         cal = calibrate.load()
     tflops = args.prefill_tflops or cal.prefill_tflops_per_gpu
+    cli_serving_trace.check_trace_only(args)
+    if args.table == "retrieval":
+        return cli_serving_trace.cmd_retrieval(args, tiers["host"], tflops)
+    if args.trace:
+        return cli_serving_trace.cmd_trace(args, roles, tiers, w, gpu, tflops)
     calibration = {"prefill_tflops_per_gpu": tflops, "source": "--prefill-tflops" if args.prefill_tflops
                    else ("fitted now (--calibrate)" if args.calibrate else str(calibrate.CALIBRATION)),
                    "command": calibrate.COMMAND}
 
+    from pfcxl.serving.kvpolicy import Policy
+    policy = Policy(args.policy, args.reservation, args.hit_accounting)
     results: dict[str, list[sim.Result]] = {r: [] for r in roles}
     points = [(r, n) for r in roles for n in sessions]
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("simulating", total=len(points))
         for role, n in points:
             progress.update(task, description=f"{report.ROLES[role]}, {n} sessions")
-            setup = sim.Setup(w, model, gpu, tiers[role], n, tflops * 1e12, args.seed)
+            setup = sim.Setup(w, model, gpu, tiers[role], n, tflops * 1e12, args.seed, policy)
             results[role].append(sim.simulate(setup))
             progress.advance(task)
 
     title = (f"{model.name} on {w.gpus} x {gpu.name}, {w.name} ({w.turns} turns, {w.input_tokens}+{w.output_tokens} "
              f"tokens, {w.system_prefix_tokens}-token prefix, {w.qps:g} req/s); appliance "
              f"{tiers['appliance'].capacity_tb:g} TB, host DRAM {tiers['host'].capacity_tb:g} TB; prefill "
-             f"{tflops:.1f} TFLOP/s per GPU")
+             f"{tflops:.1f} TFLOP/s per GPU; KV policy {policy.label}")
     rows = report.comparison(results, w, paper)
     out.print(report.table(rows, title))
     if not paper:
@@ -174,4 +182,5 @@ def add_parsers(sub) -> None:
                    help="re-fit the prefill throughput to the paper's 50-session TTFT and use it")
     p.add_argument("--save", action="store_true", help="with --calibrate: store the fit in the package")
     p.add_argument("--out", help="results directory (default results/serving-<time>-<model>)")
+    cli_serving_trace.add_options(p)
     p.set_defaults(func=cmd_serving)

@@ -22,7 +22,7 @@ def comparison(results: dict[str, list[Result]], workload: Workload, paper: bool
         for r in runs:
             s = r.summary()
             row = {"tier": role, "sessions": r.setup.sessions, "ttft_ms": s["ttft_ms"]["mean"],
-                   "p90_ms": s["ttft_ms"]["p90"], "hit_rate": s["hit_rate"], "wait_ms": s["mean_ms"]["gpu_wait"]
+                   "p90_ms": s["ttft_ms"]["p90"], "hit_rate": s["counted_hit_rate"], "wait_ms": s["mean_ms"]["gpu_wait"]
                    + s["mean_ms"]["link_wait"], "load_ms": s["mean_ms"]["load"]}
             for metric, key in (("ttft_ms", "ttft_ms"), ("hit_rate", "hit_rate")):
                 figure = workload.paper.get(metric, {}).get(role, {}).get(r.setup.sessions) if paper else None

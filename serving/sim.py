@@ -20,14 +20,16 @@ walk stops at the first chunk found nowhere, as LMCache's prefix lookup does. Th
      stored (LMCache's default, save_decode_cache = false): the next turn recomputes it;
   5. the answer decodes (memory-bound, compute.decode_seconds) beside later prefills.
 Every tier evicts least recently used chunks; a lookup hit makes a chunk most recently used, and
-a chunk loaded from the KV tier enters the GPU tier. Chunks of the system prefix are shared by
+a chunk loaded from the KV tier enters the GPU tier (the default policy, chunk-lru; Setup.policy
+selects LLMServingSim's radix-lru and its switches instead, serving/kvpolicy.py). A turn runs from
+its arrival to its answer's end (what a reservation covers). Chunks of the system prefix are shared by
 every conversation.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -36,7 +38,8 @@ from pfcxl.errors import ServingError
 from . import compute
 from .chunks import KV_CHUNK_TOKENS, chunk_bytes, whole_chunks
 from .inputs import Gpu, Model, Tier, Workload
-from .tiers import LruTier, chunk_seconds
+from .kvpolicy import Policy, TwoTiers
+from .tiers import chunk_seconds
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Setup:
     sessions: int
     prefill_flops_per_gpu: float
     seed: int = 1
+    policy: Policy = field(default_factory=Policy)     # kvpolicy: chunk-lru, or LLMServingSim's radix-lru
 
     def __post_init__(self) -> None:
         if not isinstance(self.sessions, int) or self.sessions < 1:
@@ -73,6 +77,7 @@ class Turn:
     gpu_wait_s: float
     prefill_s: float
     ttft_s: float
+    counted_tokens: int = 0  # what the policy's hit accounting counts (kvpolicy)
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ class Result:
             "ttft_ms": {"mean": float(ttft.mean()), "p50": float(np.percentile(ttft, 50)),
                         "p90": float(np.percentile(ttft, 90)), "p99": float(np.percentile(ttft, 99))},
             "hit_rate": hit / prompt,
+            "counted_hit_rate": sum(x.counted_tokens for x in t) / prompt,
             "gpu_hit_rate": sum(x.gpu_hit_tokens for x in t) / prompt,
             "reusable_rate": reusable / prompt,
             "hit_of_reusable": hit / reusable if reusable else 1.0,
@@ -111,6 +117,7 @@ class Result:
         s = self.setup
         return {"model": s.model.name, "gpu": s.gpu.name, "gpus": s.workload.gpus, "tier": asdict(s.tier),
                 "workload": s.workload.name, "sessions": s.sessions, "seed": s.seed, "qps": s.workload.qps,
+                "policy": s.policy.label,
                 "prefill_tflops_per_gpu": s.prefill_flops_per_gpu / 1e12, **self.summary()}
 
 
@@ -129,8 +136,8 @@ def chunk_keys(w: Workload, session: int, conversation: int, count: int) -> list
 def simulate(setup: Setup) -> Result:
     w, model, gpu = setup.workload, setup.model, setup.gpu
     cbytes = chunk_bytes(model.kv_bytes_per_token)
-    gpu_tier = LruTier("gpu", int(compute.gpu_kv_bytes(model, gpu, w.gpus, w.gpu_memory_utilization) // cbytes))
-    kv_tier = LruTier(setup.tier.name, int(setup.tier.capacity_bytes // cbytes))
+    tiers = TwoTiers(setup.policy, int(compute.gpu_kv_bytes(model, gpu, w.gpus, w.gpu_memory_utilization) // cbytes),
+                     int(setup.tier.capacity_bytes // cbytes))
     load_per_chunk = chunk_seconds(setup.tier, cbytes, gpu, w.gpus)
     flops = setup.prefill_flops_per_gpu * w.gpus
     decode_s = compute.decode_seconds(model, gpu, w.gpus, w.output_tokens)
@@ -164,20 +171,14 @@ def simulate(setup: Setup) -> Result:
             n = whole_chunks(prompt)
             keys = chunk_keys(w, s, c, n)
             reusable = min(n, max(stored.get((s, c), 0), shared_stored))
-            hits = gpu_hits = 0
-            for key in keys:
-                if gpu_tier.touch(key):
-                    gpu_hits += 1
-                elif kv_tier.touch(key):
-                    gpu_tier.put((key,))
-                else:
-                    break
-                hits += 1
+            found = tiers.lookup(keys, (s, c, k), -(-(prompt + w.output_tokens) // KV_CHUNK_TOKENS))
+            hits, gpu_hits = found.hits, found.gpu
             load = (hits - gpu_hits) * load_per_chunk
             start = max(now, link_free) if load else now
             link_free = start + load if load else link_free
             pending[s, c, k] = dict(arrival=now, prompt=prompt, hits=hits, gpu_hits=gpu_hits,
-                                    reusable=reusable, link_wait=start - now, load=load)
+                                    reusable=reusable, link_wait=start - now, load=load,
+                                    counted=found.counted)
             push(start + load, "loaded", (s, c, k))
         elif kind == "loaded":
             p = pending[s, c, k]
@@ -188,18 +189,21 @@ def simulate(setup: Setup) -> Result:
             busy.append((start, gpu_free))
             p.update(gpu_wait=start - now, prefill=prefill)
             push(gpu_free, "first_token", (s, c, k))
+        elif kind == "finish":                       # the answer is out: the request stops running
+            tiers.finish((s, c, k))
         else:                                        # first token: store, decode, schedule the next turn
             p = pending.pop((s, c, k))
             n = whole_chunks(p["prompt"])
             keys = chunk_keys(w, s, c, n)
-            gpu_tier.put(keys)
-            kv_tier.put(keys)
+            tiers.store(keys, (s, c, k))
             stored[s, c] = n
             shared_stored = max(shared_stored, min(n, whole_chunks(w.system_prefix_tokens)))
             done.append(Turn(s, c, k, p["arrival"], p["prompt"], p["hits"] * KV_CHUNK_TOKENS,
                              p["gpu_hits"] * KV_CHUNK_TOKENS, p["reusable"] * KV_CHUNK_TOKENS, p["link_wait"],
-                             p["load"], p["gpu_wait"], p["prefill"], now - p["arrival"]))
+                             p["load"], p["gpu_wait"], p["prefill"], now - p["arrival"],
+                             p["counted"] * KV_CHUNK_TOKENS))
             finish = now + decode_s
+            push(finish, "finish", (s, c, k))
             think = gap if w.gaps == "fixed" else float(rng.exponential(gap))
             if k + 1 < w.turns:
                 push(max(p["arrival"] + think, finish), "arrive", (s, c, k + 1))
@@ -214,4 +218,4 @@ def simulate(setup: Setup) -> Result:
         raise ServingError(f"no turn arrived in the measured window ({start:.0f}-{end:.0f} s): raise the "
                            "workload's rounds")
     prefill_busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in busy)
-    return Result(setup, measured, load_per_chunk, gpu_tier.capacity, kv_tier.capacity, end - start, prefill_busy)
+    return Result(setup, measured, load_per_chunk, tiers.gpu.capacity, tiers.kv.capacity, end - start, prefill_busy)

@@ -1,0 +1,119 @@
+"""How the GPU tier and the KV tier behind it find, store and evict prefix blocks: the policy
+both simulators (sim.py, trace_sim.py) share.
+
+* chunk-lru (pfcxl's default): each tier is an LRU set of blocks; a lookup walks the prompt's
+  blocks from the start, taking each from the GPU tier, else from the KV tier (which copies it
+  into the GPU tier), and stops at the first block in neither. A prompt's blocks are written to
+  both tiers (write-through).
+* radix-lru (LLMServingSim, after SGLang): each tier is a radix tree (serving/radix.py). The GPU
+  tree and the KV tree are matched from the start each on their own; blocks beyond the GPU's
+  match that the KV tree holds are loaded (and enter the GPU tree). Write-through to both.
+  With `reservation`, the KV tier first reserves room for the full KV (input and output) of
+  every running request and locks the request's prefix until it finishes.
+
+Hit accounting (what the reported "hit rate" counts): `any-tier` (pfcxl's): input tokens found
+in any tier; `kv-beyond-gpu` (LLMServingSim's second-tier count): tokens the KV tier adds beyond
+the GPU tier's hits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pfcxl.errors import ServingError
+
+from .radix import RadixTree
+from .tiers import LruTier
+
+POLICIES = ("chunk-lru", "radix-lru")
+ACCOUNTING = ("any-tier", "kv-beyond-gpu")
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str = "chunk-lru"
+    reservation: bool = False
+    hit_accounting: str = "any-tier"
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICIES:
+            raise ServingError(f"--policy: '{self.name}' must be one of {', '.join(POLICIES)}")
+        if self.hit_accounting not in ACCOUNTING:
+            raise ServingError(f"--hit-accounting: '{self.hit_accounting}' must be one of {', '.join(ACCOUNTING)}")
+        if self.reservation and self.name != "radix-lru":
+            raise ServingError("--reservation is radix-lru's (LLMServingSim's) mechanism: use it with "
+                               "--policy radix-lru")
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}{', reservation' if self.reservation else ''}, hits {self.hit_accounting}"
+
+
+@dataclass(frozen=True)
+class Lookup:
+    gpu: int        # blocks of the matched prefix taken from the GPU tier (free)
+    kv: int         # blocks of it loaded from the KV tier
+    counted: int    # blocks the hit accounting counts
+
+    @property
+    def hits(self) -> int:
+        return self.gpu + self.kv
+
+
+class TwoTiers:
+    """The GPU tier (`gpu_blocks`; 0 = none) in front of the KV tier (`kv_blocks`). A request
+    calls lookup() when it arrives, store() when its prefill is done and finish() when its
+    answer is (the reservation's lifetime)."""
+
+    def __init__(self, policy: Policy, gpu_blocks: float, kv_blocks: float):
+        self.policy = policy
+        self.radix = policy.name == "radix-lru"
+        make = RadixTree if self.radix else (lambda cap: LruTier("", cap))
+        self.gpu, self.kv = make(gpu_blocks), make(kv_blocks)
+        self._held: dict = {}                      # request -> (reserved blocks, locked KV-tier node)
+
+    def lookup(self, keys, request=None, blocks: int = 0) -> Lookup:
+        """The longest cached prefix of `keys`; with reservation, `request` reserves `blocks`."""
+        if self.radix:
+            g = self.gpu.match(keys)
+            s, node = self.kv.match_node(keys)
+            if self.policy.reservation:
+                self.kv.lock(node)                 # the running request's prefix stays
+                self._held[request] = (blocks, node)
+                self.kv.reserve(blocks)
+            if s > g:
+                self.gpu.insert(keys[:s])
+            found = Lookup(g, max(s - g, 0), 0)
+        else:                                      # pfcxl's walk: each block from the first tier holding it
+            g = kv = 0
+            for key in keys:
+                if self.gpu.touch(key):
+                    g += 1
+                elif self.kv.touch(key):
+                    self.gpu.put((key,))
+                    kv += 1
+                else:
+                    break
+            found = Lookup(g, kv, 0)
+        counted = found.hits if self.policy.hit_accounting == "any-tier" else found.kv
+        return Lookup(found.gpu, found.kv, counted)
+
+    def store(self, keys, request=None) -> None:
+        if not self.radix:
+            self.gpu.put(keys)
+            self.kv.put(keys)
+            return
+        self.gpu.insert(keys)
+        if self.policy.reservation:
+            blocks, old = self._held[request]
+            self._held[request] = (blocks, self.kv.insert(keys, lock=True))
+            self.kv.unlock(old)
+        else:
+            self.kv.insert(keys)
+
+    def finish(self, request) -> None:
+        if self.policy.reservation:
+            blocks, node = self._held.pop(request)
+            self.kv.release(blocks)
+            self.kv.unlock(node)
+            self.kv.evict()
