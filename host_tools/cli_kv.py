@@ -112,8 +112,11 @@ def cmd_bench(args) -> int:
     from rich.table import Table
 
     from . import kv_model
-    payload = os.urandom(args.size)
     with open_store(args, host=args.host) as s:
+        if args.size > s.sb["arena_bytes"]:         # before the payload is allocated (--size 1T)
+            raise PfcxlError(f"bench --size {args.size}: block of {args.size} bytes does not fit in an arena of "
+                             f"{s.sb['arena_bytes']} bytes")
+        payload = os.urandom(args.size)
         keys = [f"bench/{os.getpid()}/{i}" for i in range(args.blocks)]
         t0 = time.perf_counter()
         try:

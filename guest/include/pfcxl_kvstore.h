@@ -2,14 +2,17 @@
  * pfcxl_kvstore.h: the KV block store's C core (docs/kvstore.md), the same layout and protocol as
  * guest/python/pfcxl_kvstore.py: a superblock, one header line per host, one index segment of
  * 64-byte records per host, one arena per host. A host writes only its own header, segment and
- * arena; readers verify a record and its block before using them. Include after pfcxl_tool.h
- * (crc tables, die); call crc_init() first.
+ * arena; readers verify a record and its block before using them. This file: the layout, opening
+ * and reading; pfcxl_kvwrite.h: writing. Include after pfcxl_tool.h (crc tables, die); call
+ * crc_init() first.
  */
 #ifndef PFCXL_KVSTORE_H
 #define PFCXL_KVSTORE_H
 
 #define KV_MAGIC "PFKVSTOR"
-#define KV_VERSION 1u
+#define KV_VERSION 2u /* 2: the host header's lease */
+#define KV_MAX_HOSTS 256u
+#define KV_MAX_SLOTS (1u << 24)
 #define KV_LINE 64u
 #define KV_SIGNED 44u  /* the record crc covers bytes [0, 44): state, key, offset, length, crc */
 #define KV_PAGE 4096u
@@ -27,8 +30,8 @@ struct kv_super {
     uint32_t crc;
 } __attribute__((packed));
 
-struct kv_header {  /* one per host, written by that host only */
-    uint64_t heartbeat, next_seq, clock, evictions;
+struct kv_header {  /* one per host, written by that host only; lease: its writer's nonce */
+    uint64_t heartbeat, next_seq, clock, evictions, lease;
 };
 
 struct kv_record {  /* state: 0 empty, 2*seq+1 claim, 2*seq published */
@@ -48,6 +51,7 @@ struct kv {
     struct kv_super sb;
     int host;          /* -1: read only */
     double stale_s;
+    uint64_t lease;    /* our nonce in the host's header while we hold its lease */
 };
 
 /* ------------------------------------------------------------ BLAKE2b-128 of a key (RFC 7693) */
@@ -186,25 +190,69 @@ static inline int kv_is_direct(const struct stat *st)
 
 static const char KV_NO_STORE[] = "holds no store";
 
+/* The superblock's geometry, as pfcxl_kvlayout.check_super checks it (same rules, same order,
+ * same words): every sum below is of values already bounded by the store's total. */
+static inline const char *kv_check_super(const struct kv_super *sb, char *why, size_t n)
+{
+    const uint64_t t = sb->total, hosts = sb->hosts;
+    const char *field = NULL, *want = NULL;
+    uint64_t value = 0;
+#define KV_RULE(name, ok, text)                                                                   \
+    if (!field && !(ok)) {                                                                        \
+        field = #name;                                                                            \
+        value = sb->name;                                                                         \
+        want = text;                                                                              \
+    }
+    KV_RULE(hosts, hosts >= 1 && hosts <= KV_MAX_HOSTS, "1..256")
+    KV_RULE(slots, sb->slots >= 1 && sb->slots <= KV_MAX_SLOTS, "1..16777216")
+    KV_RULE(chunk_tokens, sb->chunk_tokens >= 1, "at least 1")
+    KV_RULE(total, t >= 2 * KV_PAGE, "at least 8192")
+    KV_RULE(headers_off, sb->headers_off >= KV_PAGE && sb->headers_off <= t && sb->headers_off % KV_LINE == 0,
+            "a multiple of 64 from byte 4096, inside the store")
+    KV_RULE(index_off, sb->index_off >= sb->headers_off + hosts * KV_LINE && sb->index_off <= t &&
+            sb->index_off % KV_LINE == 0, "a multiple of 64 after the host headers, inside the store")
+    KV_RULE(arena_off, sb->arena_off >= sb->index_off + hosts * sb->slots * KV_LINE && sb->arena_off <= t &&
+            sb->arena_off % KV_PAGE == 0, "a multiple of 4096 after the index, inside the store")
+    KV_RULE(arena_bytes, sb->arena_bytes >= KV_PAGE && sb->arena_bytes % KV_PAGE == 0 &&
+            sb->arena_bytes <= (t - sb->arena_off) / hosts,
+            "a multiple of 4096, at least 4096, with every host's arena inside the store")
+#undef KV_RULE
+    if (!field)
+        return NULL;
+    snprintf(why, n, "store superblock is corrupt: %s %" PRIu64 " is not %s", field, value, want);
+    return why;
+}
+
 /* Open the store in [base, base+size); returns NULL, KV_NO_STORE (no magic at base), or a
  * message naming what is wrong. */
 static inline const char *kv_attach(struct kv *s, void *base, uint64_t size, int host)
 {
-    static char why[160];
+    static char why[200];
     s->base = base;
     s->size = size;
     s->host = host;
     s->stale_s = 5.0;
+    s->lease = 0;
     memcpy(&s->sb, base, sizeof s->sb);
     if (memcmp(s->sb.magic, KV_MAGIC, 8) != 0)
         return KV_NO_STORE;
-    if (s->sb.version != KV_VERSION || kv_crc(base, sizeof s->sb - 4) != s->sb.crc)
-        return "store superblock is not version 1 with a good crc";
+    if (s->sb.version != KV_VERSION) {
+        snprintf(why, sizeof why, "store version %u is not this code's version %u: format it anew (every block is lost)",
+                 s->sb.version, KV_VERSION);
+        return why;
+    }
+    if (kv_crc(base, sizeof s->sb - 4) != s->sb.crc) {
+        snprintf(why, sizeof why, "store superblock crc %#x does not match its bytes: the superblock is corrupt",
+                 s->sb.crc);
+        return why;
+    }
     if (s->sb.total > size) {
         snprintf(why, sizeof why, "store was formatted for %" PRIu64 " bytes; the mapping has %" PRIu64,
                  s->sb.total, size);
         return why;
     }
+    if (kv_check_super(&s->sb, why, sizeof why))
+        return why;
     if (host >= (int)s->sb.hosts) {
         snprintf(why, sizeof why, "host %d is out of range (0 <= host < %u)", host, s->sb.hosts);
         return why;
@@ -214,20 +262,26 @@ static inline const char *kv_attach(struct kv *s, void *base, uint64_t size, int
 
 /* ------------------------------------------------------------ reading */
 
-/* A snapshot of (host, slot) if it is published and well formed. */
-static inline int kv_valid(const struct kv *s, int host, uint32_t slot, struct kv_record *out)
+/* A snapshot of (host, slot) if it is published and well formed (and holds digest d, unless d is
+ * NULL): the state word, then the whole record, which must carry that state; kv_read re-reads the
+ * state after the block (docs/kvstore.md, "Reading"). The extent check cannot wrap. */
+static inline int kv_valid(const struct kv *s, int host, uint32_t slot, struct kv_record *out,
+                           const uint8_t *d)
 {
     const volatile uint64_t *r = (const volatile uint64_t *)kv_rec(s, host, slot);
     uint64_t words[KV_LINE / 8];
+    const uint64_t state = r[0];
     for (unsigned i = 0; i < KV_LINE / 8; i++)
         words[i] = r[i];
     memcpy(out, words, sizeof words);
-    if (out->state == 0 || (out->state & 1))
+    if (state == 0 || (state & 1) || out->state != state)
+        return 0;
+    if (d && memcmp(out->key, d, 16) != 0)
         return 0;
     if (kv_crc(out, KV_SIGNED) != out->rcrc)
         return 0;
     uint64_t lo = kv_arena(s, host), hi = lo + s->sb.arena_bytes;
-    return out->offset >= lo && out->length <= hi - out->offset;
+    return out->offset >= lo && out->offset <= hi && out->length <= hi - out->offset;
 }
 
 static inline int kv_key_is(const struct kv *s, int host, uint32_t slot, const uint8_t d[16])
@@ -246,7 +300,7 @@ static inline int kv_find(const struct kv *s, const uint8_t d[16], int *host, ui
 {
     for (int h = 0; h < (int)s->sb.hosts; h++)
         for (uint32_t i = 0; i < s->sb.slots; i++)
-            if (kv_key_is(s, h, i, d) && kv_valid(s, h, i, rec)) {
+            if (kv_key_is(s, h, i, d) && kv_valid(s, h, i, rec, d)) {
                 *host = h;
                 *slot = i;
                 return 1;
@@ -262,168 +316,6 @@ static inline int kv_read(const struct kv *s, int host, uint32_t slot, const str
     memcpy(buf, s->base + rec->offset, rec->length);
     kv_fence(NULL);
     return kv_crc(buf, rec->length) == rec->crc && kv_rec(s, host, slot)->state == rec->state;
-}
-
-/* ------------------------------------------------------------ writing (own arena) */
-
-static inline void kv_beat(struct kv *s) { kv_hdr(s, s->host)->heartbeat++; }
-
-/* Withdraw our claims left by a crash; records that fail their check are dropped too. */
-static inline void kv_recover(struct kv *s)
-{
-    struct kv_record rec;
-    for (uint32_t i = 0; i < s->sb.slots; i++) {
-        volatile struct kv_record *r = kv_rec(s, s->host, i);
-        if (r->state && !kv_valid(s, s->host, i, &rec)) {
-            r->state = 0;
-            kv_fence(r);
-        }
-    }
-}
-
-/* A free slot and extent of len bytes in our arena, evicting least recently used records. The
- * own segment is read once per attempt into local memory: on the CXL path every load of the
- * device is an emulator callback, and first fit walks the records many times. */
-static inline int kv_place(struct kv *s, uint64_t len, uint32_t *slot, uint64_t *offset)
-{
-    const uint64_t lo = kv_arena(s, s->host), hi = lo + s->sb.arena_bytes;
-    if (len > hi - lo)
-        return -1;
-    struct kv_record *snap = malloc(s->sb.slots * sizeof *snap);
-    uint8_t *live = malloc(s->sb.slots);
-    if (!snap || !live)
-        die("out of memory for %u index records", s->sb.slots);
-    for (;;) {
-        int64_t free_slot = -1, lru = -1;
-        uint64_t lru_use = UINT64_MAX, at = lo;
-        for (uint32_t i = 0; i < s->sb.slots; i++) {
-            live[i] = (uint8_t)kv_valid(s, s->host, i, &snap[i]);
-            if (snap[i].state == 0 && free_slot < 0)
-                free_slot = i;
-            if (live[i] && snap[i].last_use < lru_use) {
-                lru_use = snap[i].last_use;
-                lru = i;
-            }
-        }
-        for (;;) { /* first fit: the next extent at or after `at`, in offset order */
-            uint64_t next = hi, next_end = hi;
-            for (uint32_t i = 0; i < s->sb.slots; i++)
-                if (live[i] && snap[i].offset >= at && snap[i].offset < next) {
-                    next = snap[i].offset;
-                    next_end = (next + snap[i].length + KV_LINE - 1) & ~(uint64_t)(KV_LINE - 1);
-                }
-            if (next - at >= len || next == hi)
-                break;
-            at = next_end;
-        }
-        if ((free_slot >= 0 && hi - at >= len) || lru < 0) {
-            free(snap);
-            free(live);
-            if (free_slot < 0 || hi - at < len)
-                return -1;
-            *slot = (uint32_t)free_slot;
-            *offset = at;
-            return 0;
-        }
-        kv_rec(s, s->host, (uint32_t)lru)->state = 0; /* before its space is reused */
-        kv_fence(kv_rec(s, s->host, (uint32_t)lru));
-        kv_hdr(s, s->host)->evictions++;
-    }
-}
-
-/* After our claim: may we write? (docs/kvstore.md, "Contention") */
-static inline int kv_contend(struct kv *s, const uint8_t d[16])
-{
-    enum { WATCH = 64 };
-    struct { int host; uint32_t slot; uint64_t beat; uint64_t since; } w[WATCH];
-    int nw = 0;
-    for (;;) {
-        int pending = 0;
-        for (int h = 0; h < (int)s->sb.hosts; h++) {
-            if (h == s->host)
-                continue;
-            for (uint32_t i = 0; i < s->sb.slots; i++) {
-                if (!kv_key_is(s, h, i, d))
-                    continue;
-                struct kv_record rec;
-                uint64_t st = kv_rec(s, h, i)->state;
-                if (st && !(st & 1)) {
-                    if (kv_valid(s, h, i, &rec))
-                        return 0;
-                    continue;
-                }
-                if (!(st & 1))
-                    continue;
-                uint64_t beat = kv_hdr(s, h)->heartbeat, now = now_ns();
-                int k = 0;
-                while (k < nw && !(w[k].host == h && w[k].slot == i))
-                    k++;
-                if (k == nw) {
-                    if (nw == WATCH)
-                        die("more than %d concurrent claims on one key", WATCH);
-                    w[nw++] = (typeof(w[0])){h, i, beat, now};
-                    pending = 1;
-                } else if (w[k].beat != beat) {
-                    if (h < s->host)
-                        return 0; /* a live lower claimant wins */
-                    w[k].beat = beat;
-                    w[k].since = now;
-                    pending = 1;
-                } else if ((double)(now - w[k].since) < s->stale_s * 1e9)
-                    pending = 1;
-            }
-        }
-        if (!pending)
-            return 1;
-        kv_beat(s);
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
-    }
-}
-
-/* Store len bytes under d: 1 stored, 0 already there or lost the race, -1 does not fit. */
-static inline int kv_put(struct kv *s, const uint8_t d[16], const void *data, uint64_t len)
-{
-    int h;
-    uint32_t slot;
-    struct kv_record rec;
-    if (kv_find(s, d, &h, &slot, &rec))
-        return 0;
-    uint64_t offset;
-    if (kv_place(s, len, &slot, &offset) != 0)
-        return -1;
-    volatile struct kv_header *hdr = kv_hdr(s, s->host);
-    uint64_t seq = ++hdr->next_seq;
-    volatile struct kv_record *r = kv_rec(s, s->host, slot);
-    memcpy((void *)r->key, d, 16);
-    r->state = 2 * seq + 1; /* the claim */
-    kv_fence(r);
-    if (!kv_contend(s, d)) {
-        r->state = 0;
-        kv_fence(r);
-        return 0;
-    }
-    for (uint64_t at = 0; at < len; at += 1 << 20) {
-        uint64_t n = len - at < (1 << 20) ? len - at : (1 << 20);
-        memcpy(s->base + offset + at, (const char *)data + at, n);
-        kv_beat(s);
-    }
-    memset(&rec, 0, sizeof rec);
-    rec.state = 2 * seq;
-    memcpy(rec.key, d, 16);
-    rec.offset = offset;
-    rec.length = len;
-    rec.crc = kv_crc(data, len);
-    rec.rcrc = kv_crc(&rec, KV_SIGNED);
-    rec.last_use = ++hdr->clock;
-    uint64_t words[KV_LINE / 8];
-    memcpy(words, &rec, sizeof words);
-    for (unsigned i = 1; i < KV_LINE / 8; i++)
-        ((volatile uint64_t *)r)[i] = words[i];
-    kv_fence(NULL); /* block and fields before the state that publishes them */
-    r->state = rec.state;
-    kv_fence(r);
-    return 1;
 }
 
 #endif

@@ -19,7 +19,9 @@ import zlib
 import pfcxl_guest
 
 MAGIC = b"PFKVSTOR"
-VERSION = 1
+VERSION = 2             # 2: the host header's lease (version 1 stores have none and are refused)
+MAX_HOSTS = 256
+MAX_SLOTS = 1 << 24     # records per host: a 1 GiB index segment
 LINE = 64
 PAGE = 4096
 # device byte of the store = data_path.DIRECT_OFFSET on the host side (tests/unit/test_kvstore.py
@@ -54,7 +56,9 @@ class Fields:
 SUPER = Fields(("magic", "8s"), ("version", "I"), ("hosts", "I"), ("slots", "I"), ("chunk_tokens", "I"),
                ("headers_off", "Q"), ("index_off", "Q"), ("arena_off", "Q"), ("arena_bytes", "Q"),
                ("total", "Q"), ("crc", "I"))
-HEADER = Fields(("heartbeat", "Q"), ("next_seq", "Q"), ("clock", "Q"), ("evictions", "Q"))
+# lease: the nonce of the process that has the host open for writing (0: nobody); it lives as long
+# as the heartbeat moves (docs/kvstore.md, "One writer per host")
+HEADER = Fields(("heartbeat", "Q"), ("next_seq", "Q"), ("clock", "Q"), ("evictions", "Q"), ("lease", "Q"))
 # state: 0 empty, seq*2+1 a claim (being written), seq*2 (seq >= 1) published.
 RECORD = Fields(("state", "Q"), ("key", "16s"), ("offset", "Q"), ("length", "Q"), ("crc", "I"),
                 ("rcrc", "I"), ("last_use", "Q"), ("reserved", "Q"))
@@ -93,10 +97,10 @@ def chunk_keys(tokens, chunk_tokens: int) -> list[bytes]:
 
 def geometry(total: int, hosts: int, slots: int) -> dict:
     """Where everything goes in `total` bytes for `hosts` hosts of `slots` records each."""
-    if not 1 <= hosts <= 256:
-        raise KVError(f"hosts {hosts} is out of range (1..256)")
-    if slots < 1:
-        raise KVError(f"slots {slots} must be at least 1")
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise KVError(f"hosts {hosts} is out of range (1..{MAX_HOSTS})")
+    if not 1 <= slots <= MAX_SLOTS:
+        raise KVError(f"slots {slots} is out of range (1..{MAX_SLOTS})")
     headers_off = PAGE
     index_off = up(headers_off + hosts * LINE, PAGE)
     arena_off = up(index_off + hosts * slots * LINE, PAGE)
@@ -104,6 +108,31 @@ def geometry(total: int, hosts: int, slots: int) -> dict:
     if arena_bytes < PAGE:
         raise KVError(f"{total} bytes hold no arena of at least {PAGE} bytes for {hosts} hosts x {slots} slots")
     return dict(headers_off=headers_off, index_off=index_off, arena_off=arena_off, arena_bytes=arena_bytes)
+
+
+def check_super(sb: dict, size: int) -> None:
+    """Refuse a superblock whose geometry is not one `format` could have written: counts within
+    bounds, regions aligned, in order, not overlapping and inside the store (a corrupt field would
+    send reads and writes anywhere). One message naming the field; the C core (kv_check_super)
+    has the same rules in the same order and words. The caller checked total <= `size`."""
+    hosts, slots, t = sb["hosts"], sb["slots"], sb["total"]
+    rules = [
+        ("hosts", 1 <= hosts <= MAX_HOSTS, f"1..{MAX_HOSTS}"),
+        ("slots", 1 <= slots <= MAX_SLOTS, f"1..{MAX_SLOTS}"),
+        ("chunk_tokens", sb["chunk_tokens"] >= 1, "at least 1"),
+        ("total", 2 * PAGE <= t <= size, f"at least {2 * PAGE}"),
+        ("headers_off", PAGE <= sb["headers_off"] <= t and sb["headers_off"] % LINE == 0,
+         f"a multiple of {LINE} from byte {PAGE}, inside the store"),
+        ("index_off", sb["headers_off"] + hosts * LINE <= sb["index_off"] <= t and sb["index_off"] % LINE == 0,
+         f"a multiple of {LINE} after the host headers, inside the store"),
+        ("arena_off", sb["index_off"] + hosts * slots * LINE <= sb["arena_off"] <= t and sb["arena_off"] % PAGE == 0,
+         f"a multiple of {PAGE} after the index, inside the store"),
+        ("arena_bytes", PAGE <= sb["arena_bytes"] <= (t - sb["arena_off"]) // hosts and sb["arena_bytes"] % PAGE == 0,
+         f"a multiple of {PAGE}, at least {PAGE}, with every host's arena inside the store"),
+    ]
+    for field, ok, want in rules:
+        if not ok:
+            raise KVError(f"store superblock is corrupt: {field} {sb[field]} is not {want}")
 
 
 def up(n: int, a: int) -> int:
@@ -142,6 +171,8 @@ class Mapping:
             self.dax = pfcxl_guest.Dax(path, None if size is None else self.base + size)
         except OSError as exc:
             raise KVError(f"cannot open {path}: {exc.strerror or exc}") from exc
+        except ValueError as exc:           # mmap refuses an empty file
+            raise KVError(f"{path} is 0 bytes: too small for a store at byte {self.base}") from exc
         if self.dax.size < self.base + 2 * PAGE:
             self.dax.close()
             raise KVError(f"{path} is {self.dax.size} bytes: too small for a store at byte {self.base}")
@@ -176,6 +207,7 @@ def format(path: str, hosts: int, slots: int, chunk_tokens: int, size: int | Non
         m.mem[g["headers_off"]:g["arena_off"]] = bytes(g["arena_off"] - g["headers_off"])
         sb = dict(magic=MAGIC, version=VERSION, hosts=hosts, slots=slots, chunk_tokens=chunk_tokens,
                   total=m.size, **g)
+        check_super(sb, m.size)         # before a byte is written (chunk_tokens 0, say)
         raw = SUPER.pack(**sb)
         raw = raw[:-4] + struct.pack("<I", zlib.crc32(raw[:-4]))
         m.mem[8:len(raw)] = raw[8:]

@@ -17,13 +17,18 @@ host's segment and verify a record and its block before using them.
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
 import time
 import zlib
 
 from pfcxl_kvlayout import (HEADER, HOME, LINE, MAGIC, PAGE, RECORD, SIGNED, SUPER, VERSION, Fields,  # noqa: F401
-                            KVError, Mapping, chunk_keys, default_base, fence, format, geometry, is_direct,
-                            key_digest, up)
+                            KVError, Mapping, check_super, chunk_keys, default_base, fence, format, geometry,
+                            is_direct, key_digest, up)
+
+U64 = (1 << 64) - 1
+SETTLE_S = 0.01     # how long a new lease must stand unchanged before it is ours (two openers at once)
 
 
 class Store:
@@ -39,17 +44,27 @@ class Store:
             hint = f"; one starts at byte {other}: open it with base {other}" if other is not None else \
                 "; format it first"
             raise KVError(f"{m.path} holds no store (no {MAGIC.decode()} magic at byte {m.base}){hint}")
-        if sb["version"] != VERSION or zlib.crc32(raw[:-4]) != sb["crc"]:
-            raise KVError(f"store superblock version {sb['version']} / crc {sb['crc']:#x} is not version {VERSION} "
-                          "with a good crc")
+        if sb["version"] != VERSION:
+            raise KVError(f"store version {sb['version']} is not this code's version {VERSION}: format it anew "
+                          "(every block is lost)")
+        if zlib.crc32(raw[:-4]) != sb["crc"]:
+            raise KVError(f"store superblock crc {sb['crc']:#x} does not match its bytes: the superblock is corrupt")
         if sb["total"] > m.size:
             raise KVError(f"store was formatted for {sb['total']} bytes; the mapping has {m.size}")
+        check_super(sb, m.size)
         self.sb = sb
         self.hosts, self.slots = sb["hosts"], sb["slots"]
         if host is not None and not 0 <= host < self.hosts:
             raise KVError(f"host {host} is out of range (0 <= host < {self.hosts})")
         self.own: dict[int, dict] = {}           # slot -> record, of this host's published records
+        self.lease, self._lost, self._stop, self._beater = 0, False, threading.Event(), None
         if host is not None:
+            if self._header(host)["next_seq"] >= 1 << 62:
+                raise KVError(f"host {host}'s header is corrupt: next_seq {self._header(host)['next_seq']} is beyond "
+                              "2^62; format the store anew")
+            self.lease = self._take_lease()
+            self._beater = threading.Thread(target=self._keep_lease, name=f"kv-lease-{host}", daemon=True)
+            self._beater.start()
             self._recover()
 
     @classmethod
@@ -65,6 +80,15 @@ class Store:
             raise
 
     def close(self) -> None:
+        """Release our lease (if it is still ours) and unmap."""
+        if self._beater is not None:
+            self._stop.set()
+            self._beater.join()
+            self._beater = None
+        if self.lease and self._header(self.host)["lease"] == self.lease:
+            self._set_header(lease=0)
+            fence()
+        self.lease = 0
         self.m.close()
 
     def __enter__(self) -> "Store":
@@ -93,8 +117,8 @@ class Store:
 
     def _set_header(self, **fields) -> None:
         at = self._header_at(self.host)
-        for name, value in fields.items():
-            struct.pack_into("<Q", self.m.mem, at + HEADER.offset[name], value)
+        for name, value in fields.items():      # counters wrap as u64 (a corrupt one must not stop us)
+            struct.pack_into("<Q", self.m.mem, at + HEADER.offset[name], value & U64)
 
     def _state(self, host: int, slot: int) -> int:
         return struct.unpack_from("<Q", self.m.mem, self._slot_at(host, slot))[0]
@@ -106,14 +130,60 @@ class Store:
     def _beat(self) -> None:
         self._set_header(heartbeat=self._header(self.host)["heartbeat"] + 1)
 
+    # ------------------------------------------------------------ the host's lease: one writer per host
+    def _take_lease(self) -> int:
+        """Become the host's one writer: a lease held by a live process (its heartbeat moves within
+        stale_s) refuses us; a dead holder's expires after stale_s, as its claims do. Then our
+        nonce must stand for SETTLE_S: of two openers at once, a later writer of the word wins."""
+        hdr = self._header(self.host)
+        if hdr["lease"]:
+            since = time.monotonic()
+            while time.monotonic() - since < self.stale_s:
+                time.sleep(min(0.01, self.stale_s / 8))
+                now = self._header(self.host)
+                if now["lease"] == 0:
+                    break                                    # closed meanwhile
+                if now["heartbeat"] != hdr["heartbeat"] or now["lease"] != hdr["lease"]:
+                    raise KVError(f"host {self.host} is open for writing by another process (its lease is held and "
+                                  "its heartbeat moves): close it there, or use another host")
+        mine = int.from_bytes(os.urandom(8), "little") | 1
+        self._set_header(lease=mine)
+        fence()
+        time.sleep(SETTLE_S)
+        if self._header(self.host)["lease"] != mine:
+            raise KVError(f"host {self.host} was opened for writing by another process at the same time; "
+                          "it holds the host's lease now")
+        self._beat()
+        return mine
+
+    def _keep_lease(self) -> None:
+        """Beat while the store is open, so that an idle holder is not taken for dead; stop (and
+        refuse further puts) if another process took the lease."""
+        while not self._stop.wait(self.stale_s / 4):
+            if self._header(self.host)["lease"] != self.lease:
+                self._lost = True
+                return
+            self._beat()
+
+    def _own_lease(self) -> None:
+        if self._lost or self._header(self.host)["lease"] != self.lease:
+            self._lost = True
+            raise KVError(f"host {self.host}'s lease was taken by another process: this store no longer writes")
+
     # ------------------------------------------------------------ reading
-    def _valid(self, host: int, slot: int):
-        """The published record in (host, slot) if it is well formed, else None."""
+    def _valid(self, host: int, slot: int, digest: bytes | None = None):
+        """The published record in (host, slot) if it is well formed (and holds `digest`), else
+        None. One snapshot: the state word, then the whole record, which must carry that state
+        (a reader re-reads the state after the block: docs/kvstore.md, "Reading")."""
         at = self._slot_at(host, slot)
-        rec = RECORD.unpack(self.m.mem, at)
-        if rec["state"] == 0 or rec["state"] & 1:
+        state = self._state(host, slot)
+        if state == 0 or state & 1:
             return None
-        if zlib.crc32(self.m.mem[at:at + SIGNED]) != rec["rcrc"]:
+        raw = bytes(self.m.mem[at:at + LINE])
+        rec = RECORD.unpack(raw)
+        if rec["state"] != state or (digest is not None and rec["key"] != digest):
+            return None
+        if zlib.crc32(raw[:SIGNED]) != rec["rcrc"]:
             return None
         lo, hi = self.arena(host)
         if not (lo <= rec["offset"] and rec["offset"] + rec["length"] <= hi):
@@ -134,7 +204,7 @@ class Store:
         """Every published, well-formed record of `key`: (host, slot, record)."""
         d = key_digest(key)
         return [(h, s, rec) for h in range(self.hosts) for s in self._slots_keyed(h, d)
-                if (rec := self._valid(h, s)) is not None]
+                if (rec := self._valid(h, s, d)) is not None]
 
     def read_block(self, host: int, slot: int, rec: dict):
         """The block's bytes if they still match the record's crc and the record did not change
@@ -216,9 +286,11 @@ class Store:
             for rec in sorted(self.own.values(), key=lambda r: r["offset"]):
                 if rec["offset"] - at >= length:
                     break
-                at = up(rec["offset"] + rec["length"], LINE)
+                at = max(at, up(rec["offset"] + rec["length"], LINE))      # as kv_place: never backwards
             if free is not None and hi - at >= length:
                 return free, at
+            if not self.own:
+                raise KVError(f"host {self.host} has no free slot and no block of its own to evict")
             self._evict(min(self.own, key=lambda s: self.own[s]["last_use"]))
 
     def _contend(self, digest: bytes) -> bool:
@@ -234,7 +306,7 @@ class Store:
                 for s in self._slots_keyed(h, digest):
                     st = self._state(h, s)
                     if st and not st & 1:
-                        if self._valid(h, s) is not None:
+                        if self._valid(h, s, digest) is not None:
                             return False
                         continue
                     if not st & 1:
@@ -261,6 +333,7 @@ class Store:
             raise KVError("this store was opened without a host: it can only read")
         data = bytes(data)
         digest = key_digest(key)
+        self._own_lease()
         if self.find(key):
             return False
         slot, offset = self._place(len(data))
@@ -283,6 +356,7 @@ class Store:
         struct.pack_into("<I", raw, SIGNED, zlib.crc32(raw[:SIGNED]))
         self.m.mem[at + 8:at + LINE] = raw[8:]
         fence()                                  # data and fields before the state that publishes them
+        self._own_lease()                        # a second writer of this host: publish nothing
         struct.pack_into("<Q", self.m.mem, at, seq * 2)
         fence()
         self._set_header(clock=clock)
@@ -322,6 +396,8 @@ class Store:
                 if not st:
                     continue
                 rec = self._valid(h, s)
+                if rec is None and self._state(h, s) != st:
+                    continue                     # withdrawn or replaced while we read it
                 if rec is None:
                     bad.append(dict(host=h, slot=s, why="record fails its crc or points outside the arena"))
                 elif self._poisoned(rec):

@@ -5,6 +5,7 @@
 #define TOOL_NAME "kvstore"
 #include "../include/pfcxl_tool.h"
 #include "../include/pfcxl_kvstore.h"
+#include "../include/pfcxl_kvwrite.h"
 #include "../include/pfcxl_poison.h"
 
 static const char HELP[] =
@@ -36,6 +37,8 @@ static void *g_map;
 static uint64_t g_map_len;
 static const char *g_base_arg;     /* --base as given; NULL or "auto": by the device's path */
 static uint64_t g_dev_off;         /* the device address of the store's byte 0 (the poison list's) */
+
+static void release_lease(void) { kv_release_lease(&g_kv); }
 
 static void open_store(const char *dev, int host)
 {
@@ -72,8 +75,24 @@ static void open_store(const char *dev, int host)
     }
     if (why)
         die("%s %s", dev, why);
-    if (host >= 0)
+    if (host >= 0) {
+        if ((why = kv_take_lease(&g_kv)))
+            die("%s %s", dev, why);
+        atexit(release_lease); /* on every exit, die() included */
         kv_recover(&g_kv);
+    }
+}
+
+/* kv_put, or one line if the block cannot be stored */
+static int put_block(const uint8_t d[16], const void *data, uint64_t size)
+{
+    int r = kv_put(&g_kv, d, data, size);
+    if (r == -1)
+        die("block of %" PRIu64 " bytes does not fit in an arena of %" PRIu64 " bytes", size,
+            g_kv.sb.arena_bytes);
+    if (r == -2)
+        die("host %d's lease was taken by another process: this tool no longer writes", g_kv.host);
+    return r;
 }
 
 static void fill(uint64_t *buf, uint64_t len, const uint8_t d[16], uint64_t salt)
@@ -89,10 +108,12 @@ static void fill(uint64_t *buf, uint64_t len, const uint8_t d[16], uint64_t salt
 
 static int poisoned(const struct kv_record *rec)
 {
-    for (int i = 0; i < g_npoison; i++)
-        if (g_poison[i][0] < g_dev_off + rec->offset + rec->length &&
-            g_dev_off + rec->offset < g_poison[i][0] + g_poison[i][1])
+    const uint64_t at = g_dev_off + rec->offset; /* a valid record: inside the mapping */
+    for (int i = 0; i < g_npoison; i++) {
+        const uint64_t p = g_poison[i][0], n = g_poison[i][1];
+        if (p < at + rec->length && (at < p || at - p < n)) /* overlap, without p + n */
             return 1;
+    }
     return 0;
 }
 
@@ -117,8 +138,10 @@ static int get(const uint8_t d[16], void **out, uint64_t *len)
         free(buf);
         return 0;
     }
-    if (h == g_kv.host)
+    if (h == g_kv.host) {
         kv_rec(&g_kv, h, slot)->last_use = ++kv_hdr(&g_kv, h)->clock;
+        kv_beat(&g_kv);
+    }
     *out = buf;
     *len = rec.length;
     return 1;
@@ -144,11 +167,8 @@ static int put_pattern(const char *key, uint64_t size, uint64_t salt)
     kv_digest(key, strlen(key), d);
     uint64_t *buf = alloc(size);
     fill(buf, size, d, salt);
-    int r = kv_put(&g_kv, d, buf, size);
+    int r = put_block(d, buf, size);
     free(buf);
-    if (r < 0)
-        die("block of %" PRIu64 " bytes does not fit in an arena of %" PRIu64 " bytes", size,
-            g_kv.sb.arena_bytes);
     return r;
 }
 
@@ -197,8 +217,8 @@ static int cmd_run(struct opt *o, const char *dev)
         while (!kv_find(&g_kv, d, &hh, &sl, &rec)) {
             if (now_ns() - tw > timeout * 1000000000ULL)
                 die("timeout after %" PRIu64 " s waiting for host %" PRIu64 "'s blocks", timeout, k);
-            struct timespec ms = {0, 2000000};
-            nanosleep(&ms, NULL);
+            kv_beat(&g_kv); /* alive while waiting: our lease holds */
+            kv_sleep_ms(2);
         }
     }
     const uint64_t wait_ns = now_ns() - tw;
@@ -260,8 +280,11 @@ static int cmd_verify(const char *dev)
                 continue;
             }
             const char *why = NULL;
-            if (!kv_valid(&g_kv, h, i, &rec))
+            if (!kv_valid(&g_kv, h, i, &rec, NULL)) {
+                if (kv_rec(&g_kv, h, i)->state != st)
+                    continue; /* withdrawn or replaced while we read it */
                 why = "record fails its crc or points outside the arena";
+            }
             else if (poisoned(&rec))
                 why = "poisoned (the device's poison list)";
             else {
@@ -305,11 +328,7 @@ static int cmd_bench(struct opt *o, const char *dev)
     for (uint64_t i = 0; i < blocks; i++) {
         snprintf(key, sizeof key, "bench/%d/%" PRIu64, (int)getpid(), i);
         kv_digest(key, strlen(key), d);
-        int r = kv_put(&g_kv, d, payload, size);
-        if (r < 0)
-            die("block of %" PRIu64 " bytes does not fit in an arena of %" PRIu64 " bytes", size,
-                g_kv.sb.arena_bytes);
-        stored += (uint64_t)r;
+        stored += (uint64_t)put_block(d, payload, size);
     }
     uint64_t t1 = now_ns();
     for (uint64_t i = 0; i < blocks; i++) {
