@@ -156,7 +156,8 @@ def cmd_replay(args) -> int:
     """A trace through the store by --hosts host processes (host_tools/kv_replay.py), in one
     mode or both (--compare); every input is checked before the store is formatted anew."""
     from . import kv_replay, kv_replay_report
-    requests = kv_replay.read_trace(args.trace, args.block_tokens)
+    from .cli_serving_trace import load_trace
+    requests = list(load_trace(args).requests)
     setup = kv_replay.Setup(path=str(pool_file(args)), base=args.base, hosts=args.hosts, capacity=args.capacity,
                             block_bytes=args.block_bytes, block_tokens=args.block_tokens, routing=args.routing,
                             window_ms=args.window, stale_s=args.stale, kill_host=args.kill_host, kill_at=args.at)
@@ -224,7 +225,8 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_bench)
     p = base(ksub.add_parser("replay", help="replay a request trace through the store with N host processes, "
                              "local caches against the shared pool (formats the store anew)"))
-    p.add_argument("trace", help="a Mooncake-format trace (JSON lines: timestamp, input_length, hash_ids)")
+    p.add_argument("trace", help="a trace file in Mooncake's format (serving/traces.py), or a bundled trace's name: "
+                   "conversation, synthetic")
     p.add_argument("--hosts", type=argtypes.count, default=4, help="host processes (at most the store's hosts)")
     p.add_argument("--on", choices=("host",), default="host", help="where the hosts run: processes on the pool file")
     p.add_argument("--routing", choices=("round-robin", "session", "prefix"), default="round-robin")

@@ -7,8 +7,9 @@ run at once (each host serves its share in trace order), batches one after the o
 decided at a batch's start, from the store as the earlier batches left it.
 
 Each mode starts from an empty store: the replay formats the existing store anew (its host count
-kept; one slot per block of `capacity`, an arena that holds `capacity` blocks), after checking
-every input, so bad input leaves the store as it was.
+kept; an arena that holds `capacity` blocks, and two index slots per block, so that each host's
+hash table is at most half full and a key's window rarely forces an eviction of its own), after
+checking every input, so bad input leaves the store as it was.
 """
 
 from __future__ import annotations
@@ -21,19 +22,13 @@ import time
 from dataclasses import dataclass
 
 from pfcxl.errors import PfcxlError
+from pfcxl.serving.traces import Request
 
 from . import kv_replay_host
 from .kv_replay_host import COUNTS, block_key, kv, payload
 
 ROUTINGS = ("round-robin", "session", "prefix")
 MODES = ("local", "shared")
-
-
-@dataclass(frozen=True)
-class Request:
-    timestamp_ms: int
-    input_length: int
-    blocks: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -51,9 +46,13 @@ class Setup:
     kill_at: float = 0.0
 
 
+def slots_for(capacity: int) -> int:
+    return min(2 * capacity, kv.MAX_SLOTS)
+
+
 def region_bytes(store_hosts: int, capacity: int, block_bytes: int) -> int:
     """Bytes from the store's base for `store_hosts` arenas of `capacity` blocks."""
-    arena_off = kv.geometry(1 << 62, store_hosts, capacity)["arena_off"]
+    arena_off = kv.geometry(1 << 62, store_hosts, slots_for(capacity))["arena_off"]
     return arena_off + store_hosts * kv.up(capacity * kv.up(block_bytes, kv.LINE), kv.PAGE)
 
 
@@ -103,18 +102,18 @@ class Router:
         self.count = [0] * hosts
         self.turn = 0
         self.sessions: dict[int, int] = {}
-        first = requests[0].blocks
+        first = requests[0].hash_ids
         self.common = next((i for i in range(len(first))
-                            if any(len(r.blocks) <= i or r.blocks[i] != first[i] for r in requests)), len(first))
+                            if any(len(r.hash_ids) <= i or r.hash_ids[i] != first[i] for r in requests)), len(first))
 
     def session(self, r: Request):
         """The conversation a request belongs to: its first block after the prefix every request of
         the trace shares (a system prompt), else its last block."""
-        return r.blocks[min(self.common, len(r.blocks) - 1)] if r.blocks else None
+        return r.hash_ids[min(self.common, len(r.hash_ids) - 1)] if r.hash_ids else None
 
     def pick(self, r: Request, live: list[int]) -> int:
         if self.kind == "prefix":
-            depth = self.held(r.blocks, live)
+            depth = self.held(r.hash_ids, live)
             host = min(live, key=lambda h: (-depth[h], self.count[h], h))
         elif self.kind == "session" and (key := self.session(r)) in self.sessions and self.sessions[key] in live:
             host = self.sessions[key]
@@ -127,30 +126,24 @@ class Router:
         return host
 
 
-def held_prefixes(reader, local: bool):
+def held_prefixes(reader):
     """For prefix routing: per live host, how many of a request's first blocks its arena holds."""
     def depth(blocks, live):
         out = dict.fromkeys(live, 0)
         going = set(live)
         for i, block in enumerate(blocks):
-            if local:
-                there = {h for h in going if reader.find(block_key(block, h))}
-            else:
-                there = going & {h for h, _, _ in reader.find(block_key(block, None))}
-            for h in there:
+            going &= {h for h, _, _ in reader.find(block_key(block))}
+            for h in going:
                 out[h] = i + 1
-            going = there
             if not going:
                 break
         return out
     return depth
 
 
-def final_check(reader, requests: list[Request], hosts: int, local: bool, size: int) -> dict:
+def final_check(reader, requests: list[Request], size: int) -> dict:
     """Every published block in the store read back and compared with the bytes its id defines."""
-    blocks = {b for r in requests for b in r.blocks}
-    owners = range(hosts) if local else (None,)
-    name = {kv.key_digest(block_key(b, o)): b for o in owners for b in blocks}
+    name = {kv.key_digest(block_key(b)): b for b in {b for r in requests for b in r.hash_ids}}
     good, bad, claims = 0, 0, 0
     for h, slot, rec, state in reader.scan():
         if state & 1:
@@ -170,7 +163,7 @@ def run(setup: Setup, requests: list[Request], mode: str) -> dict:
     need = check(setup, requests)
     with kv.Store.open(setup.path, base=setup.base) as s:
         store_hosts = s.hosts
-    kv.format(setup.path, hosts=store_hosts, slots=setup.capacity, chunk_tokens=setup.block_tokens,
+    kv.format(setup.path, hosts=store_hosts, slots=slots_for(setup.capacity), chunk_tokens=setup.block_tokens,
               size=need, base=setup.base)
     ctx = multiprocessing.get_context("fork")
     conns, procs = [], []
@@ -202,9 +195,8 @@ def run(setup: Setup, requests: list[Request], mode: str) -> dict:
 
 
 def _drive(setup: Setup, requests, mode, reader, conns, procs) -> dict:
-    local = mode == "local"
     live = list(range(setup.hosts))
-    router = Router(setup.routing, setup.hosts, requests, held_prefixes(reader, local))
+    router = Router(setup.routing, setup.hosts, requests, held_prefixes(reader))
     host_of: list[int | None] = [None] * len(requests)
     results: list[dict | None] = [None] * len(requests)
     killed = None
@@ -215,7 +207,7 @@ def _drive(setup: Setup, requests, mode, reader, conns, procs) -> dict:
         share: dict[int, list] = {}
         for i in batch:
             host_of[i] = h = router.pick(requests[i], live)
-            share.setdefault(h, []).append((i, list(requests[i].blocks)))
+            share.setdefault(h, []).append((i, list(requests[i].hash_ids)))
         for h, work in share.items():
             conns[h].send(work)
         pending = set(share)
@@ -257,4 +249,4 @@ def _drive(setup: Setup, requests, mode, reader, conns, procs) -> dict:
     overall = {k: sum(r[k] for r in hosts) for k in hosts[0] if k != "host"}
     return dict(mode=mode, routing=setup.routing, hosts=hosts, overall=overall, host_of=host_of, results=results,
                 killed=killed, never_routed=never, seconds=seconds,
-                check=final_check(reader, requests, reader.hosts, local, setup.block_bytes))
+                check=final_check(reader, requests, setup.block_bytes))

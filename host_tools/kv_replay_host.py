@@ -4,7 +4,8 @@ prefix (stopping at the first miss), loads every hit and checks its bytes agains
 block's id defines, then stores every block from the first miss on.
 
 A block's bytes are a pure function of its id (`payload`), so every reader can check every load.
-In `local` mode a host's keys carry its number: no host can find, let alone read, another's block.
+In `local` mode a host looks in its own segment only (the store's `alone`): its arena is a private
+cache, and it never reads another's block.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ def payload(block: int, size: int) -> bytes:
     return (seed * (size // 64 + 1))[:size]
 
 
-def block_key(block: int, owner: int | None) -> bytes:
-    """The store key of trace block `block`: shared by all hosts, or `owner`'s alone (local mode)."""
-    return b"replay/%d" % block if owner is None else b"replay/%d/host/%d" % (block, owner)
+def block_key(block: int) -> bytes:
+    """The store key of trace block `block`."""
+    return b"replay/%d" % block
 
 
 def serve(store, blocks: list[int], local: bool, size: int) -> dict:
@@ -35,11 +36,10 @@ def serve(store, blocks: list[int], local: bool, size: int) -> dict:
     `checked`: loads compared with their id's bytes; `bad`: copies that failed the store's check or
     that comparison (never served: the lookup stops there, as at a miss)."""
     me = store.host
-    owner = me if local else None
     c = dict.fromkeys(COUNTS, 0)
     c["blocks"] = len(blocks)
     for block in blocks:
-        data, where, failed = store.load(block_key(block, owner))
+        data, where, failed = store.load(block_key(block), local)
         c["bad"] += failed
         if data is not None:
             c["checked"] += 1
@@ -52,10 +52,10 @@ def serve(store, blocks: list[int], local: bool, size: int) -> dict:
         c["own" if where == me else "other"] += 1
         c["read"] += len(data)
     for block in blocks[c["hits"]:]:
-        key = block_key(block, owner)
-        if store.exists(key):
+        key = block_key(block)
+        if store.exists(key, local):
             c["present"] += 1
-        elif store.put(key, payload(block, size)):
+        elif store.put(key, payload(block, size), local):
             c["stored"] += 1
             c["written"] += size
         else:

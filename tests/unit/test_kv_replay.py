@@ -3,12 +3,15 @@ store on a pool file. Hits are checked against hand-computed ones; every load is
 
 import os
 import random
+import struct
+import zlib
 
 import pytest
 
 from pfcxl.errors import PfcxlError
 from pfcxl.host_tools import kv_replay as R
 from pfcxl.host_tools import kv_replay_host as H
+from pfcxl.serving.traces import Request
 
 # a dozen requests, one per second (so each runs alone, in order), blocks named by hand
 DOZEN = [[1, 2, 3], [1, 2, 4], [5, 6], [1, 2, 3, 7], [5, 6, 8], [9], [1, 2, 4, 10], [5, 14], [1, 2, 3, 7, 11],
@@ -27,7 +30,7 @@ HAND = {
 
 
 def requests(lists, step_ms=1000):
-    return [R.Request(i * step_ms, len(b) * 512, tuple(b)) for i, b in enumerate(lists)]
+    return [Request(i * step_ms, len(b) * 512, 1, tuple(b)) for i, b in enumerate(lists)]
 
 
 def pool(tmp_path, hosts=4, size=64 << 20):
@@ -84,7 +87,9 @@ def test_concurrent_hosts_with_evictions_load_only_correct_bytes(tmp_path, routi
     out = R.run(R.Setup(path, None, 4, 30, 3000, routing=routing), reqs, "shared")
     o = out["overall"]
     assert o["requests"] == 300 and o["bad"] == 0 and o["checked"] == o["hits"] and o["evictions"] > 0
-    assert o["other"] > 0 and out["check"]["bad"] == 0 and out["check"]["claims"] == 0
+    assert out["check"]["bad"] == 0 and out["check"]["claims"] == 0
+    if routing == "round-robin":                             # conversations spread: hosts read each other's
+        assert o["other"] > 0
 
 
 def test_a_block_that_fails_its_check_is_counted_and_never_served(tmp_path):
@@ -92,12 +97,16 @@ def test_a_block_that_fails_its_check_is_counted_and_never_served(tmp_path):
     reqs = requests([[1, 2, 3]])
     R.run(R.Setup(path, None, 1, 16, 4096), reqs, "shared")
     with R.kv.Store.open(path, host=0) as s:
-        (_, slot2, rec2), = s.find(H.block_key(2, None))
+        (_, slot2, rec2), = s.find(H.block_key(2))
         s.m.mem[rec2["offset"]] ^= 0xFF                     # block 2's bytes no longer match its crc
-        (_, slot3, rec3), = s.find(H.block_key(3, None))
+        (_, slot3, rec3), = s.find(H.block_key(3))
         # block 3's record now names block 1's (crc-correct) bytes: only the id check can see it
-        (_, _, rec1), = s.find(H.block_key(1, None))
+        (_, _, rec1), = s.find(H.block_key(1))
         s.m.mem[rec3["offset"]:rec3["offset"] + 4096] = s.m.mem[rec1["offset"]:rec1["offset"] + 4096]
+        raw = bytearray(R.kv.RECORD.pack(**dict(rec3, crc=rec1["crc"])))
+        struct.pack_into("<I", raw, R.kv.SIGNED, zlib.crc32(raw[:R.kv.SIGNED]))
+        at = s._slot_at(0, slot3)
+        s.m.mem[at:at + R.kv.LINE] = raw
         c = H.serve(s, [1, 2], False, 4096)
         assert (c["hits"], c["bad"], c["checked"]) == (1, 1, 1)     # block 2 refused, not loaded
         c = H.serve(s, [1, 3], False, 4096)
