@@ -1,6 +1,7 @@
 """`pfcxl kv replay` (host_tools/kv_replay.py): host processes replaying a trace through the real
 store on a pool file. Hits are checked against hand-computed ones; every load is checked."""
 
+import json
 import os
 import random
 import struct
@@ -10,6 +11,7 @@ import pytest
 
 from pfcxl.errors import PfcxlError
 from pfcxl.host_tools import kv_replay as R
+from pfcxl.host_tools.cli import main as cli_main
 from pfcxl.host_tools import kv_replay_host as H
 from pfcxl.serving.traces import Request
 
@@ -144,4 +146,40 @@ def test_bad_input_is_one_line_and_leaves_the_store_as_it_was(tmp_path):
             assert "\n" not in str(e.value)
     with pytest.raises(PfcxlError, match="no requests"):
         R.run(R.Setup(path, None, 2, 16, 4096), [], "shared")
+    assert open(path, "rb").read() == before
+
+
+def cli(capsys, *argv):
+    status = cli_main(["kv", "replay", *argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_the_command_reports_both_modes_and_says_the_payloads_are_scaled(tmp_path, capsys):
+    path = pool(tmp_path)
+    trace = tmp_path / "dozen.jsonl"
+    trace.write_text("".join(json.dumps(dict(timestamp=i * 1000, input_length=len(b) * 512, output_length=1,
+                                             hash_ids=b)) + "\n" for i, b in enumerate(DOZEN)))
+    status, text, _ = cli(capsys, str(trace), "--pool", path, "--hosts", "3", "--capacity", "64", "--compare",
+                          "--routing", "session", "--json")
+    out = json.loads(text)
+    assert status == 0 and [m["mode"] for m in out["modes"]] == ["local", "shared"]
+    for m in out["modes"]:
+        assert [h["hits"] for h in m["hosts"]] == [14, 6, 1] and m["check"]["bad"] == 0
+        assert m["ttft"]["pf"]["p50_ms"] > 0
+    assert "scaled to 4 KiB" in out["note"] and "160 MiB per 512-token block" in out["note"]
+
+
+def test_bad_input_at_the_command_is_one_line_and_leaves_the_store(tmp_path, capsys):
+    path = pool(tmp_path, hosts=2, size=8 << 20)
+    before = open(path, "rb").read()
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps(dict(timestamp=0, input_length=512, output_length=1, hash_ids=[1])) + "\n")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(good.read_text() + '{"timestamp": 5, "input_length": 512, "output_length": 1}\n')
+    for argv, words in [([str(broken)], "hash_ids"),
+                        ([str(good), "--hosts", "3"], "more than the store's 2 hosts"),
+                        ([str(good), "--hosts", "2", "--capacity", "100000"], "--capacity 100000 blocks")]:
+        status, _, err = cli(capsys, *argv, "--pool", path, "--compare")
+        assert status != 0 and words in err and len(err.strip().splitlines()) == 1, err
     assert open(path, "rb").read() == before
