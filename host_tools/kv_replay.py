@@ -25,7 +25,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.serving.traces import Request
 
 from . import kv_replay_host
-from .kv_replay_host import COUNTS, block_key, kv, payload
+from .kv_replay_host import COUNTS, WIDTH, block_key, kv, payload
 
 ROUTINGS = ("round-robin", "session", "prefix")
 MODES = ("local", "shared")
@@ -167,10 +167,11 @@ def run(setup: Setup, requests: list[Request], mode: str) -> dict:
               size=need, base=setup.base)
     ctx = multiprocessing.get_context("fork")
     conns, procs = [], []
+    table = ctx.RawArray("q", len(requests) * WIDTH)
     for h in range(setup.hosts):
         parent, child = ctx.Pipe()
         p = ctx.Process(target=kv_replay_host.main, daemon=True,
-                        args=(child, setup.path, setup.base, h, local, setup.block_bytes, setup.stale_s))
+                        args=(child, table, setup.path, setup.base, h, local, setup.block_bytes, setup.stale_s))
         p.start()
         child.close()
         conns.append(parent)
@@ -179,7 +180,7 @@ def run(setup: Setup, requests: list[Request], mode: str) -> dict:
     try:
         for c in conns:
             c.recv()
-        return _drive(setup, requests, mode, reader, conns, procs)
+        return _drive(setup, requests, mode, reader, conns, procs, table)
     finally:
         for c, p in zip(conns, procs):
             if p.is_alive():
@@ -194,11 +195,10 @@ def run(setup: Setup, requests: list[Request], mode: str) -> dict:
         reader.close()
 
 
-def _drive(setup: Setup, requests, mode, reader, conns, procs) -> dict:
+def _drive(setup: Setup, requests, mode, reader, conns, procs, table) -> dict:
     live = list(range(setup.hosts))
     router = Router(setup.routing, setup.hosts, requests, held_prefixes(reader))
     host_of: list[int | None] = [None] * len(requests)
-    results: list[dict | None] = [None] * len(requests)
     killed = None
     t0 = time.monotonic()
     for batch in batches(requests, setup.window_ms):
@@ -225,14 +225,13 @@ def _drive(setup: Setup, requests, mode, reader, conns, procs) -> dict:
             for c in ready:
                 h = conns.index(c)
                 try:
-                    msg = c.recv()
+                    c.recv()
                 except EOFError:
                     raise PfcxlError(f"replay host {h} died unexpectedly (exit code {procs[h].exitcode})") from None
-                if msg[0] == "done":
-                    results[msg[1]] = msg[2]
-                else:
-                    pending.discard(h)
+                pending.discard(h)
     seconds = time.monotonic() - t0
+    rows = [table[i * WIDTH:(i + 1) * WIDTH] for i in range(len(requests))]
+    results = [dict(zip(COUNTS, row)) if row[-1] else None for row in rows]
     stats = reader.stats()["hosts"]
     hosts = []
     for h in range(setup.hosts):

@@ -17,6 +17,7 @@ from . import debian_image
 kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 COUNTS = ("blocks", "hits", "own", "other", "stored", "present", "lost", "checked", "bad", "read", "written")
+WIDTH = len(COUNTS) + 1             # a request's row in the results table: its counts, then "done"
 
 
 def payload(block: int, size: int) -> bytes:
@@ -63,12 +64,16 @@ def serve(store, blocks: list[int], local: bool, size: int) -> dict:
     return c
 
 
-def main(conn, path: str, base: int, host: int, local: bool, size: int, stale_s: float) -> None:
-    """The host process: batches of (request index, blocks) in, one ("done", index, counts) per
-    request and ("batch",) per batch out, until None."""
+def main(conn, table, path: str, base: int, host: int, local: bool, size: int, stale_s: float) -> None:
+    """The host process: batches of (request index, blocks) in, ("batch",) out when one is done.
+    Each request's counts go to its row of `table` (shared memory, WIDTH numbers a row), its
+    last number set to 1 after them: what a killed host finished is still there."""
     with kv.Store.open(path, host=host, base=base, stale_s=stale_s) as store:
         conn.send(("ready",))
         while (batch := conn.recv()) is not None:
             for index, blocks in batch:
-                conn.send(("done", index, serve(store, blocks, local, size)))
+                c = serve(store, blocks, local, size)
+                row = index * WIDTH
+                table[row:row + len(COUNTS)] = [c[k] for k in COUNTS]
+                table[row + WIDTH - 1] = 1
             conn.send(("batch",))
