@@ -183,3 +183,31 @@ def test_bad_input_at_the_command_is_one_line_and_leaves_the_store(tmp_path, cap
         status, _, err = cli(capsys, *argv, "--pool", path, "--compare")
         assert status != 0 and words in err and len(err.strip().splitlines()) == 1, err
     assert open(path, "rb").read() == before
+
+
+def model_hits(reqs, capacity_blocks):
+    """The serving model's sequence-only replay (one chunk-lru tier, no GPU tier): hit tokens per request."""
+    from pfcxl.serving import calibrate, inputs, traces
+    from pfcxl.serving.trace_sim import TraceSetup, replay
+    trace = traces.Trace("sub", 512, tuple(reqs))
+    setup = TraceSetup(trace, inputs.load_model("llama-70b"), inputs.load_gpu("h200"), 8,
+                       inputs.load_tier("host-dram-2tb"), capacity_blocks * 512,
+                       calibrate.load().prefill_tflops_per_gpu * 1e12, sequence_only=True)
+    result = replay(setup)
+    return [int(t) for t in result.kv_hit_tokens], trace
+
+
+def test_local_hosts_hit_what_the_serving_model_computes_for_each_hosts_requests(tmp_path):
+    """Store replay against the serving model (serving/trace_sim.py), different code: with room for
+    every block, each local host's hits equal the model's over the requests routed to it."""
+    from pfcxl.serving import traces
+    reqs = list(traces.load(traces.bundled("synthetic")).requests[:300])
+    blocks = len({b for r in reqs for b in r.hash_ids})
+    path = pool(tmp_path, size=128 << 20)
+    out = R.run(R.Setup(path, None, 3, blocks, 1024, routing="session"), reqs, "local")
+    assert out["overall"]["evictions"] == 0 and out["overall"]["hits"] > 0
+    for h in range(3):
+        mine = [i for i in range(len(reqs)) if out["host_of"][i] == h]
+        expected, trace = model_hits([reqs[i] for i in mine], blocks)
+        got = [trace.prefix_tokens(reqs[i], out["results"][i]["hits"]) for i in mine]
+        assert got == expected
