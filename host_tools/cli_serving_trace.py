@@ -102,7 +102,8 @@ def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float) -> int
         marks = {"host DRAM " + f"{tiers['host'].capacity_tb:g} TB": tiers["host"].capacity_bytes / model.kv_bytes_per_token,
                  "appliance " + f"{tiers['appliance'].capacity_tb:g} TB":
                  tiers["appliance"].capacity_bytes / model.kv_bytes_per_token}
-        sweep_title = f"{title}; sweep of the {roles[0]} tier's capacity"
+        sweep_title = f"{title}; sweep of " + ("the cache's capacity" if args.sequence_only else
+                                               f"the {roles[0]} tier's capacity (its load times)")
         out.print(trace_report.sweep_table(points, ceiling, sweep_title))
         for label, tokens in marks.items():
             out.print(f"{label} holds {tokens:,.0f} tokens of {model.name} KV ({model.kv_bytes_per_token:,} B a token)")

@@ -98,7 +98,7 @@ def _request(where: str, text: str, block_tokens: int) -> Request:
     try:
         row = json.loads(text)
     except ValueError as e:
-        raise ServingError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+        raise ServingError(f"{where}: not JSON ({e.msg} at column {e.colno})") from e
     if not isinstance(row, dict):
         raise ServingError(f"{where}: not a JSON object but {type(row).__name__}")
     for field in FIELDS:
@@ -127,14 +127,14 @@ def load(path, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> Trace:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ServingError(f"trace {path}: no such file") from None
-    except IsADirectoryError:
-        raise ServingError(f"trace {path}: is a directory, not a trace file") from None
+    except FileNotFoundError as e:
+        raise ServingError(f"trace {path}: no such file") from e
+    except IsADirectoryError as e:
+        raise ServingError(f"trace {path}: is a directory, not a trace file") from e
     except UnicodeDecodeError as e:
-        raise ServingError(f"trace {path}: not UTF-8 text (byte {e.start})") from None
+        raise ServingError(f"trace {path}: not UTF-8 text (byte {e.start})") from e
     except OSError as e:
-        raise ServingError(f"trace {path}: cannot read ({e.strerror})") from None
+        raise ServingError(f"trace {path}: cannot read ({e.strerror})") from e
     requests: list[Request] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():

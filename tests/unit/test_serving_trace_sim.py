@@ -110,7 +110,10 @@ def test_tiny_trace_gives_the_hand_computed_hits(name, policy):
 
 @pytest.mark.parametrize("name", ["chunk-lru", "radix-lru"])
 def test_hit_accounting_counts_the_gpu_tier_or_only_beyond_it(name):
-    """GPU tier of 3 blocks before a KV tier of 10 (hand-computed: see kvpolicy's docstring)."""
+    """GPU tier of 3 blocks before a KV tier of 10. Storing 4 5 6 7 overflows the GPU tier, which
+    drops 1 2 3 (and, radix, the 4-block node too); the KV tier keeps all 7. The second lookup
+    then finds 1 2 3 in the KV tier only: any-tier counts them both times, kv-beyond-gpu only
+    the second."""
     for accounting, counted in (("any-tier", [3, 3]), ("kv-beyond-gpu", [0, 3])):
         tiers = TwoTiers(Policy(name, hit_accounting=accounting), 3, 10)
         tiers.store([1, 2, 3])
@@ -221,3 +224,14 @@ def test_time_scale_stretches_arrivals_and_queueing():
     assert slow.ttft_s.mean() < fast.ttft_s.mean()
     with pytest.raises(ServingError, match="--time-scale"):
         setup(trace, time_scale=0)
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.label)
+def test_session_model_counts_hits_as_its_policy_says(policy):
+    from pfcxl.serving import sim
+    w = inputs.load_workload("paper-chat")
+    model, tier = inputs.load_model(w.model), inputs.load_tier(w.host)
+    s = sim.simulate(sim.Setup(w, model, GPU, tier, 20, TFLOPS, 1, policy)).summary()
+    kv_only = s["hit_rate"] - s["gpu_hit_rate"]
+    assert s["counted_hit_rate"] == pytest.approx(s["hit_rate"] if policy.hit_accounting == "any-tier" else kv_only)
+    assert 0 < s["hit_rate"] < 1

@@ -1,0 +1,155 @@
+"""`pfcxl serving --trace`, `--capacity-sweep` and `pfcxl serving retrieval` from the command line,
+and the retrieval model (pfcxl.serving.retrieval). No VM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pfcxl.serving import calibrate, compute, inputs, retrieval
+
+from .test_serving_traces import BAD, GOOD
+
+
+def pfcxl(*args):
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "serving", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def small_trace(tmp_path, n=60):
+    """n requests, 2 s apart, in 6 conversations that grow by one 512-token block a turn."""
+    lines = []
+    for i in range(n):
+        conv, turn = i % 6, i // 6
+        ids = [1000 * conv + j for j in range(turn + 2)]
+        lines.append(json.dumps({"timestamp": 2000 * i, "input_length": 512 * len(ids) - 100, "output_length": 50,
+                                 "hash_ids": ids}))
+    path = tmp_path / "small.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_trace_run_reports_each_tier_and_writes_json_and_cdf(tmp_path):
+    done = pfcxl("--trace", str(small_trace(tmp_path)), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["setup"]["model"] == "llama-70b" and doc["setup"]["kv_bytes_per_token"] == 80 * 8 * 128 * 2 * 2
+    for role in ("appliance", "host"):
+        run = doc["runs"][role]
+        assert run["requests"] == 60 and run["span_s"] == 118
+        assert run["hit_rate"] == pytest.approx(run["gpu_hit_rate"] + run["kv_hit_rate"])
+        assert run["ttft_ms"]["p50"] <= run["ttft_ms"]["p90"] <= run["ttft_ms"]["p99"]
+        assert 0 < run["hit_rate"] < 1
+    assert (tmp_path / "out" / "ttft_cdf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_capacity_sweep_marks_the_ceiling_and_the_tiers(tmp_path):
+    done = pfcxl("--trace", str(small_trace(tmp_path)), "--capacity-sweep", "0,1024,2TB", "--sequence-only",
+                 "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    caps = [p["kv_capacity_tokens"] for p in doc["sweep"]]
+    assert caps == [0, 1024, 2e12 / 327_680]
+    rates = [p["hit_rate"] for p in doc["sweep"]]
+    assert rates[0] == 0 and rates == sorted(rates) and rates[-1] == doc["ceiling"]["hit_rate"]
+    assert "sequence-only" in doc["setup"]["mode"] and "sequence-only" in done.stdout
+    assert sorted(doc["setup"]["marks_tokens"].values()) == [2e12 / 327_680, 32e12 / 327_680]
+    assert (tmp_path / "out" / "capacity_sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+OPTION_ERRORS = [
+    (["--time-scale", "0"], "--time-scale"),
+    (["--kv-capacity", "lots"], "--kv-capacity: 'lots'"),
+    (["--kv-capacity", "3XB"], "--kv-capacity: '3XB'"),
+    (["--capacity-sweep", "1e4,x"], "--capacity-sweep: 'x'"),
+    (["--kv-capacity", "1e6", "--capacity-sweep"], "give one"),
+    (["--block-tokens", "0"], "--block-tokens"),
+    (["--policy", "fifo"], "--policy: 'fifo'"),
+    (["--reservation"], "--reservation"),
+    (["--hit-accounting", "all"], "--hit-accounting: 'all'"),
+]
+
+
+def one_line(done, tmp_path, *words):
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pfcxl: error: "), done.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, words", OPTION_ERRORS)
+def test_bad_trace_options_are_one_line(tmp_path, args, words):
+    one_line(pfcxl("--trace", str(small_trace(tmp_path)), *args, "--out", str(tmp_path / "out")), tmp_path, words)
+
+
+@pytest.mark.parametrize("text, words", [case for case in BAD if case[1]])
+def test_each_bad_trace_line_is_one_cli_line(tmp_path, text, words):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join([json.dumps(GOOD), text, json.dumps(GOOD)]) + "\n")
+    one_line(pfcxl("--trace", str(path), "--out", str(tmp_path / "out")), tmp_path, f"{path} line 2: ", words)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--trace", "missing.jsonl"], "no such file"),
+    (["--trace", "nope"], "no such bundled trace"),
+    (["--time-scale", "2"], "--time-scale is a trace-replay option"),
+    (["--sequence-only"], "--sequence-only is a trace-replay option"),
+])
+def test_missing_trace_or_option_without_trace_is_one_line(tmp_path, args, words):
+    one_line(pfcxl(*args, "--out", str(tmp_path / "out")), tmp_path, words)
+
+
+def test_empty_trace_is_an_error_not_zeros(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    one_line(pfcxl("--trace", str(path), "--out", str(tmp_path / "out")), tmp_path, "no requests")
+
+
+# --------------------------------------------------------------------------- retrieval (Table I)
+
+H200 = inputs.load_gpu("h200")
+HOST = inputs.load_tier("host-dram-2tb")
+DISK = retrieval.load_disk("nvme-gen4")
+FLOPS = calibrate.load().prefill_tflops_per_gpu * 1e12
+
+
+def test_retrieval_point_is_recompute_time_over_load_time():
+    model = inputs.load_model("llama-8b")
+    p = retrieval.point(model, H200, 1, HOST, DISK, FLOPS, batch=2, context=4096)
+    flops = 2 * (2 * 8.03e9 * 4096 + 4 * 32 * 32 * 128 * 4096 * 4097 / 2)     # two sequences from scratch
+    assert model.params_billion == 8.03 and (model.layers, model.attention_heads, model.head_dim) == (32, 32, 128)
+    assert p.recompute_s == pytest.approx(flops / FLOPS)
+    data = 2 * 4096 * 131_072
+    assert p.host_s == pytest.approx(data / min(HOST.dram_bandwidth_gbs * 1e9, 64e9), rel=1e-9)
+    assert p.disk_s == pytest.approx(data / 7.45e9)
+
+
+def test_retrieval_keeps_only_what_fits_and_speedup_grows_with_context():
+    model = inputs.load_model("llama-70b")
+    pts = retrieval.points(model, H200, 2, HOST, DISK, FLOPS)
+    room = compute.gpu_kv_bytes(model, H200, 2, retrieval.UTILISATION)
+    assert pts and all(p.batch * p.context * model.kv_bytes_per_token <= room for p in pts)
+    for b in retrieval.BATCHES:
+        row = [p.host_speedup for p in pts if p.batch == b]
+        assert row == sorted(row)
+    assert all(p.disk_speedup < p.host_speedup for p in pts)
+
+
+def test_retrieval_cli_prints_every_paper_row_with_ratios(tmp_path):
+    done = pfcxl("retrieval", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "retrieval.json").read_text())
+    assert [(r["model"], r["gpu"], r["gpus"]) for r in doc["rows"]] == list(retrieval.PAPER)
+    assert all(r["host"][0] <= r["host"][1] for r in doc["rows"])
+    assert "405b" in done.stdout and "ratio" in done.stdout
+
+
+def test_disk_file_must_name_its_source(tmp_path):
+    bad = tmp_path / "disk.toml"
+    bad.write_text('name = "x"\nread_gbs = 3\n')
+    one_line(pfcxl("retrieval", "--disk", str(bad)), tmp_path, "disk.toml: source: missing")
