@@ -124,22 +124,24 @@ def check_super(sb: dict, size: int) -> None:
     send reads and writes anywhere). One message naming the field; the C core (kv_check_super)
     has the same rules in the same order and words. The caller checked total <= `size`."""
     hosts, slots, t = sb["hosts"], sb["slots"], sb["total"]
-    rules = [
-        ("hosts", 1 <= hosts <= MAX_HOSTS, f"1..{MAX_HOSTS}"),
-        ("slots", 1 <= slots <= MAX_SLOTS, f"1..{MAX_SLOTS}"),
-        ("chunk_tokens", sb["chunk_tokens"] >= 1, "at least 1"),
-        ("total", 2 * PAGE <= t <= size, f"at least {2 * PAGE}"),
-        ("headers_off", PAGE <= sb["headers_off"] <= t and sb["headers_off"] % LINE == 0,
+    rules = [           # each rule is evaluated only if those before it hold (as in C)
+        ("hosts", lambda: 1 <= hosts <= MAX_HOSTS, f"1..{MAX_HOSTS}"),
+        ("slots", lambda: 1 <= slots <= MAX_SLOTS, f"1..{MAX_SLOTS}"),
+        ("chunk_tokens", lambda: sb["chunk_tokens"] >= 1, "at least 1"),
+        ("total", lambda: 2 * PAGE <= t <= size, f"at least {2 * PAGE}"),
+        ("headers_off", lambda: PAGE <= sb["headers_off"] <= t and sb["headers_off"] % LINE == 0,
          f"a multiple of {LINE} from byte {PAGE}, inside the store"),
-        ("index_off", sb["headers_off"] + hosts * LINE <= sb["index_off"] <= t and sb["index_off"] % LINE == 0,
+        ("index_off", lambda: sb["headers_off"] + hosts * LINE <= sb["index_off"] <= t and sb["index_off"] % LINE == 0,
          f"a multiple of {LINE} after the host headers, inside the store"),
-        ("arena_off", sb["index_off"] + hosts * slots * LINE <= sb["arena_off"] <= t and sb["arena_off"] % PAGE == 0,
+        ("arena_off", lambda: (sb["index_off"] + hosts * slots * LINE <= sb["arena_off"] <= t
+                               and sb["arena_off"] % PAGE == 0),
          f"a multiple of {PAGE} after the index, inside the store"),
-        ("arena_bytes", PAGE <= sb["arena_bytes"] <= (t - sb["arena_off"]) // hosts and sb["arena_bytes"] % PAGE == 0,
+        ("arena_bytes", lambda: (PAGE <= sb["arena_bytes"] <= (t - sb["arena_off"]) // hosts
+                                 and sb["arena_bytes"] % PAGE == 0),
          f"a multiple of {PAGE}, at least {PAGE}, with every host's arena inside the store"),
     ]
     for field, ok, want in rules:
-        if not ok:
+        if not ok():
             raise KVError(f"store superblock is corrupt: {field} {sb[field]} is not {want}")
 
 

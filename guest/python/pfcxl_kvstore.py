@@ -31,6 +31,7 @@ from pfcxl_kvlayout import (HEADER, HOME, LINE, MAGIC, MAX_SLOTS, PAGE, RECORD, 
 
 U64 = (1 << 64) - 1
 SETTLE_S = 0.01     # how long a new lease must stand unchanged before it is ours (two openers at once)
+BEAT_S = 0.1        # an open store's heartbeat period at most: far below any opener's stale_s
 
 
 class Store:
@@ -164,7 +165,7 @@ class Store:
     def _keep_lease(self) -> None:
         """Beat while the store is open, so that an idle holder is not taken for dead; stop (and
         refuse further puts) if another process took the lease."""
-        while not self._stop.wait(self.stale_s / 4):
+        while not self._stop.wait(min(self.stale_s / 4, BEAT_S)):
             if self._header(self.host)["lease"] != self.lease:
                 self._lost = True
                 return

@@ -114,3 +114,16 @@ def test_the_kv_path_benchmark_rates():
     r = kv_path_bench.row("direct", "guest C", 16, 1 << 20, store_s=2.0, load_s=0.5, base=0)
     assert (r["store_blocks_s"], r["load_blocks_s"]) == (8.0, 32.0)
     assert r["store_GBps"] == 16 * (1 << 20) / 2.0 / 1e9 and r["load_GBps"] == 4 * r["store_GBps"]
+
+
+def test_an_empty_pool_file_and_a_huge_bench_block_are_one_line(pool, capsys, tmp_path):
+    empty = tmp_path / "empty.pool"
+    empty.write_bytes(b"")
+    for action in ("stats", "format", "dump", "verify", "bench"):
+        status, _, err = run(capsys, action, "--pool", str(empty))
+        assert status == 1 and err == f"pfcxl: error: {empty} is 0 bytes: too small for a store at byte 2097152\n"
+    run(capsys, "format", "--pool", pool, "--hosts", "2")
+    for size in ("1T", "64G"):                    # checked against the arena before the payload is made
+        status, _, err = run(capsys, "bench", "--pool", pool, "--size", size)
+        assert status == 1 and err.startswith("pfcxl: error: bench --size ") and "does not fit in an arena of" in err
+        assert err.count("\n") == 1

@@ -189,6 +189,25 @@ def test_kill_9_in_the_middle_of_a_store_exposes_nothing_and_the_next_writer_suc
         assert s.verify() == {"good": 0, "bad": [], "claims": 1}
         assert s.put("crash", block(9, 1 << 20))          # host 1 stopped beating: its claim is stale
         assert s.get("crash") == block(9, 1 << 20)
-    with kv.Store.open(path, host=1) as again:            # host 1 back: its claim is withdrawn
+    with kv.Store.open(path, host=1, stale_s=1.0) as again:    # host 1 back (its lease expired): claim withdrawn
         assert again.verify() == {"good": 1, "bad": [], "claims": 0}
         assert not again.put("crash", block(9, 1 << 20))  # stored already, by host 0
+
+
+def test_a_reader_never_returns_the_block_that_replaced_its_key_in_the_same_slot(tmp_path, monkeypatch):
+    """The owner evicts k1 and publishes k2 in the same slot between the reader's index match and
+    its read of the record: the record no longer holds k1, so the read is a miss, never k2's bytes."""
+    path = pool(tmp_path, hosts=2, slots=1)
+    with kv.Store.open(path, host=0) as owner, kv.Store.open(path) as reader:
+        assert owner.put("k1", block(1, 4096))
+        matched = kv.Store._slots_keyed
+
+        def owner_races(self, host, digest):
+            for slot in matched(self, host, digest):
+                if self is reader:
+                    assert owner.put("k2", block(2, 4096))   # one slot: k1 evicted, k2 published there
+                yield slot
+        monkeypatch.setattr(kv.Store, "_slots_keyed", owner_races)
+        assert reader.get("k1") is None
+        monkeypatch.undo()
+        assert reader.get("k2") == block(2, 4096) and reader.get("k1") is None
