@@ -178,8 +178,13 @@ def run(setup: Setup, requests: list[Request], mode: str) -> dict:
         procs.append(p)
     reader = kv.Store.open(setup.path, base=setup.base)
     try:
-        for c in conns:
-            c.recv()
+        for h, c in enumerate(conns):
+            try:
+                msg = c.recv()
+            except EOFError as exc:
+                raise PfcxlError(f"replay host {h} died before it started (exit code {procs[h].exitcode})") from exc
+            if msg[0] == "error":
+                raise PfcxlError(f"replay host {h}: {msg[1]}")
         return _drive(setup, requests, mode, reader, conns, procs, table)
     finally:
         for c, p in zip(conns, procs):
@@ -226,8 +231,8 @@ def _drive(setup: Setup, requests, mode, reader, conns, procs, table) -> dict:
                 h = conns.index(c)
                 try:
                     c.recv()
-                except EOFError:
-                    raise PfcxlError(f"replay host {h} died unexpectedly (exit code {procs[h].exitcode})") from None
+                except EOFError as exc:
+                    raise PfcxlError(f"replay host {h} died unexpectedly (exit code {procs[h].exitcode})") from exc
                 pending.discard(h)
     seconds = time.monotonic() - t0
     rows = [table[i * WIDTH:(i + 1) * WIDTH] for i in range(len(requests))]

@@ -68,7 +68,12 @@ def main(conn, table, path: str, base: int, host: int, local: bool, size: int, s
     """The host process: batches of (request index, blocks) in, ("batch",) out when one is done.
     Each request's counts go to its row of `table` (shared memory, WIDTH numbers a row), its
     last number set to 1 after them: what a killed host finished is still there."""
-    with kv.Store.open(path, host=host, base=base, stale_s=stale_s) as store:
+    try:
+        store = kv.Store.open(path, host=host, base=base, stale_s=stale_s)
+    except kv.KVError as exc:                   # e.g. another process holds this host's lease
+        conn.send(("error", str(exc)))
+        return
+    with store:
         conn.send(("ready",))
         while (batch := conn.recv()) is not None:
             for index, blocks in batch:

@@ -211,3 +211,17 @@ def test_local_hosts_hit_what_the_serving_model_computes_for_each_hosts_requests
         expected, trace = model_hits([reqs[i] for i in mine], blocks)
         got = [trace.prefix_tokens(reqs[i], out["results"][i]["hits"]) for i in mine]
         assert got == expected
+
+
+
+def test_a_host_that_cannot_open_the_store_is_one_line(tmp_path, monkeypatch):
+    path = pool(tmp_path)
+    real = H.kv.Store.open
+
+    def refuse_host_1(*args, host=None, **kw):              # the hosts are forked: they see this
+        if host == 1:
+            raise H.kv.KVError("host 1 is open for writing by another process")
+        return real(*args, host=host, **kw)
+    monkeypatch.setattr(H.kv.Store, "open", refuse_host_1)
+    with pytest.raises(PfcxlError, match="^replay host 1: host 1 is open for writing by another process$"):
+        R.run(R.Setup(path, None, 3, 16, 4096), requests(DOZEN), "shared")
