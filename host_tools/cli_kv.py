@@ -167,6 +167,27 @@ def _check_room(s, host: int, blocks: int, size: int) -> None:
                          f"{s.slots} slots) holds {fit} such blocks; give fewer or smaller blocks")
 
 
+def cmd_replay(args) -> int:
+    """A trace through the store by --hosts host processes (host_tools/kv_replay.py), in one
+    mode or both (--compare); every input is checked before the store is formatted anew."""
+    from . import kv_replay, kv_replay_report
+    from .cli_serving_trace import load_trace
+    requests = list(load_trace(args).requests)
+    setup = kv_replay.Setup(path=str(pool_file(args)), base=args.base, hosts=args.hosts, capacity=args.capacity,
+                            block_bytes=args.block_bytes, block_tokens=args.block_tokens, routing=args.routing,
+                            window_ms=args.window, stale_s=args.stale, kill_host=args.kill_host, kill_at=args.at)
+    kv_replay.check(setup, requests)
+    modes = kv_replay.MODES if args.compare else (args.mode,)
+    summaries = [kv_replay_report.summary(kv_replay.run(setup, requests, m), requests, args.model, args.block_tokens)
+                 for m in modes]
+    note = kv_replay_report.assumption(args.model, args.block_tokens, args.block_bytes)
+    if args.json:
+        print(json.dumps(dict(modes=summaries, note=note), indent=1))
+    else:
+        kv_replay_report.render(summaries, note)
+    return 1 if any(s["check"]["bad"] for s in summaries) else 0
+
+
 def _size(text: str) -> int:
     value = _bytes(text)
     if value < 1:
@@ -232,3 +253,24 @@ def add_parsers(sub) -> None:
     p.add_argument("--size", type=_size, default=1 << 20, help="bytes per block (default 1M)")
     p.add_argument("--json", action="store_true", help="print measured and modelled figures as one JSON document")
     p.set_defaults(func=cmd_bench)
+    p = base(ksub.add_parser("replay", help="replay a request trace through the store with N host processes, "
+                             "local caches against the shared pool (formats the store anew)"))
+    p.add_argument("trace", help="a trace file in Mooncake's format (serving/traces.py), or a bundled trace's name: "
+                   "conversation, synthetic")
+    p.add_argument("--hosts", type=argtypes.count, default=4, help="host processes (at most the store's hosts)")
+    p.add_argument("--on", choices=("host",), default="host", help="where the hosts run: processes on the pool file")
+    p.add_argument("--routing", choices=("round-robin", "session", "prefix"), default="round-robin")
+    p.add_argument("--mode", choices=("local", "shared"), default="shared",
+                   help="local: a host reads only its own arena; shared: any host's published block")
+    p.add_argument("--compare", action="store_true", help="run local, then shared, and compare them")
+    p.add_argument("--capacity", type=argtypes.count, default=4096, help="blocks each host's arena holds (default 4096)")
+    p.add_argument("--block-bytes", type=_size, default=4096, help="scaled payload per block (default 4K)")
+    p.add_argument("--block-tokens", type=argtypes.count, default=512, help="tokens per trace block (default 512)")
+    p.add_argument("--model", default="llama-70b", help="model whose real block size times the TTFT (default llama-70b)")
+    p.add_argument("--window", type=int, default=0, metavar="MS",
+                   help="requests arriving within MS of a batch's first run at once (default 0: equal timestamps)")
+    p.add_argument("--stale", type=argtypes.seconds, default=1.0, help="seconds before a silent claimant is dead")
+    p.add_argument("--kill-host", type=int, metavar="H", help="SIGKILL host H mid-replay (with --at)")
+    p.add_argument("--at", type=float, default=1.0, metavar="SECONDS", help="when --kill-host strikes (default 1)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_replay)

@@ -10,7 +10,10 @@
 #define PFCXL_KVSTORE_H
 
 #define KV_MAGIC "PFKVSTOR"
-#define KV_VERSION 2u /* 2: the host header's lease */
+#define KV_VERSION 3u /* 2: the host header's lease; 3: each index segment a hash table */
+/* A key's record lives in one of the KV_WINDOW slots from its bucket on, cyclically
+ * (pfcxl_kvlayout.WINDOW): a lookup reads those lines of each host's segment, whatever the slots. */
+#define KV_WINDOW 16u
 #define KV_MAX_HOSTS 256u
 #define KV_MAX_SLOTS (1u << 24)
 #define KV_LINE 64u
@@ -294,13 +297,32 @@ static inline int kv_key_is(const struct kv *s, int host, uint32_t slot, const u
     return k[0] == a && k[1] == b;
 }
 
+/* The first slot of d's window: its first 8 bytes (little-endian) modulo the slots. */
+static inline uint32_t kv_bucket(const struct kv *s, const uint8_t d[16])
+{
+    uint64_t v;
+    memcpy(&v, d, 8);
+    return (uint32_t)(v % s->sb.slots);
+}
+
+static inline uint32_t kv_window(const struct kv *s)
+{
+    return s->sb.slots < KV_WINDOW ? s->sb.slots : KV_WINDOW;
+}
+
+/* The k-th slot of d's window. */
+static inline uint32_t kv_probe(const struct kv *s, const uint8_t d[16], uint32_t k)
+{
+    return (uint32_t)(((uint64_t)kv_bucket(s, d) + k) % s->sb.slots);
+}
+
 /* First published record of d: 1 and (*host, *slot, *rec), or 0. */
 static inline int kv_find(const struct kv *s, const uint8_t d[16], int *host, uint32_t *slot,
                           struct kv_record *rec)
 {
     for (int h = 0; h < (int)s->sb.hosts; h++)
-        for (uint32_t i = 0; i < s->sb.slots; i++)
-            if (kv_key_is(s, h, i, d) && kv_valid(s, h, i, rec, d)) {
+        for (uint32_t k = 0, i; k < kv_window(s); k++)
+            if (kv_key_is(s, h, i = kv_probe(s, d, k), d) && kv_valid(s, h, i, rec, d)) {
                 *host = h;
                 *slot = i;
                 return 1;

@@ -92,7 +92,7 @@ static inline int kv_extent_cmp(const void *a, const void *b)
  * own segment is read once per attempt into local memory: on the CXL path every load of the
  * device is an emulator callback. First fit walks the live extents in offset order, as the
  * Python side does; an empty block (length 0) takes no room and never holds the walk back. */
-static inline int kv_place(struct kv *s, uint64_t len, uint32_t *slot, uint64_t *offset)
+static inline int kv_place(struct kv *s, const uint8_t d[16], uint64_t len, uint32_t *slot, uint64_t *offset)
 {
     const uint64_t lo = kv_arena(s, s->host), hi = lo + s->sb.arena_bytes;
     if (len > hi - lo)
@@ -102,13 +102,11 @@ static inline int kv_place(struct kv *s, uint64_t len, uint32_t *slot, uint64_t 
     if (!snap || !ext)
         die("out of memory for %u index records", s->sb.slots);
     for (;;) {
-        int64_t free_slot = -1, lru = -1;
+        int64_t free_slot = -1, lru = -1, wlru = -1;
         uint64_t lru_use = UINT64_MAX, at = lo;
         uint32_t n = 0;
         for (uint32_t i = 0; i < s->sb.slots; i++) {
             int live = kv_valid(s, s->host, i, &snap[i], NULL);
-            if (snap[i].state == 0 && free_slot < 0)
-                free_slot = i;
             if (!live)
                 continue;
             /* offset + length <= hi (kv_valid), and hi is page aligned: no wrap */
@@ -119,6 +117,15 @@ static inline int kv_place(struct kv *s, uint64_t len, uint32_t *slot, uint64_t 
                 lru = i;
             }
         }
+        for (uint32_t k = 0; k < kv_window(s) && free_slot < 0; k++) { /* a slot in d's window */
+            uint32_t i = kv_probe(s, d, k);
+            if (snap[i].state == 0)
+                free_slot = i;
+            else if (snap[i].state && !(snap[i].state & 1) && (wlru < 0 || snap[i].last_use < snap[wlru].last_use))
+                wlru = i;
+        }
+        if (free_slot < 0 && wlru >= 0)
+            lru = wlru; /* a full window: its least recently used record goes first */
         qsort(ext, n, sizeof *ext, kv_extent_cmp);
         for (uint32_t k = 0; k < n; k++) { /* first fit */
             if (ext[k].lo >= at && ext[k].lo - at >= len)
@@ -152,8 +159,8 @@ static inline int kv_contend(struct kv *s, const uint8_t d[16])
         for (int h = 0; h < (int)s->sb.hosts; h++) {
             if (h == s->host)
                 continue;
-            for (uint32_t i = 0; i < s->sb.slots; i++) {
-                if (!kv_key_is(s, h, i, d))
+            for (uint32_t k = 0, i; k < kv_window(s); k++) {
+                if (!kv_key_is(s, h, i = kv_probe(s, d, k), d))
                     continue;
                 struct kv_record rec;
                 uint64_t st = kv_rec(s, h, i)->state;
@@ -204,7 +211,7 @@ static inline int kv_put(struct kv *s, const uint8_t d[16], const void *data, ui
     if (kv_find(s, d, &h, &slot, &rec))
         return 0;
     uint64_t offset;
-    if (kv_place(s, len, &slot, &offset) != 0)
+    if (kv_place(s, d, len, &slot, &offset) != 0)
         return -1;
     volatile struct kv_header *hdr = kv_hdr(s, s->host);
     uint64_t seq = ++hdr->next_seq;

@@ -19,11 +19,14 @@ import zlib
 import pfcxl_guest
 
 MAGIC = b"PFKVSTOR"
-VERSION = 2             # 2: the host header's lease (version 1 stores have none and are refused)
+VERSION = 3             # 2: the host header's lease; 3: each index segment a hash table (WINDOW)
 MAX_HOSTS = 256
 MAX_SLOTS = 1 << 24     # records per host: a 1 GiB index segment
 LINE = 64
 PAGE = 4096
+# A key's record lives in one of the WINDOW slots from its bucket on (cyclically): a lookup reads
+# those WINDOW lines of each host's segment, whatever the slot count (docs/kvstore.md, "Index")
+WINDOW = 16
 # device byte of the store = data_path.DIRECT_OFFSET on the host side (tests/unit/test_kvstore.py
 # checks that they are equal): the direct path's devdax namespace data starts there
 HOME = 2 << 20
@@ -82,6 +85,11 @@ def key_digest(key) -> bytes:
     elif isinstance(key, str):
         key = key.encode()
     return hashlib.blake2b(bytes(key), digest_size=16).digest()
+
+
+def bucket(digest: bytes, slots: int) -> int:
+    """The first slot of `digest`'s window in a segment of `slots` records."""
+    return int.from_bytes(digest[:8], "little") % slots
 
 
 def chunk_keys(tokens, chunk_tokens: int) -> list[bytes]:

@@ -22,10 +22,12 @@ import struct
 import threading
 import time
 import zlib
+from collections import OrderedDict
 
-from pfcxl_kvlayout import (HEADER, HOME, LINE, MAGIC, PAGE, RECORD, SIGNED, SUPER, VERSION, Fields,  # noqa: F401
+from pfcxl_kvarena import Arena
+from pfcxl_kvlayout import (HEADER, HOME, LINE, MAGIC, MAX_SLOTS, PAGE, RECORD, SIGNED, SUPER, VERSION, WINDOW, Fields,  # noqa: F401
                             KVError, Mapping, check_super, chunk_keys, default_base, fence, format, geometry,
-                            is_direct, key_digest, up)
+                            bucket, is_direct, key_digest, up)
 
 U64 = (1 << 64) - 1
 SETTLE_S = 0.01     # how long a new lease must stand unchanged before it is ours (two openers at once)
@@ -58,6 +60,9 @@ class Store:
         if host is not None and not 0 <= host < self.hosts:
             raise KVError(f"host {host} is out of range (0 <= host < {self.hosts})")
         self.own: dict[int, dict] = {}           # slot -> record, of this host's published records
+        self.lru: OrderedDict[int, None] = OrderedDict()     # those slots, least recently used first
+        self.space: Arena | None = None          # our arena's free gaps
+        self.index_bytes = 0                     # index bytes lookups read (the index's cost)
         self.lease, self._lost, self._stop, self._beater = 0, False, threading.Event(), None
         if host is not None:
             if self._header(host)["next_seq"] >= 1 << 62:
@@ -191,20 +196,33 @@ class Store:
             return None
         return rec
 
-    def _slots_keyed(self, host: int, digest: bytes):
-        """Slots of `host` whose key field holds `digest` (mmap.find searches in place, no copy)."""
-        base = self.m.base + self._slot_at(host, 0)      # mmap.find counts from the file's byte 0
-        end = base + self.slots * LINE
-        at = self.m.map.find(digest, base, end)
-        while at >= 0:
-            if (at - base) % LINE == RECORD.offset["key"]:
-                yield (at - base) // LINE
-            at = self.m.map.find(digest, at + 1, end)
+    def window(self, digest: bytes) -> list[int]:
+        """The slots where `digest`'s record may live in any host's segment (pfcxl_kvlayout.WINDOW)."""
+        first = bucket(digest, self.slots)
+        return [(first + i) % self.slots for i in range(min(WINDOW, self.slots))]
 
-    def find(self, key) -> list[tuple[int, int, dict]]:
-        """Every published, well-formed record of `key`: (host, slot, record)."""
+    def _slots_keyed(self, host: int, digest: bytes):
+        """Slots of `host`'s window for `digest` whose key field holds it: the window's lines are
+        copied in one or two pieces (it may wrap) and searched; `index_bytes` counts them."""
+        first, n = bucket(digest, self.slots), min(WINDOW, self.slots)
+        pieces = [(first, min(n, self.slots - first))]
+        if pieces[0][1] < n:
+            pieces.append((0, n - pieces[0][1]))
+        for start, count in pieces:
+            at = self._slot_at(host, start)
+            raw = bytes(self.m.mem[at:at + count * LINE])
+            self.index_bytes += len(raw)
+            pos = raw.find(digest)
+            while pos >= 0:
+                if pos % LINE == RECORD.offset["key"]:
+                    yield start + pos // LINE
+                pos = raw.find(digest, pos + 1)
+
+    def find(self, key, alone: bool = False) -> list[tuple[int, int, dict]]:
+        """Every published, well-formed record of `key`: (host, slot, record); alone: in our own
+        segment only (a host that uses the store as a private cache)."""
         d = key_digest(key)
-        return [(h, s, rec) for h in range(self.hosts) for s in self._slots_keyed(h, d)
+        return [(h, s, rec) for h in ((self.host,) if alone else range(self.hosts)) for s in self._slots_keyed(h, d)
                 if (rec := self._valid(h, s, d)) is not None]
 
     def read_block(self, host: int, slot: int, rec: dict):
@@ -225,16 +243,25 @@ class Store:
 
     def get(self, key):
         """The block stored under `key` (bytes), or None: missing, evicted, or failing its check."""
-        for host, slot, rec in self.find(key):
+        return self.load(key)[0]
+
+    def load(self, key, alone: bool = False) -> tuple:
+        """(bytes, the host whose arena held them, copies that failed their check) for `key`; the
+        bytes are None on a miss. A copy withdrawn while it was read is a miss, not a failure.
+        alone: our own arena only (as find)."""
+        failed = 0
+        for host, slot, rec in self.find(key, alone):
             data = self.read_block(host, slot, rec)
             if data is not None:
                 if host == self.host:
                     self._touch(slot)
-                return data
-        return None
+                return data, host, failed
+            if self._state(host, slot) == rec["state"]:
+                failed += 1
+        return None, None, failed
 
-    def exists(self, key) -> bool:
-        return bool(self.find(key))
+    def exists(self, key, alone: bool = False) -> bool:
+        return bool(self.find(key, alone))
 
     def scan(self):
         """Every slot of every host: (host, slot, record or None if not published and well formed,
@@ -252,39 +279,44 @@ class Store:
                 self.own[s] = rec
             elif self._state(self.host, s):          # a claim, or a record that fails its check
                 self._set_state(s, 0)
+        for s in sorted(self.own, key=lambda s: self.own[s]["last_use"]):
+            self.lru[s] = None
+        self.space = Arena(*self.arena(self.host), ((r["offset"], r["length"]) for r in self.own.values()))
 
     def _touch(self, slot: int) -> None:
         clock = self._header(self.host)["clock"] + 1
         self._set_header(clock=clock)
         struct.pack_into("<Q", self.m.mem, self._slot_at(self.host, slot) + RECORD.offset["last_use"], clock)
         self.own[slot]["last_use"] = clock
+        self.lru.move_to_end(slot)
 
     def _withdraw(self, slot: int) -> None:
         self._set_state(slot, 0)        # before its space is reused: readers re-check the state
-        del self.own[slot]
+        rec = self.own.pop(slot)
+        del self.lru[slot]
+        self.space.give(rec["offset"], rec["length"])
 
     def _evict(self, slot: int) -> None:
         self._withdraw(slot)
         self._set_header(evictions=self._header(self.host)["evictions"] + 1)
 
-    def _place(self, length: int) -> tuple[int, int]:
-        """A free slot and a free extent of `length` bytes in our arena, evicting least recently
-        used records until both exist."""
+    def _place(self, length: int, digest: bytes) -> tuple[int, int]:
+        """A free slot in `digest`'s window (else the window's least recently used record is
+        evicted) and a free extent of `length` bytes in our arena (evicting least recently used
+        records until one exists)."""
         lo, hi = self.arena(self.host)
         if length > hi - lo:
             raise KVError(f"block of {length} bytes does not fit in an arena of {hi - lo} bytes")
-        while True:
-            free = next((s for s in range(self.slots) if s not in self.own and self._state(self.host, s) == 0), None)
-            at = lo
-            for rec in sorted(self.own.values(), key=lambda r: r["offset"]):
-                if rec["offset"] - at >= length:
-                    break
-                at = max(at, up(rec["offset"] + rec["length"], LINE))      # as kv_place: never backwards
-            if free is not None and hi - at >= length:
-                return free, at
+        slots = self.window(digest)
+        free = next((s for s in slots if s not in self.own and self._state(self.host, s) == 0), None)
+        if free is None:
+            free = min((s for s in slots if s in self.own), key=lambda s: self.own[s]["last_use"])
+            self._evict(free)
+        while (at := self.space.take(length)) is None:
             if not self.own:
-                raise KVError(f"host {self.host} has no free slot and no block of its own to evict")
-            self._evict(min(self.own, key=lambda s: self.own[s]["last_use"]))
+                raise KVError(f"host {self.host} has no room for {length} bytes and no block of its own to evict")
+            self._evict(next(iter(self.lru)))
+        return free, at
 
     def _contend(self, digest: bytes) -> bool:
         """After our claim: may we write? No if the key is published anywhere, or a lower host
@@ -319,25 +351,27 @@ class Store:
             self._beat()
             time.sleep(0.001)
 
-    def put(self, key, data) -> bool:
+    def put(self, key, data, alone: bool = False) -> bool:
         """Store `data` under `key` in our arena. False if the key is already stored (by anyone)
-        or another host won the race for it: blocks are content-addressed, so theirs is ours."""
+        or another host won the race for it: blocks are content-addressed, so theirs is ours.
+        alone: a private cache's put: only our segment is looked at, no rendezvous with others."""
         if self.host is None:
             raise KVError("this store was opened without a host: it can only read")
         data = bytes(data)
         digest = key_digest(key)
         self._own_lease()
-        if self.find(key):
+        if self.find(key, alone):
             return False
-        slot, offset = self._place(len(data))
+        slot, offset = self._place(len(data), digest)
         header = self._header(self.host)
         seq = header["next_seq"] + 1
         self._set_header(next_seq=seq)
         at = self._slot_at(self.host, slot)
         struct.pack_into("<Q16s", self.m.mem, at, seq * 2 + 1, digest)     # the claim
         fence()
-        if not self._contend(digest):
+        if not alone and not self._contend(digest):
             self._set_state(slot, 0)
+            self.space.give(offset, len(data))
             return False
         for start in range(0, len(data), 1 << 20):
             piece = data[start:start + (1 << 20)]
@@ -355,6 +389,7 @@ class Store:
         self._set_header(clock=clock)
         rec["rcrc"] = struct.unpack_from("<I", raw, SIGNED)[0]
         self.own[slot] = rec
+        self.lru[slot] = None
         return True
 
     def remove(self, key) -> bool:

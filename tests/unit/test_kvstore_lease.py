@@ -140,7 +140,7 @@ def test_a_version_1_store_is_refused_in_one_line_by_every_opener(tool, tmp_path
         struct.pack_into("<I", raw, kv.SUPER.offset["crc"], __import__("zlib").crc32(raw[:-4]))
         f.seek(kv.HOME)
         f.write(raw)
-    why = "store version 1 is not this code's version 2: format it anew (every block is lost)"
+    why = f"store version 1 is not this code's version {kv.VERSION}: format it anew (every block is lost)"
     with pytest.raises(kv.KVError, match=f"^{why.replace('(', '[(]').replace(')', '[)]')}$"):
         kv.Store.open(path)
     done = subprocess.run([str(tool), "verify", path], capture_output=True, text=True, timeout=60)
