@@ -80,10 +80,10 @@ class Console:
         previous match and it. The console is consumed through the match."""
         try:
             index = self._child.expect_exact(markers, timeout=max(timeout, 0))
-        except pexpect.TIMEOUT:
-            raise ConsoleTimeout from None
-        except pexpect.EOF:
-            raise ConsoleClosed from None
+        except pexpect.TIMEOUT as exc:
+            raise ConsoleTimeout from exc
+        except pexpect.EOF as exc:
+            raise ConsoleClosed from exc
         return index, self._child.before
 
     def line(self, timeout: float) -> bytes:
