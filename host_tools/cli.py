@@ -118,12 +118,14 @@ def cmd_qemu_args(args) -> int:
     """Exactly the argv a boot with these options execs (Machine.plan: the same code path)."""
     from pfcxl.machine import RUN_DIR_PLACEHOLDER
     from .qemu import show
+    from .vm import CONSOLE_FD, FIRST_MEMORY_FD, OUTPUT_FD, QMP_FD
     plan = _machine(args, progress=lambda m: None).plan()
     out.print("\n".join(plan.argv) if args.lines else show(plan.argv), markup=False, highlight=False,
               soft_wrap=True)
-    notes = ["fds 3 and 4 are the console and QMP socket pairs pfcxl passes in"]
+    notes = [f"fds {CONSOLE_FD}, {QMP_FD} and {OUTPUT_FD} are the console, QMP and command-output socket pairs "
+             "pfcxl passes in"]
     if any(d.appliance for d in plan.topology.devices):
-        notes.append("fds from 5 on are the memory descriptors the appliance hands out at attach")
+        notes.append(f"fds from {FIRST_MEMORY_FD} on are the memory descriptors the appliance hands out at attach")
     if plan.run_dir == RUN_DIR_PLACEHOLDER:
         notes.append("RUN_DIR is the temporary run directory of a boot (--run-dir names one)")
     if args.timing == "inject" and args.baseline_ns is None:

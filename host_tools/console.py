@@ -1,11 +1,12 @@
-"""The guest's serial console as pfcxl drives it.
+"""The guest's serial console as pfcxl drives it, through pexpect.
 
-Everything read is appended to the console log and to a buffer. A search for a marker only
-re-reads as much of what was already searched as the marker can be long, so capturing N bytes of
-output costs O(N), not O(N^2) as re-matching a growing buffer does. QEMU's serial port writes
-each byte to the socket on its own, so reads are a few bytes: re-reading even 64 KiB per read
-cost seconds of CPU per MiB. Reading late does not batch them: the socket fills with one-byte
-packets and QEMU, then the guest, wait (tried: a 2 ms pause per read halved the throughput).
+Everything read is appended to the console log. Searches are for literal markers only
+(`expect_exact`): pexpect then looks at each new read plus the marker's length of what came
+before, so capturing N bytes of output costs O(N), not O(N^2) as re-matching a growing buffer
+with a regular expression does. QEMU's serial port writes each byte to the socket on its own, so
+reads are a few bytes: pexpect's default pause after every read (`delayafterread`) is off, and a
+pause to batch them does not help either: the socket fills with one-byte packets and QEMU, then
+the guest, wait (tried: a 2 ms pause per read halved the throughput).
 
 Commands are not typed: busybox's line editor drops lines past ~1,000 characters, and a typed
 quote that never closes leaves the shell waiting. A command becomes a script file (its bytes in
@@ -16,17 +17,16 @@ as a job of its own beside a watchdog that kills its process group at the comman
 from __future__ import annotations
 
 import base64
-import re
 import secrets
-import select
 import shlex
 import socket
 import time
-from dataclasses import dataclass
 from typing import BinaryIO, Sequence
 
+import pexpect
+from pexpect import fdpexpect
+
 READ = 1 << 16
-LINE = 4096             # longest marker line a search finds, unless told otherwise
 SHORT = 600             # base64 characters that fit on the one line that also starts the script
 CHUNK = 800             # base64 characters per typed line (busybox's line editor holds 1,024)
 BATCH = 4               # lines typed ahead before waiting for the shell (under the tty's 4 KiB)
@@ -38,12 +38,6 @@ class ConsoleClosed(Exception):
 
 class ConsoleTimeout(Exception):
     """Nothing matched before the deadline."""
-
-
-@dataclass(frozen=True)
-class Found:
-    before: bytes           # what came between the previous match and this one
-    groups: tuple
 
 
 def shell_command(command: str | Sequence[str], substitutions: dict[str, str] | None = None) -> str:
@@ -62,45 +56,49 @@ def shell_command(command: str | Sequence[str], substitutions: dict[str, str] | 
     return words[0] if len(words) == 1 else shlex.join(words)
 
 
+def line_markers(marker: str) -> list[bytes]:
+    """`marker` as a whole line, as the tty sends it (CR LF) or as written (LF): literal strings,
+    so a search never re-reads the output before them."""
+    return [marker.encode() + b"\r\n", marker.encode() + b"\n"]
+
+
 class Console:
+    """pexpect over the console socket (QEMU's end is the guest's serial port). The socket stays
+    the caller's to close: pexpect never closes it."""
+
     def __init__(self, sock: socket.socket, log: BinaryIO) -> None:
-        self._sock, self._log = sock, log
-        self._buf = bytearray()
+        self._sock = sock
+        self._child = fdpexpect.fdspawn(sock.fileno(), timeout=None, maxread=READ, use_poll=True)
+        self._child.delayafterread = None
+        self._child.logfile_read = log
 
     def send(self, line: str) -> None:
         self._sock.sendall(line.encode() + b"\n")
 
-    def _fill(self, deadline: float) -> None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([self._sock], [], [], remaining)[0]:
-            raise ConsoleTimeout
-        data = self._sock.recv(READ)
-        if not data:
-            raise ConsoleClosed
-        self._log.write(data)
-        self._buf += data
+    def expect_exact(self, markers: list[bytes], timeout: float) -> tuple[int, bytes]:
+        """Wait for the first of the literal `markers`; return its index and what came between the
+        previous match and it. The console is consumed through the match."""
+        try:
+            index = self._child.expect_exact(markers, timeout=max(timeout, 0))
+        except pexpect.TIMEOUT as exc:
+            raise ConsoleTimeout from exc
+        except pexpect.EOF as exc:
+            raise ConsoleClosed from exc
+        return index, self._child.before
 
-    def expect(self, pattern: re.Pattern, timeout: float, longest: int = LINE) -> Found:
-        """Wait for `pattern`, whose matches are at most `longest` bytes; consume the buffer
-        through the match."""
-        deadline = time.monotonic() + timeout
-        start = 0
-        while True:
-            m = pattern.search(self._buf, start)
-            if m:
-                # take what we need before resizing: the match's groups read the live buffer
-                found = Found(bytes(self._buf[:m.start()]), m.groups())
-                del self._buf[:m.end()]
-                return found
-            start = max(0, len(self._buf) - longest)
-            self._fill(deadline)
+    def line(self, timeout: float) -> bytes:
+        """The rest of the current line (without its CR LF)."""
+        return self.expect_exact([b"\n"], timeout)[1].removesuffix(b"\r")
 
 
 class CommandRunner:
-    """Runs command scripts on a Console; see the module docstring for how."""
+    """Runs command scripts on a Console; see the module docstring for how. With `output` (the
+    virtio-serial port guest/init opened as descriptor 9 of the console shell) a command's
+    stdout and stderr go there, followed by its end marker, byte for byte; the serial line then
+    carries only the markers and the status."""
 
-    def __init__(self, console: Console) -> None:
-        self.console = console
+    def __init__(self, console: Console, output: Console | None = None) -> None:
+        self.console, self.output = console, output
 
     def start(self, command: str, limit: float, timeout: float = 60) -> str:
         """Write the script and start it; return its tag (for finish). The guest kills the
@@ -120,21 +118,30 @@ class CommandRunner:
                 ack = n % BATCH == BATCH - 1 or n == len(chunks) - 1
                 self.console.send(f"echo {chunk} >> {path}.b64" + (f"; echo {tag}w$(({n}))" if ack else ""))
                 if ack:
-                    self.console.expect(re.compile(rf"{tag}w{n}\r?\n".encode()), timeout)
+                    self.console.expect_exact(line_markers(f"{tag}w{n}"), timeout)
+        # Over the port: the syntax check's and the script's output, then the end marker (nothing
+        # echoes on the port, so the marker needs no $((...))).
+        to, end = (" >&9 2>&9", f"; printf %s {tag}2 >&9") if self.output else ("", "")
         # The script runs as a background job of the console's interactive shell, so job control
         # gives it a process group of its own (pgid $c); a watchdog job kills that group when the
         # limit passes and leaves $p.late behind to say so. Job notices ("[1]+ Done") only come
         # at the next prompt, after the status marker.
         self.console.send(
             f"{first}base64 -d $p.b64 > $p; echo {tag}$((0)); "
-            f"if sh -n $p; then sh $p </dev/null & c=$!; (sleep {limit:.3f}; : > $p.late; kill -KILL -$c) "
+            f"if sh -n $p{' 2>&9' if self.output else ''}; then sh $p </dev/null{to} & c=$!; "
+            f"(sleep {limit:.3f}; : > $p.late; kill -KILL -$c) "
             f"2>/dev/null & w=$!; wait $c; r=$?; kill -KILL -$w 2>/dev/null; [ -e $p.late ] && r=late; "
-            f"else r=syntax; fi; rm -f $p $p.b64 $p.late; echo {tag}$((1))=$r")
+            f"else r=syntax; fi{end}; rm -f $p $p.b64 $p.late; echo {tag}$((1))=$r")
         return tag
 
     def finish(self, tag: str, timeout: float) -> tuple[bytes, str]:
-        """The script's output (console bytes) and its status: a number, 'syntax', or 'late' (the
+        """The script's output, byte for byte, and its status: a number, 'syntax', or 'late' (the
         guest killed it at its limit)."""
-        self.console.expect(re.compile(rf"{tag}0\r?\n".encode()), timeout)
-        found = self.console.expect(re.compile(rf"{tag}1=(\d+|syntax|late)\r?\n".encode()), timeout, longest=64)
-        return found.before, found.groups[0].decode()
+        deadline = time.monotonic() + timeout
+        self.console.expect_exact(line_markers(f"{tag}0"), timeout)
+        if self.output:     # read it all first: the guest's writes wait for the host to read
+            _, output = self.output.expect_exact([f"{tag}2".encode()], deadline - time.monotonic())
+        _, text = self.console.expect_exact([f"{tag}1=".encode()], deadline - time.monotonic())
+        status = self.console.line(deadline - time.monotonic()).decode()
+        # the serial line's tty turns LF into CR LF
+        return (output if self.output else text.replace(b"\r\n", b"\n")), status

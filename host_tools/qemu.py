@@ -130,12 +130,18 @@ def prepare_backing(topo: Topology, run_dir: Path) -> dict[str, Path]:
     return paths
 
 
+# The virtio-serial port's name: guest/init finds it by this name in /sys/class/virtio-ports
+OUTPUT_PORT = "pfcxl.out"
+
+
 def argv(topo: Topology, boot: BootFiles, backing: dict[str, Path | str], *, console_fd: int, qmp_fd: int,
-         qemu: str = QEMU_BINARY, cdat: dict[str, Path] | None = None,
+         output_fd: int | None = None, qemu: str = QEMU_BINARY, cdat: dict[str, Path] | None = None,
          numa_args: list[str] | None = None, extra_args: list[str] | None = None) -> list[str]:
     """QEMU's argv. `cdat` maps device/switch ids to CDAT files; `numa_args` are generic-port and
     HMAT options (firmware_tables.generate), given together when the topology has timing.
-    `extra_args` are appended verbatim (e.g. the TCG plugin options of host_tools/timing.py)."""
+    `extra_args` are appended verbatim (e.g. the TCG plugin options of host_tools/timing.py).
+    `output_fd` is the socket of the virtio-serial port commands write their output to
+    (OUTPUT_PORT in the guest; host_tools/console.py)."""
     for w in topo.windows:
         if w.arithmetic != "modulo":
             raise VMError(f"window '{w.id}' uses {w.arithmetic} arithmetic, but QEMU 10 routes CXL windows "
@@ -143,7 +149,8 @@ def argv(topo: Topology, boot: BootFiles, backing: dict[str, Path | str], *, con
     return [qemu] + render_lines("qemu.args.j2", topo=topo, guest=topo.guest, kernel=boot.kernel,
                                  initrd=boot.initrd, cmdline=boot.cmdline, backing=backing,
                                  lsa_backing={d.id: lsa_path(backing[d.id]) for d in topo.devices if d.lsa},
-                                 console_fd=console_fd, qmp_fd=qmp_fd, backend_prefix=BACKEND_PREFIX,
+                                 console_fd=console_fd, qmp_fd=qmp_fd, output_fd=output_fd,
+                                 output_port=OUTPUT_PORT, backend_prefix=BACKEND_PREFIX,
                                  lsa_prefix=LSA_PREFIX, direct=data_path.has_direct(topo), direct_prefix=DIRECT_PREFIX,
                                  cdat=cdat or {}, numa_args=numa_args or []) + list(extra_args or [])
 

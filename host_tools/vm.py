@@ -13,6 +13,7 @@ import json
 import re
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -30,12 +31,13 @@ from .console import CommandRunner, Console, ConsoleClosed, ConsoleTimeout, shel
 from .image import BootImage
 from pfcxl.process import describe_exit, spawn
 
-# Descriptor numbers QEMU gets: the console and QMP socket pairs, then each appliance-served
-# device's memory in device order. Fixed, so the printed command line is the exec'd one.
-CONSOLE_FD, QMP_FD, FIRST_MEMORY_FD = 3, 4, 5
+# Descriptor numbers QEMU gets: the console, QMP and command-output socket pairs, then each
+# appliance-served device's memory in device order. Fixed, so the printed command line is the exec'd one.
+CONSOLE_FD, QMP_FD, OUTPUT_FD, FIRST_MEMORY_FD = 3, 4, 5, 6
 
-# init's verdict, or the kernel giving up (a panic, also when init itself dies)
-READY_RE = re.compile(rb"PFCXL-(READY|FAILED) (\{[^\r\n]*\})\r?\n|(Kernel panic - not syncing:[^\r\n]*)\r?\n")
+# init's verdict, or the kernel giving up (a panic, also when init itself dies); each is followed by
+# the rest of its line
+READY_MARKERS = [b"PFCXL-READY {", b"PFCXL-FAILED {", b"Kernel panic - not syncing:"]
 PANIC_RE = re.compile(r"Kernel panic - not syncing:[^\n]*")
 STAGE_RE = re.compile(r"PFCXL-STAGE (\w+)")   # guest/init announces each stage it enters
 CONSOLE_TAIL_LINES = 25
@@ -57,7 +59,7 @@ STATUS_GRACE = 60
 @dataclass(frozen=True)
 class CommandResult:
     command: str
-    data: bytes             # the command's output, byte for byte (the console's CR LF back to LF)
+    data: bytes             # the command's output, byte for byte (over the serial line: its CR LF back to LF)
     status: int
 
     @property
@@ -100,6 +102,9 @@ class VM:
         self._console: Console | None = None
         self._commands: CommandRunner | None = None
         self._console_sock: socket.socket | None = None
+        self._output_sock: socket.socket | None = None     # the virtio-serial port commands write to
+        self._output: Console | None = None
+        self._serial_commands: CommandRunner | None = None  # output over the serial line
         self._qmp: QEMUMonitorProtocol | None = None
         self._log_file = None
 
@@ -126,7 +131,8 @@ class VM:
         backing.update(qemu.inherited_backing(self.memory_fds()))
         cdat_files = {k: self.tables_dir() / f"{k}.cdat" for k in {**self.tables.device_cdat, **self.tables.switch_cdat}}
         boot = qemu.BootFiles(self.kernel, self.image.initrd, self.cmdline)
-        return qemu.argv(self.topo, boot, backing, console_fd=CONSOLE_FD, qmp_fd=QMP_FD, qemu=self.qemu_path,
+        return qemu.argv(self.topo, boot, backing, console_fd=CONSOLE_FD, qmp_fd=QMP_FD, output_fd=OUTPUT_FD,
+                         qemu=self.qemu_path,
                          cdat=cdat_files, numa_args=self.tables.numa_args,
                          extra_args=self.extra_args + self.qemu_args)
 
@@ -144,7 +150,8 @@ class VM:
             write_tables(self.topo, self.tables_dir(), self.tables)
         console_ours, console_qemu = socket.socketpair()
         qmp_ours, qmp_qemu = socket.socketpair()
-        fds = {CONSOLE_FD: console_qemu.fileno(), QMP_FD: qmp_qemu.fileno()}
+        output_ours, output_qemu = socket.socketpair()
+        fds = {CONSOLE_FD: console_qemu.fileno(), QMP_FD: qmp_qemu.fileno(), OUTPUT_FD: output_qemu.fileno()}
         fds.update({self.memory_fds()[dev]: fd for dev, fd in self.appliance_fds.items()})
         if self.ring_fd is not None:
             fds[ring_fd_number(self.topo)] = self.ring_fd
@@ -152,12 +159,12 @@ class VM:
         self.state = VMState.BOOTING
         try:
             self._proc = spawn(self.argv, log=self.qemu_log, fds=fds)
-            console_qemu.close()
-            qmp_qemu.close()
-            self._console_sock = console_ours
+            for theirs in (console_qemu, qmp_qemu, output_qemu):
+                theirs.close()
+            self._console_sock, self._output_sock = console_ours, output_ours
             self._log_file = open(self.console_log, "wb")
             self._console = Console(console_ours, self._log_file)
-            self._commands = CommandRunner(self._console)
+            self._output = Console(output_ours, None)
             self._qmp = QEMUMonitorProtocol(qmp_ours)
             self._qmp.settimeout(30)
             self._qmp.connect(negotiate=True)
@@ -171,18 +178,22 @@ class VM:
         """Wait for init's PFCXL-READY line; return its JSON. Raises VMError with the console tail."""
         self._require(VMState.BOOTING)
         try:
-            kind, payload, panic = self._console.expect(READY_RE, timeout=timeout).groups
+            deadline = time.monotonic() + timeout
+            kind, _ = self._console.expect_exact(READY_MARKERS, timeout)
+            rest = self._console.line(deadline - time.monotonic()).decode(errors="replace")
         except ConsoleTimeout:
             self._fail(f"guest did not become ready within {timeout:.0f}s, {self._stage()}")
         except ConsoleClosed:
             self._fail(self._panic() or f"QEMU exited before the guest became ready, {self._stage()}")
-        if panic:
-            self._fail(f"kernel panic, {self._stage()}: {panic.decode(errors='replace').strip()}")
-        kind = kind.decode()
-        info = json.loads(payload)
-        if kind == "FAILED":
+        if kind == 2:
+            self._fail(f"kernel panic, {self._stage()}: Kernel panic - not syncing:{rest.rstrip()}")
+        info = json.loads("{" + rest)
+        if kind == 1:
             self._fail(f"guest init failed at stage '{info.get('stage')}': {info.get('error')}")
         self.ready_info = info
+        # init opened the output port when the kernel has virtio_console (its "output" key)
+        self._serial_commands = CommandRunner(self._console)
+        self._commands = CommandRunner(self._console, self._output if info.get("output") == "port" else None)
         self.state = VMState.READY
         return info
 
@@ -205,14 +216,14 @@ class VM:
                     break
                 except subprocess.TimeoutExpired:
                     continue
-        for closer in (self._qmp, self._console_sock, self._log_file):
+        for closer in (self._qmp, self._console_sock, self._output_sock, self._log_file):
             if closer is not None:
                 try:
                     closer.close()
                 except Exception:
                     pass
-        self._qmp = self._console_sock = self._log_file = None
-        self._console = self._commands = None
+        self._qmp = self._console_sock = self._output_sock = self._log_file = None
+        self._console = self._output = self._commands = self._serial_commands = None
         if self.state is not VMState.FAILED:
             self.state = VMState.STOPPED
 
@@ -222,34 +233,37 @@ class VM:
 
     # ------------------------------------------------------------------ console
 
-    def run(self, command: str | Sequence[str], timeout: float = 120) -> CommandResult:
+    def run(self, command: str | Sequence[str], timeout: float = 120, *, serial: bool = False) -> CommandResult:
         """Run a command in the guest; return its output and exit status. A string is shell
         syntax; a list is argv (each word quoted). The command has no stdin (/dev/null). One
-        that runs longer than `timeout` is killed in the guest (VMError); the guest stays up."""
-        return self.finish_command(self.start_command(command, timeout), timeout)
+        that runs longer than `timeout` is killed in the guest (VMError); the guest stays up.
+        The output comes over the virtio-serial port when the guest has one, else (or with
+        `serial`, for comparison) over the serial console."""
+        return self.finish_command(self.start_command(command, timeout, serial=serial), timeout)
 
-    def start_command(self, command: str | Sequence[str], timeout: float = 120) -> tuple[str, str, float]:
+    def start_command(self, command: str | Sequence[str], timeout: float = 120, *,
+                      serial: bool = False) -> tuple[str, str, float, CommandRunner]:
         """Start a command and return at once (several guests can then work at the same time);
         the guest kills it once it has run `timeout` seconds."""
         self._require(VMState.READY)
         command = shell_command(command)
+        runner = self._serial_commands if serial else self._commands
         try:
-            return self._commands.start(command, timeout), command, timeout
+            return runner.start(command, timeout), command, timeout, runner
         except ConsoleTimeout:
             self._fail(f"the guest shell did not take the command: {command[:200]}")
         except ConsoleClosed:
             self._fail(f"QEMU exited while sending: {command[:200]}")
 
-    def finish_command(self, started: tuple[str, str], timeout: float = 120) -> CommandResult:
+    def finish_command(self, started: tuple[str, str, float, CommandRunner], timeout: float = 120) -> CommandResult:
         """Wait for a command from start_command; its output and exit status."""
-        tag, command, limit = started
+        tag, command, limit, runner = started
         try:
-            output, status = self._commands.finish(tag, max(timeout, limit) + STATUS_GRACE)
+            data, status = runner.finish(tag, max(timeout, limit) + STATUS_GRACE)
         except ConsoleTimeout:
             self._fail(f"command did not finish within {timeout:g}s, and the guest did not end it: {command[:200]}")
         except ConsoleClosed:
             self._fail(self._panic() or f"QEMU exited while running: {command[:200]}")
-        data = output.replace(b"\r\n", b"\n")
         if status == "syntax":
             raise CommandError(f"{self.name}: the command is not valid shell syntax (sh -n): "
                                f"{' '.join(data.decode(errors='replace').split())}; command: {command[:200]}")

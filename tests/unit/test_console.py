@@ -1,14 +1,14 @@
 """How pfcxl turns a command into what the guest runs, and how it reads the console back.
 Booted behaviour is in tests/integration/test_console.py."""
 
-import re
 import socket
 import threading
 
+import pexpect.expect
 import pytest
 
 from pfcxl.host_tools import multihost
-from pfcxl.host_tools.console import Console, ConsoleClosed, shell_command
+from pfcxl.host_tools.console import Console, ConsoleClosed, line_markers, shell_command
 
 
 @pytest.mark.parametrize("command, expected", [
@@ -41,38 +41,34 @@ def feed(chunks: list[bytes]):
     return Console(ours, open("/dev/null", "wb"))
 
 
-class CountingPattern:
-    """A compiled pattern that counts how many bytes its searches had to look at."""
-
-    def __init__(self, pattern: bytes) -> None:
-        self.pattern, self.looked_at = re.compile(pattern), 0
-
-    def search(self, buf, pos=0):
-        self.looked_at += len(buf) - pos
-        return self.pattern.search(buf, pos)
-
-
 def test_markers_split_across_reads_are_found_and_output_is_exact():
     body = bytes(range(256)) * 4096
     console = feed([b"noise tag0\r", b"\n" + body[:5000], body[5000:] + b"ta", b"g1=42\r\nafter"])
-    console.expect(re.compile(rb"tag0\r?\n"), 10)
-    found = console.expect(re.compile(rb"tag1=(\d+)\r?\n"), 10)
-    assert found.before == body and found.groups == (b"42",)
+    console.expect_exact(line_markers("tag0"), 10)
+    _, before = console.expect_exact([b"tag1="], 10)
+    assert before == body and console.line(10) == b"42"
     with pytest.raises(ConsoleClosed):
-        console.expect(re.compile(rb"never"), 10)
+        console.expect_exact([b"never"], 10)
 
 
-def test_capture_reads_each_byte_a_bounded_number_of_times():
-    size = 8 << 20
-    chunks = [b"x" * 4096] * (size // 4096) + [b"END\n"]
-    console = feed(chunks)
-    end = CountingPattern(rb"END\n")
-    found = console.expect(end, 60)
-    assert len(found.before) == size
-    # linear: each byte is searched once plus one window of overlap per read, never the whole
-    # buffer again on every read (which is what made 3 MiB take minutes)
-    assert end.looked_at < 3 * size
+@pytest.mark.parametrize("read", [1, 7, 4096, 1 << 16])
+def test_capture_searches_each_byte_a_bounded_number_of_times(monkeypatch, read):
+    """Whatever size the reads come in, the searches of a capture look at O(N) bytes in all: each
+    byte once plus a marker's length of overlap per read, never the whole buffer again on every
+    read (which is what made 3 MiB take minutes)."""
+    size = (8 << 20) if read >= 4096 else (64 << 10)
+    searched = []
+    original = pexpect.expect.searcher_string.search
 
+    def counting(self, buffer, freshlen, searchwindowsize=None):
+        searched.append(len(buffer))
+        return original(self, buffer, freshlen, searchwindowsize)
+    monkeypatch.setattr(pexpect.expect.searcher_string, "search", counting)
+    data = b"x" * size + b"END\n"
+    console = feed([data[i:i + read] for i in range(0, len(data), read)])
+    _, before = console.expect_exact([b"END\n"], 600)
+    assert before == b"x" * size
+    assert size <= sum(searched) < 3 * size + 8 * len(searched)
 
 
 def test_multihost_api_refuses_no_hosts_before_starting_anything(tmp_path):

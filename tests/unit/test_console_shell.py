@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pty
 import signal
+import socket
 import subprocess
 import time
 
@@ -37,19 +38,26 @@ class Terminal:
             data = data[os.write(self.fd, data):]
 
 
-@pytest.fixture
-def shell(tmp_path):
-    """A CommandRunner on `busybox sh` (interactive, job control) in a pty of its own."""
+@pytest.fixture(params=["serial", "port"])
+def shell(tmp_path, request):
+    """A CommandRunner on `busybox sh` (interactive, job control) in a pty of its own; "port" gives
+    the shell descriptor 9 on a socket, as guest/init does with the virtio-serial port, and the
+    output comes over that."""
+    ours, theirs = socket.socketpair()
     pid, fd = pty.fork()
     if pid == 0:
         os.chdir(tmp_path)
+        if request.param == "port":
+            os.dup2(theirs.fileno(), 9)
         os.execve(BUSYBOX, ["sh"], {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PS1": "# ", "TERM": "linux"})
+    theirs.close()
     log = open(tmp_path / "console.log", "wb")
-    runner = CommandRunner(Console(Terminal(fd), log))
+    runner = CommandRunner(Console(Terminal(fd), log), Console(ours, None) if request.param == "port" else None)
     yield runner
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     os.close(fd)
+    ours.close()
     log.close()
 
 
@@ -64,11 +72,10 @@ def sleepers(marker: str) -> list[str]:
 
 def test_every_byte_value_comes_back_as_written(shell):
     # each of the 256 values, in one printf: nothing replaced, nothing dropped (the console's
-    # line discipline adds CR before LF, which the VM layer takes back off)
+    # line discipline adds CR before LF, which the runner takes back off)
     escapes = "".join(f"\\{b:03o}" for b in range(256))
     output, status = run(shell, f"printf '{escapes}'", 60)
-    assert status == "0"
-    assert output.replace(b"\r\n", b"\n") == bytes(range(256))
+    assert (output, status) == (bytes(range(256)), "0")
     output, status = run(shell, r"printf '\200\377A'", 60)
     assert (output, status) == (b"\x80\xffA", "0")
 
@@ -84,14 +91,46 @@ def test_the_limit_kills_the_commands_whole_process_group_and_the_shell_goes_on(
     while sleepers(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert sleepers(marker) == []
-    assert run(shell, "echo still here; exit 4", 60) == (b"still here\r\n", "4")
+    assert run(shell, "echo still here; exit 4", 60) == (b"still here\n", "4")
 
 
 def test_a_command_within_its_limit_keeps_its_status_and_no_watchdog_is_left(shell):
-    assert run(shell, "sleep 0.2; echo done; exit 9", 30) == (b"done\r\n", "9")
+    assert run(shell, "sleep 0.2; echo done; exit 9", 30) == (b"done\n", "9")
     # the watchdog job (sleep 30.000) went with the command
     deadline = time.monotonic() + 30
     while sleepers("sleep 30.000") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert sleepers("sleep 30.000") == []
 
+
+
+def test_a_syntax_error_says_why_and_the_shell_goes_on(shell):
+    output, status = run(shell, "echo 'unbalanced", 30)
+    assert status == "syntax" and b"unterminated quoted string" in output
+    assert run(shell, "echo after", 30) == (b"after\n", "0")
+
+
+def test_large_output_is_exact_and_stderr_comes_with_it(shell):
+    size = 1 << 20
+    output, status = run(shell, f"yes 0123456789abcdef 2>/dev/null | head -c {size}; echo to-stderr >&2", 120)
+    assert status == "0"
+    assert output == (b"0123456789abcdef\n" * (size // 17 + 1))[:size] + b"to-stderr\n"
+
+
+def test_the_port_carries_carriage_returns_as_written(tmp_path):
+    """Over the port nothing is translated: a CR LF the command writes stays CR LF (the serial
+    line's tty cannot tell it from its own)."""
+    ours, theirs = socket.socketpair()
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.dup2(theirs.fileno(), 9)
+        os.execve(BUSYBOX, ["sh"], {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PS1": "# ", "TERM": "linux"})
+    theirs.close()
+    try:
+        runner = CommandRunner(Console(Terminal(fd), None), Console(ours, None))
+        assert run(runner, r"printf 'a\r\nb\r\n'", 30) == (b"a\r\nb\r\n", "0")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(fd)
+        ours.close()

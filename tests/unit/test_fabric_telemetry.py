@@ -188,7 +188,7 @@ def test_the_plugin_finds_the_appliances_ring_after_the_memory_descriptors():
     from pfcxl.host_tools import timing, vm
     served = [d for d in TOPO.devices if d.appliance]
     n = vm.ring_fd_number(TOPO)
-    assert n == vm.FIRST_MEMORY_FD + len(served)           # the memory descriptors are 5 .. n - 1
+    assert n == vm.FIRST_MEMORY_FD + len(served)           # the memory descriptors are FIRST_MEMORY_FD .. n - 1
     args = timing.plugin_args(Path("/p.so"), TOPO, Path("/run"), timing.TimingConfig("trace"), "host0",
                               ring=f"/proc/self/fd/{n}")
     assert f"ring=/proc/self/fd/{n}" in args[1].split(",") and "mode=trace" in args[1].split(",")

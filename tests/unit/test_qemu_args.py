@@ -14,7 +14,8 @@ from pfcxl.device.units import MiB, parse_size
 from pfcxl.errors import VMError
 from pfcxl.host_tools import qemu
 
-CONSOLE_FD, QMP_FD = 7, 11
+CONSOLE_FD, QMP_FD, OUTPUT_FD = 7, 11, 13
+REPO_INIT = Path(__file__).resolve().parents[2] / "guest" / "init" / "init"
 QEMU = "/opt/qemu/bin/qemu-system-x86_64"
 
 
@@ -102,7 +103,7 @@ def rendered(request, tmp_path):
     # devices the appliance serves arrive as inherited descriptors (fake numbers here)
     backing.update(qemu.inherited_backing({d.id: 40 + i for i, d in enumerate(topo.devices) if d.appliance}))
     boot = qemu.BootFiles(tmp_path / "vmlinuz", tmp_path / "initrd.cpio.gz", qemu.kernel_cmdline(topo))
-    argv = qemu.argv(topo, boot, backing, console_fd=CONSOLE_FD, qmp_fd=QMP_FD, qemu=QEMU)
+    argv = qemu.argv(topo, boot, backing, console_fd=CONSOLE_FD, qmp_fd=QMP_FD, output_fd=OUTPUT_FD, qemu=QEMU)
     return topo, boot, backing, argv
 
 
@@ -159,6 +160,31 @@ def test_console_and_qmp_use_the_given_fds(rendered):
     assert [parse_opts(v) for v in values(argv, "-mon")] == [(None, {"chardev": "qmp", "mode": "control"})]
 
 
+def test_command_output_has_a_virtio_serial_port_on_its_fd(rendered):
+    topo, boot, backing, argv = rendered
+    chardevs = {keys["id"]: (first, keys) for first, keys in map(parse_opts, values(argv, "-chardev"))}
+    assert chardevs["output"] == ("socket", {"id": "output", "fd": str(OUTPUT_FD)})
+    devices = [parse_opts(v) for v in values(argv, "-device")]
+    bus = next(keys["id"] for first, keys in devices if first == "virtio-serial-pci")
+    ports = [keys for first, keys in devices if first == "virtserialport"]
+    # guest/init finds the port by this name
+    assert ports == [{"bus": f"{bus}.0", "chardev": "output", "name": qemu.OUTPUT_PORT}]
+    assert qemu.OUTPUT_PORT == "pfcxl.out" and "pfcxl.out" in (REPO_INIT.read_text())
+
+
+def test_a_vm_hands_qemu_distinct_descriptors(rendered, tmp_path):
+    """The console, QMP, output port, appliance memory and trace ring numbers never collide."""
+    from pfcxl.host_tools import vm as vm_mod
+    topo = rendered[0]
+    guest = vm_mod.VM(topo, vm_mod.BootImage(tmp_path / "k", tmp_path / "i", "6.12", False), tmp_path, lean=False)
+    memory = list(guest.memory_fds().values())
+    fixed = [vm_mod.CONSOLE_FD, vm_mod.QMP_FD, vm_mod.OUTPUT_FD]
+    numbers = fixed + memory + [vm_mod.ring_fd_number(topo)]
+    assert len(set(numbers)) == len(numbers) and min(memory + [vm_mod.ring_fd_number(topo)]) > max(fixed)
+    argv = guest.planned_argv()
+    assert [f"id=output,fd={vm_mod.OUTPUT_FD}" in a for a in argv].count(True) == 1
+
+
 def test_one_memory_backend_per_device(rendered):
     topo, boot, backing, argv = rendered
     backends = objects(argv, "memory-backend-file")
@@ -200,7 +226,8 @@ def test_host_bridges_root_ports_and_switches(rendered):
     assert [(d["id"], d["bus"], int(d["port"]), int(d["chassis"]), int(d["slot"])) for d in dps] == \
         [(p.id, p.switch, p.port, p.chassis, p.slot) for p in topo.downstream_ports]
     drivers = {parse_opts(v)[0] for v in values(argv, "-device")}
-    assert drivers <= {"pxb-cxl", "cxl-rp", "cxl-upstream", "cxl-downstream", "cxl-type3"}
+    assert drivers <= {"pxb-cxl", "cxl-rp", "cxl-upstream", "cxl-downstream", "cxl-type3",
+                       "virtio-serial-pci", "virtserialport"}     # the command output's port
 
 
 def test_every_bus_exists_before_its_devices(rendered):
@@ -208,8 +235,10 @@ def test_every_bus_exists_before_its_devices(rendered):
     defined = {"pcie.0"}
     for value in values(argv, "-device"):
         driver, keys = parse_opts(value)
-        assert keys["bus"] in defined, f"{driver} {keys['id']} sits on bus {keys['bus']} not created before it"
-        defined.add(keys["id"])
+        assert keys["bus"] in defined, f"{driver} {keys.get('id')} sits on bus {keys['bus']} not created before it"
+        defined.add(keys.get("id"))
+        if driver == "virtio-serial-pci":       # QEMU names its port bus after it
+            defined.add(f"{keys['id']}.0")
 
 
 def test_all_windows_in_one_machine_option(rendered):
