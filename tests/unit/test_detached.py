@@ -9,6 +9,8 @@ from pfcxl.host_tools import detached
 from pfcxl.host_tools.boot_options import BootOptions
 from pfcxl.host_tools.cli import main
 
+pytestmark = pytest.mark.unit
+
 
 
 @pytest.fixture(autouse=True)

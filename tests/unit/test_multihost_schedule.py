@@ -12,6 +12,8 @@ from pfcxl.errors import PfcxlError, VMError
 from pfcxl.host_tools import multihost
 from pfcxl.host_tools.boot_options import BootOptions
 
+pytestmark = pytest.mark.unit
+
 
 class Attachment:
     port, incarnation, pool_id = 0, 1, "pool"

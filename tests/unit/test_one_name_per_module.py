@@ -21,6 +21,8 @@ from pathlib import Path
 from pfcxl.device import fabric_constants
 from pfcxl import cache
 
+pytestmark = pytest.mark.component
+
 
 def test_the_clone_sees_its_own_code():
     here = Path(__file__).resolve().parents[2]

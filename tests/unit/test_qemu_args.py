@@ -17,6 +17,8 @@ from pfcxl.host_tools import qemu
 CONSOLE_FD, QMP_FD = 7, 11
 QEMU = "/opt/qemu/bin/qemu-system-x86_64"
 
+pytestmark = pytest.mark.unit
+
 
 # --------------------------------------------------------------------------- helpers
 

@@ -14,6 +14,8 @@ from pfcxl.host_tools.vm import VM
 from pfcxl.host_tools.cli import parser
 from pfcxl.host_tools.boot_options import from_args
 
+pytestmark = pytest.mark.component
+
 
 def fake_qemu(where: Path, says: str, status: int = 0) -> Path:
     script = where / "qemu"
