@@ -1,6 +1,7 @@
 """Every collected test says what it needs with exactly one of the three markers (tests/conftest.py):
 unit, component or integration; and `make test-unit` selects the unit tests alone."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -27,9 +28,16 @@ def test_the_markers_are_registered_and_make_test_unit_selects_unit_alone(reques
     assert rule is not None and re.search(r'-m "?unit"?(\s|$)', rule[1]), rule and rule[1]
 
 
+def _module_markers(path: Path) -> list[str]:
+    """The markers of a module-level `pytestmark = pytest.mark.X` (read from its syntax tree)."""
+    return [node.value.attr for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["pytestmark"]
+            and isinstance(node.value, ast.Attribute)]
+
+
 def test_each_integration_module_is_marked_integration_and_each_unit_folder_module_is_not():
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
-        found = re.findall(r"^pytestmark = pytest\.mark\.(\w+)$", path.read_text(), re.M)
+        found = _module_markers(path)
         if path.parent.name == "integration":
             assert found == ["integration"], path
         else:

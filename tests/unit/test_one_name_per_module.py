@@ -15,13 +15,13 @@ from pfcxl.device import fabric_constants
 
 REPO = Path(pfcxl.__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.component
+
 PROBE = '''
 from pathlib import Path
 
 from pfcxl.device import fabric_constants
 from pfcxl import cache
-
-pytestmark = pytest.mark.component
 
 
 def test_the_clone_sees_its_own_code():
