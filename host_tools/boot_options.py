@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pfcxl.device.fabric_modes import ISSUES
+from pfcxl.errors import PfcxlError
+
 # A command-line option whose name is not the field's.
 FIELD_OF_DEST = {"appliance_dir": "appliance"}
 
@@ -88,9 +91,11 @@ class BootOptions:
                 text = str(value)
                 object.__setattr__(self, name, str(Path(text).absolute()) if "/" in text or name != "qemu"
                                    else text)
-        if isinstance(self.qemu_args, (str, bytes)):
-            raise TypeError(f"qemu_args must be a list of strings, not {self.qemu_args!r}")
+        if isinstance(self.qemu_args, (str, bytes)) or not all(isinstance(a, str) for a in self.qemu_args):
+            raise PfcxlError(f"qemu_args must be a list of strings, not {self.qemu_args!r}")
         object.__setattr__(self, "qemu_args", tuple(self.qemu_args))
+        if self.issue not in ISSUES:
+            raise PfcxlError(f"issue '{self.issue}' is not one of {', '.join(ISSUES)}")
         object.__setattr__(self, "lean", self.lean is not False)
 
     def as_dict(self) -> dict:

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from pfcxl.device import data_path as data_path_mod, fabric_constants, fabric_model, topology as topology_mod
-from pfcxl.device.fabric_modes import ISSUES
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError, VMError
 from pfcxl.firmware_tables import boot_policy, generate
@@ -80,12 +79,6 @@ class Plan:
     argv: list[str]
     kernel: Path                   # the file argv boots: the image's vmlinuz, or its PVH vmlinux (lean)
     files: dict[str, Path] = field(default_factory=dict)   # what launch writes, by role
-
-
-def _arguments(values: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(values, (str, bytes)) or not all(isinstance(a, str) for a in values):
-        raise PfcxlError(f"qemu_args must be a list of strings, not {values!r}")
-    return tuple(values)
 
 
 def load_topology(value: str | Path | Topology | None) -> tuple[Topology, Path | None]:
@@ -151,7 +144,7 @@ class Machine:
                             image=image, host=host, appliance=appliance,
                             run_dir=str(run_dir) if run_dir is not None else None, cedt=cedt, append=append,
                             lean=lean, data_path=data_path, qemu=str(qemu) if qemu is not None else None,
-                            qemu_args=_arguments(qemu_args), kernel=str(kernel) if kernel is not None else None,
+                            qemu_args=qemu_args, kernel=str(kernel) if kernel is not None else None,
                             modules=str(modules) if modules is not None else None)
         if options is not None and given != BootOptions():
             raise PfcxlError("give the boot options once: as options=BootOptions(...) or as keywords")
@@ -159,8 +152,6 @@ class Machine:
         timing, inject_profile, baseline_ns = options.timing, options.inject_profile, options.baseline_ns
         image, host, appliance, cedt, append = options.image, options.host, options.appliance, options.cedt, options.append
         qemu, kernel, modules = options.qemu, options.kernel, options.modules
-        if options.issue not in ISSUES:
-            raise PfcxlError(f"issue '{options.issue}' is not one of {', '.join(ISSUES)}")
         self.issue = options.issue
         self.topology, self.topology_path = load_topology(topology)
         self.topology = data_path_mod.with_data_path(self.topology, options.data_path)
