@@ -142,3 +142,20 @@ def test_machine_keywords_and_boot_options_are_one_thing(tmp_path):
         Machine("pf-nic", options=options, append="other")
     with pytest.raises(PfcxlError, match="issue 'sideways' is not one of dependent, independent"):
         Machine("pf-nic", issue="sideways")
+
+
+def test_the_calibration_guest_boots_with_the_machines_own_options(tmp_path, monkeypatch):
+    # inject without a baseline boots a count-mode guest first; it left out append and lean
+    # (and so booted another kernel command line than the guest it measured for)
+    from pfcxl import machine as machine_mod
+    m = machine_mod.Machine("pf-nic", timing="inject", append="quiet", lean=False, data_path="direct",
+                            qemu_args=["-name", "x"], image="debian", cedt="ours")
+    m.run_dir = tmp_path
+    probes = []
+    monkeypatch.setattr(machine_mod.Machine, "__enter__", lambda self: probes.append(self) or self)
+    monkeypatch.setattr(machine_mod.Machine, "__exit__", lambda self, *exc: None)
+    monkeypatch.setattr(machine_mod.calibration, "calibrate_baseline", lambda probe: {"baseline_ns": 7.0})
+    assert m._measure_baseline() == 7.0
+    [probe] = probes
+    assert probe.options == dataclasses.replace(m.options, timing="count", run_dir=str(tmp_path / "calibrate"))
+    assert (probe.append, probe.lean, probe.topology.guest.data_path) == ("quiet", False, "direct")
