@@ -13,7 +13,7 @@ help:
 	@echo "make demo        boot the default appliance (pf-nic), compare what the guest found with the topology, run the quick benchmarks"
 	@echo "make bench       the quick benchmark suite with the fabric models fed by the traced accesses"
 	@echo "make test        the whole suite: unit tests and integration tests that boot guests under TCG"
-	@echo "make test-unit   only the fast tests that boot nothing"
+	@echo "make test-unit   only the unit tests: pure Python, no process started (see tests/conftest.py)"
 	@echo "make boot T=...  boot a topology and attach to its console (Ctrl-] leaves)"
 	@echo "make tables T=.. write the topology's CEDT, CDATs and generic-port/HMAT options to tables-T/"
 	@echo "make setup       install QEMU 10, the guest kernel and tools, and the Python env (idempotent)"
@@ -39,6 +39,6 @@ test: setup
 	$(PYTEST) -n auto --dist worksteal --durations=30 tests
 
 test-unit: setup
-	$(PYTEST) -m "not integration" tests
+	$(PYTEST) -m unit tests
 
 ci: test

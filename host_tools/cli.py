@@ -26,7 +26,8 @@ from pfcxl.errors import PfcxlError, TopologyError
 from pfcxl.device import fabric_constants, fabric_model
 from pfcxl.firmware_tables import boot_policy
 
-from . import argtypes, cli_appliance, cli_bench, cli_kv, cli_machines, cli_model, cli_serving, cli_topology, model_runs
+from . import argtypes, boot_options, cli_appliance, cli_bench, cli_kv, cli_machines, cli_model, cli_serving
+from . import cli_topology, model_runs
 from . import cli_telemetry, image, timing
 from .console import shell_command
 from .ui import err, out, write_output
@@ -58,10 +59,9 @@ def _build_image(machine) -> image.BootImage:
 def _machine(args, **overrides):
     """The Machine a boot command's options describe."""
     from pfcxl.machine import Machine
-    options = cli_machines.boot_options(args)
-    options["progress"] = lambda m: err.print(f"[dim]{escape(m)}[/dim]")
+    options = dict(progress=lambda m: err.print(f"[dim]{escape(m)}[/dim]"), ready_timeout=args.timeout)
     options.update(overrides)
-    return Machine(args.topology, **options)
+    return Machine(args.topology, options=boot_options.from_args(args), **options)
 
 
 @contextlib.contextmanager
@@ -103,6 +103,8 @@ def _print_plan(machine, command: str | None = None) -> int:
         f"run dir    {plan.run_dir}" + ("  (a temporary directory at boot)"
                                        if plan.run_dir == RUN_DIR_PLACEHOLDER else ""),
         *(f"  {role:14} {path}" for role, path in plan.files.items()),
+        "boot options (what --reuse matches, with the topology file's bytes)",
+        *machine.options.lines(),
     ]
     if command is not None:
         lines.append(f"command    {command}")

@@ -16,7 +16,7 @@ from pfcxl.errors import PfcxlError
 
 from pfcxl.device.fabric_modes import ISSUES, SYSTEMS
 
-from . import appliance, argtypes, cli_machines, cli_telemetry
+from . import appliance, argtypes, boot_options, cli_telemetry
 from .ui import err, out, write_output
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -127,7 +127,7 @@ def cmd_multihost(args) -> int:
                             parallel_boots=args.parallel_boots, say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"),
                             host_done=host_done, timing=args.fabric if args.timing else None, issue=args.issue,
                             telemetry=figures.update, capture=Path(args.capture) if args.capture else None,
-                            machine_options=cli_machines.own_qemu(args))
+                            options=boot_options.from_args(args))
     for r in results:
         out.print(f"== host {r.host} (port {r.port}, exit {r.status if r.status is not None else '-'})",
                   highlight=False)

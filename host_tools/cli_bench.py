@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from rich.markup import escape
 
 from pfcxl.errors import PfcxlError, TimingError
 
-from . import argtypes, cli_machines, image
+from . import argtypes, boot_options, image
 from .ui import err, out
 
 
@@ -36,9 +37,9 @@ def cmd_bench(args) -> int:
         def boot():
             boots[0] += 1
             # always in trace mode: the modelled columns replay the stream each run issued
-            machine = Machine(topo, timing="trace", image=args.image,
-                              run_dir=out_dir / "run", name=f"bench{boots[0]}", ready_timeout=args.timeout,
-                              **cli_machines.own_qemu(args))
+            machine = Machine(topo, name=f"bench{boots[0]}", ready_timeout=args.timeout,
+                              options=dataclasses.replace(boot_options.from_args(args), timing="trace",
+                                                          run_dir=str(out_dir / "run")))
             stack.callback(machine.close)
             machine.start()
             # the kernel and QEMU that ran, as the guest and Machine say (--kernel, --qemu)

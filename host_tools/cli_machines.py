@@ -1,5 +1,5 @@
 """`pfcxl up / exec / ps / down`: machines that stay up between commands (host_tools/detached.py),
-and the boot options `run`, `boot`, `demo` and `up` share (so --reuse compares like with like)."""
+and `run --reuse`, which matches them on the boot options (host_tools/boot_options.py)."""
 
 from __future__ import annotations
 
@@ -11,35 +11,11 @@ from rich.markup import escape
 
 from pfcxl.errors import PfcxlError
 
-from . import argtypes, detached
+from . import argtypes, boot_options, detached
 from .console import shell_command
 from .ui import err, out, write_output
 
 DEFAULT_NAME = "default"
-
-
-def boot_options(args) -> dict:
-    """Machine's keyword arguments from a boot command's options (no progress callback); a command
-    without the timing options (demo) boots without the plugin."""
-    return dict(timing=getattr(args, "timing", None), image=args.image, host=args.host, appliance=args.appliance_dir,
-                run_dir=args.run_dir, keep=args.keep, cedt=args.cedt, append=args.append, ready_timeout=args.timeout,
-                inject_profile=getattr(args, "inject_profile", "pf"), baseline_ns=getattr(args, "baseline_ns", None),
-                data_path=getattr(args, "data_path", None), **own_qemu(args))
-
-
-def own_qemu(args) -> dict:
-    """--qemu (absolute, so `up`'s daemon execs the same file) and --qemu-arg, when given; also
-    --kernel and --modules."""
-    from .qemu_binary import resolve
-    options = {}
-    if getattr(args, "qemu", None):
-        options["qemu"] = resolve(args.qemu)
-    if getattr(args, "qemu_args", None):
-        options["qemu_args"] = list(args.qemu_args)
-    for key in ("kernel", "modules"):     # --kernel, --modules: absolute, for the same reason
-        if getattr(args, key, None):
-            options[key] = str(Path(getattr(args, key)).absolute())
-    return options
 
 
 def _topology(args) -> tuple[Path, str]:
@@ -54,10 +30,7 @@ def reusable(args) -> str | None:
         raise PfcxlError("--reuse runs the command in an up machine; --timing needs its own boot "
                          "(give one or the other)")
     path, _ = _topology(args)
-    options = boot_options(args)
-    if options["appliance"]:
-        options["appliance"] = str(Path(options["appliance"]).absolute())
-    return detached.find_reusable(path, options)
+    return detached.find_reusable(path, boot_options.from_args(args))
 
 
 def run_reused(args, command: str) -> int | None:
@@ -87,12 +60,10 @@ def cmd_up(args) -> int:
             raise PfcxlError(f"pfcxl up: {flag} is not for up (a machine keeps its files in "
                              f"{detached.machines_dir()}/<name>/ until pfcxl down)")
     path, name = _topology(args)
-    options = {k: v for k, v in boot_options(args).items() if k not in ("run_dir", "keep")}
-    if options["appliance"]:
-        options["appliance"] = str(Path(options["appliance"]).absolute())
+    options = boot_options.from_args(args)
     start = time.monotonic()
     with err.status(f"booting {name} as machine '{args.name}' in the background"):
-        info = detached.up(args.name, path, name, options, wait=args.timeout + 600)
+        info = detached.up(args.name, path, name, options, ready_timeout=args.timeout, wait=args.timeout + 600)
     err.print(f"[dim]machine '{args.name}' ({name}) ready in {time.monotonic() - start:.1f}s; "
               f"pfcxl exec {args.name} -- CMD; pfcxl down {args.name}[/dim]")
     out.print(escape(args.name), highlight=False)

@@ -25,8 +25,8 @@ no guest running; a client then finds no one on the socket and says the machine 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import errno
-import hashlib
 import json
 import os
 import re
@@ -44,12 +44,10 @@ from pfcxl.errors import PfcxlError, VMError
 
 from pfcxl import cache
 
+from .boot_options import BootOptions
+
 SOCKET, REQUEST, DAEMON, ERROR, LOG = "control.sock", "request.json", "daemon.json", "error", "daemon.log"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")   # fullmatch: `$` lets "x\n" through
-# Options that change what boots: two machines match for --reuse when these and the topology
-# file's bytes are equal. Timeouts, progress and where files go do not change the guest.
-BOOT_OPTIONS = ("timing", "image", "host", "appliance", "cedt", "append", "inject_profile", "baseline_ns", "lean",
-                "data_path", "qemu", "qemu_args", "kernel", "modules")
 MAX_CONNECTIONS = 16        # served at once (each a thread); more are refused, saying so
 STATUS_TIMEOUT = 10         # seconds a client waits for status or down
 EXEC_SLACK = 120            # seconds an exec's client waits beyond its command's own timeouts
@@ -67,14 +65,6 @@ def machine_dir(name: str) -> Path:
         raise PfcxlError(f"machine name {name!r} must be 1-64 letters, digits, '.', '_' or '-', "
                          "starting with a letter or digit")
     return machines_dir() / name
-
-
-def boot_key(topology_path: Path, options: dict) -> str:
-    """What --reuse matches on: the topology file's content and the boot options."""
-    chosen = {k: options.get(k) for k in BOOT_OPTIONS}
-    chosen["lean"] = chosen["lean"] is not False         # lean unless asked otherwise, as Machine
-    text = Path(topology_path).read_bytes() + json.dumps(chosen, sort_keys=True).encode()
-    return hashlib.sha256(text).hexdigest()
 
 
 def _alive(pid: int | None) -> bool:
@@ -173,7 +163,8 @@ def names() -> list[str]:
     return sorted(p.name for p in base.iterdir() if p.is_dir() and NAME_RE.fullmatch(p.name)) if base.is_dir() else []
 
 
-def up(name: str, topology_path: Path, topology_name: str, options: dict, wait: float = 900) -> dict:
+def up(name: str, topology_path: Path, topology_name: str, options: BootOptions, ready_timeout: float = 300,
+       wait: float = 900) -> dict:
     """Start machine `name` in the background and wait until it is ready; its description.
     A boot that fails raises VMError with the reason; its directory stays for `down`."""
     where = machine_dir(name)
@@ -183,7 +174,7 @@ def up(name: str, topology_path: Path, topology_name: str, options: dict, wait: 
     where.parent.mkdir(parents=True, exist_ok=True)
     where.mkdir(mode=0o700)
     request = {"topology": str(Path(topology_path).absolute()), "topology_name": topology_name,
-               "options": options, "key": boot_key(topology_path, options)}
+               "options": options.as_dict(), "ready_timeout": ready_timeout, "key": options.key(topology_path)}
     (where / REQUEST).write_text(json.dumps(request, indent=1))
     with open(where / LOG, "ab") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.detached", str(where)],
@@ -244,9 +235,9 @@ def down(name: str, wait: float = 60) -> None:
     shutil.rmtree(where, ignore_errors=True)
 
 
-def find_reusable(topology_path: Path, options: dict) -> str | None:
+def find_reusable(topology_path: Path, options: BootOptions) -> str | None:
     """The name of a ready machine booted from the same topology content and boot options."""
-    key = boot_key(topology_path, options)
+    key = options.key(topology_path)
     for name in names():
         if _read_json(machine_dir(name) / REQUEST).get("key") == key and describe(name)["state"] == "ready":
             return name
@@ -367,9 +358,11 @@ class Daemon:
         (self.where / DAEMON).write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))
         listener = self.listen()
         signal.signal(signal.SIGTERM, lambda *a: self.stopping.set())
-        options = dict(self.request["options"], run_dir=self.where, keep=True, name="guest")
+        options = BootOptions.from_dict(self.request["options"])
         try:
-            self.machine = Machine(self.request["topology"], **options)
+            self.machine = Machine(self.request["topology"], keep=True, name="guest",
+                                   ready_timeout=self.request.get("ready_timeout", 300),
+                                   options=dataclasses.replace(options, run_dir=str(self.where)))
             self.machine.start()               # main thread: QEMU dies with it (PDEATHSIG)
             self.state = "ready"
         except BaseException as exc:

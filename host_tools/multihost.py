@@ -13,6 +13,7 @@ directory, with the hosts' logs in it, along.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -28,6 +29,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.machine import Machine
 
 from . import appliance
+from .boot_options import BootOptions
 from .console import shell_command
 from .bench_model import marks_rows
 from pfcxl.process import cpu_seconds
@@ -124,14 +126,15 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         say: Callable[[str], None] = lambda m: None,
         host_done: Callable[[HostResult], None] = lambda r: None, timing: str | None = None,
         issue: str = "dependent", telemetry: Callable[[dict], None] = lambda s: None,
-        capture: Path | None = None, machine_options: dict | None = None) -> list[HostResult]:
+        capture: Path | None = None, options: BootOptions | None = None) -> list[HostResult]:
     """Boot `hosts` guests on one appliance and run `command` in each. With `timing` (pf,
     electrical) the appliance traces and models every host's CXL requests (each command is
     bracketed by the phase markers, unless it marks its rows itself: --mark-rows 1), and
     `telemetry` gets its figures once they are modelled. With `capture` (needs `timing`) the
     appliance keeps every host's drained records in that directory and each host's plugin phases
     are written beside them (device/trace_capture.py); a temporary appliance completes it as it stops.
-    `machine_options` go to every Machine (qemu, qemu_args, kernel, modules)."""
+    `options` boot every Machine (qemu, qemu_args, kernel, modules...), each with its own host id,
+    the appliance and its own run directory; `lean=False` or options.lean False boots the classic line."""
     if not any(d.appliance for d in topo.devices):
         raise PfcxlError(f"topology '{topo.name}' has no devices served by the appliance "
                          "(appliance = \"shared\"/\"private\"); multihost needs one, e.g. pf-appliance")
@@ -162,8 +165,9 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         while waiting or booting:
             while waiting and len(booting) < slots:
                 h = waiting.pop(0)
-                vm = Machine(topo, host=h, appliance=where, run_dir=run_dir / f"host{h}", name=f"host{h}",
-                             ready_timeout=ready_timeout, prebuilt=prebuilt, lean=lean, **(machine_options or {}))
+                own = dataclasses.replace(options or BootOptions(), host=h, appliance=str(where),
+                                          run_dir=str(run_dir / f"host{h}"), lean=lean and (options or BootOptions()).lean)
+                vm = Machine(topo, name=f"host{h}", ready_timeout=ready_timeout, prebuilt=prebuilt, options=own)
                 stack.callback(vm.close)
                 machines[h] = vm
                 vm.launch()

@@ -13,10 +13,10 @@ a checkout always runs its own code, and tools that only read files resolve ever
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Machine", "Appliance", "Result", "Plan"]
+__all__ = ["Machine", "Appliance", "BootOptions", "Result", "Plan"]
 
 if TYPE_CHECKING:
-    from pfcxl.machine import Appliance, Machine, Plan, Result
+    from pfcxl.machine import Appliance, BootOptions, Machine, Plan, Result
 
 
 def __getattr__(name: str) -> Any:

@@ -22,6 +22,7 @@ Every boot in pfcxl goes through `Machine`: the CLI (`run`, `boot`, `demo`, `ben
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from pfcxl.firmware_tables import boot_policy, generate
 from pfcxl.host_tools import appliance as appliance_mod
 from pfcxl.host_tools import image as image_mod
 from pfcxl.host_tools.argtypes import writable_dir
+from pfcxl.host_tools.boot_options import BootOptions
 from pfcxl.host_tools.guest_names import guest_name
 from pfcxl.host_tools import own_kernel, qemu as qemu_mod, qemu_binary
 from pfcxl.host_tools import calibration, timing_plugin
@@ -123,6 +125,9 @@ class Machine:
     qemu_args: more QEMU arguments, appended to the argv after pfcxl's own.
     kernel: a kernel of one's own, a bzImage/vmlinuz file or a build tree; modules: its
     INSTALL_MOD_PATH tree (default for a build tree: the tree). Checked here (host_tools/own_kernel.py).
+    issue: how a trace's requests are modelled, "dependent" or "independent".
+    options: all of the boot options above at once, a BootOptions (what the CLI builds and
+    `run --reuse` matches on); then give none of them as keywords.
     """
 
     def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
@@ -133,9 +138,23 @@ class Machine:
                  baseline_ns: float | None = None, prebuilt: image_mod.BootImage | None = None,
                  progress: Callable[[str], None] | None = None, data_path: str | None = None,
                  lean: bool = True, qemu: str | Path | None = None, qemu_args: Sequence[str] = (),
-                 kernel: str | Path | None = None, modules: str | Path | None = None) -> None:
+                 kernel: str | Path | None = None, modules: str | Path | None = None,
+                 issue: str = "dependent", options: BootOptions | None = None) -> None:
+        given = BootOptions(timing=timing, inject_profile=inject_profile, baseline_ns=baseline_ns, issue=issue,
+                            image=image, host=host, appliance=appliance,
+                            run_dir=str(run_dir) if run_dir is not None else None, cedt=cedt, append=append,
+                            lean=lean, data_path=data_path, qemu=str(qemu) if qemu is not None else None,
+                            qemu_args=qemu_args, kernel=str(kernel) if kernel is not None else None,
+                            modules=str(modules) if modules is not None else None)
+        if options is not None and given != BootOptions():
+            raise PfcxlError("give the boot options once: as options=BootOptions(...) or as keywords")
+        self.options = options = options if options is not None else given
+        timing, inject_profile, baseline_ns = options.timing, options.inject_profile, options.baseline_ns
+        image, host, appliance, cedt, append = options.image, options.host, options.appliance, options.cedt, options.append
+        qemu, kernel, modules = options.qemu, options.kernel, options.modules
+        self.issue = options.issue
         self.topology, self.topology_path = load_topology(topology)
-        self.topology = data_path_mod.with_data_path(self.topology, data_path)
+        self.topology = data_path_mod.with_data_path(self.topology, options.data_path)
         if cedt not in boot_policy.CEDT_MODES:
             raise PfcxlError(f"cedt '{cedt}' is not one of {', '.join(boot_policy.CEDT_MODES)}")
         if image not in image_mod.IMAGE_KINDS:
@@ -146,10 +165,8 @@ class Machine:
         # inject named by mode without a baseline: measured first, in a count-mode guest, at launch
         self._calibrate = timing == "inject" and baseline_ns is None
         self.image_kind, self.host, self.cedt, self.append = image, host, cedt, append
-        self.lean = lean
-        if isinstance(qemu_args, str) or not all(isinstance(a, str) for a in qemu_args):
-            raise PfcxlError(f"qemu_args must be a list of strings, not {qemu_args!r}")
-        self.qemu_args = list(qemu_args)
+        self.lean = options.lean
+        self.qemu_args = list(options.qemu_args)
         # checked before anything is built or started: a missing or too old QEMU is one line
         self.qemu = qemu_binary.resolve(qemu) if qemu is not None else qemu_mod.qemu_binary()
         self.qemu_version = qemu_binary.version(self.qemu) if qemu is not None else None
@@ -159,7 +176,7 @@ class Machine:
         self.own_kernel = own_kernel.own(kernel, modules) if kernel is not None else None
         self.appliance = appliance
         # absolute: QEMU and the plugin get these paths, and the printed argv must be the exec'd one
-        self.run_dir_arg = Path(run_dir).absolute() if run_dir is not None else None
+        self.run_dir_arg = Path(options.run_dir) if options.run_dir is not None else None
         self.keep, self.ready_timeout = keep, ready_timeout
         self.name = name or DEFAULT_NAME
         self._pick_name = name is None
@@ -305,11 +322,10 @@ class Machine:
     def _measure_baseline(self) -> float:
         """Inject mode: the emulator's own cost per CXL request, from a count-mode guest."""
         self.say("calibrating the emulator's cost per CXL request (a count-mode guest)")
-        probe = Machine(self.topology, timing="count", image=self.image_kind, host=self.host,
-                        appliance=self.appliance, run_dir=self.run_dir / "calibrate", cedt=self.cedt,
-                        ready_timeout=self.ready_timeout, name="calibrate", progress=self.say,
-                        qemu=self.qemu if self.qemu_version else None, qemu_args=self.qemu_args,
-                        kernel=self.kernel_args[0], modules=self.kernel_args[1])
+        # the same boot options (data path, lean, append... included) in count mode
+        probe = Machine(self.topology, ready_timeout=self.ready_timeout, name="calibrate", progress=self.say,
+                        options=dataclasses.replace(self.options, timing="count", baseline_ns=None,
+                                                    run_dir=str(self.run_dir / "calibrate")))
         with probe:
             return calibration.calibrate_baseline(probe)["baseline_ns"]
 

@@ -4,6 +4,7 @@ Each test names its machines after its own pid, so parallel sessions do not meet
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl.host_tools import detached
+from pfcxl.host_tools.boot_options import BootOptions
 
 from .conftest import pfcxl_cli, pid_alive
 
@@ -89,19 +91,19 @@ def test_exec_is_run_two_execs_at_once_reuse_and_down(name):
     assert reused.returncode == 0 and f"reusing machine '{a}'" in reused.stderr
     # ... and never one of another topology or other boot options
     path = topology.resolve("pf-nic")
-    same = dict(timing=None, image="busybox", host=0, appliance=None, cedt="auto", append="",
-                inject_profile="pf", baseline_ns=None)
+    same = BootOptions()
     assert detached.find_reusable(path, same) == a
     for other in ({"append": "loglevel=7"}, {"cedt": "ours"}, {"image": "debian"}, {"lean": False}):
-        assert detached.find_reusable(path, {**same, **other}) is None, other
+        assert detached.find_reusable(path, dataclasses.replace(same, **other)) is None, other
     assert detached.find_reusable(topology.resolve("two-hb-interleave"), same) is None
-    # run --reuse with another --data-path boots its own guest
+    # run --reuse with another --data-path, --issue or --run-dir boots its own guest
     from pfcxl.host_tools import cli, cli_machines
 
     def reused(*options: str) -> str | None:
         return cli_machines.reusable(cli.parser().parse_args(["run", "--reuse", *options, "--", "true"]))
     assert reused() == a
     assert reused("--data-path", "direct") is None and reused("--data-path", "both") is None
+    assert reused("--issue", "independent") is None and reused("--run-dir", "elsewhere") is None
 
     # item 15: exec's output byte for byte
     execd = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "exec", a, "--", r"printf '\200\377A'"],

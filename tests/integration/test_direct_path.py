@@ -126,13 +126,13 @@ def test_a_second_host_on_the_appliance_and_the_pool_see_the_direct_writes(runni
                 assert pool.read(SIZE) == pattern.pattern_bytes(seed, offset, SIZE)
 
 
-@pytest.mark.parametrize("path", ["both", "direct"])
-def test_plugin_counts_and_traces_the_direct_device_exactly(boot, path):
+@pytest.mark.parametrize("pfcxl_machine", [{"topology": "pf-nic", "data_path": path, "timing": timing.TimingConfig("trace")}
+                                           for path in ("both", "direct")], indirect=True, ids=["both", "direct"])
+def test_plugin_counts_and_traces_the_direct_device_exactly(pfcxl_machine):
     """cxl_touch's K loads and W stores on the direct device: the plugin, told the direct window's
     physical range, counts exactly them and traces their very lines."""
-    topo = data_path.with_data_path(load("pf-nic"), path)
-    [placement] = address_map.direct_placements(topo)
-    vm = boot(topo, vm_name=f"trace-{path}", timing=timing.TimingConfig("trace"))
+    vm = pfcxl_machine
+    [placement] = address_map.direct_placements(vm.topology)
     [direct] = [d for d in vm.ready["dax"] if d["kind"] == "direct"]
     base = placement.base + direct["offset"]     # the direct device's byte 0
     done = vm.run(f"cxl_touch --dax {direct['path']} --reads {READS} --writes {WRITES} --seed 4", timeout=900)
@@ -149,8 +149,9 @@ def test_plugin_counts_and_traces_the_direct_device_exactly(boot, path):
     assert int((writes["hpa"] - base).sum()) == touch["write_offsets_sum"]
 
 
-def test_count_mode_counts_both_paths_in_one_phase(boot):
-    vm = boot(data_path.with_data_path(load("pf-nic"), "both"), vm_name="count", timing=timing.TimingConfig("count"))
+@pytest.mark.pfcxl(topology="pf-nic", data_path="both", timing=timing.TimingConfig("count"))
+def test_count_mode_counts_both_paths_in_one_phase(pfcxl_machine):
+    vm = pfcxl_machine
     by_kind = {d["kind"]: d["path"] for d in vm.ready["dax"]}
     vm.check("pfcxl_mark start")
     for kind, (reads, writes) in (("cxl", (300, 200)), ("direct", (700, 100))):

@@ -13,15 +13,19 @@ from .conftest import guest_file, load
 pytestmark = pytest.mark.integration
 
 
-def test_guest_boots_with_our_cedt_and_sees_its_fields(boot):
+def _with_fields_only_our_cedt_has():
     plain = load("pf-nic")
     # QEMU always writes restrictions 0x000F and QTG 0; these values exist only in our CEDT.
     window = dataclasses.replace(plain.windows[0], restrictions=0x000E, qtg_id=1)
-    topo = dataclasses.replace(plain, windows=(window,))
+    return dataclasses.replace(plain, windows=(window,))
+
+
+@pytest.mark.pfcxl(topology=_with_fields_only_our_cedt_has())
+def test_guest_boots_with_our_cedt_and_sees_its_fields(pfcxl_machine):
+    vm = pfcxl_machine
+    topo = vm.topology
     ours = boot_policy.cedt_for_boot(topo, "auto")
     assert ours is not None
-
-    vm = boot(topo)
     dmesg = vm.check("dmesg")
     assert "ACPI: Table Upgrade: override [CEDT-BOCHS -BXPC    ]" in dmesg
     assert guest_file(vm, "/sys/firmware/acpi/tables/CEDT") == ours
@@ -35,11 +39,12 @@ def _as_system_ram(name):
     return dataclasses.replace(topo, regions=tuple(dataclasses.replace(r, mode="system-ram") for r in topo.regions))
 
 
-@pytest.mark.parametrize("name", ["pf-nic", "electrical-switch"])
-def test_region_access0_matches_prediction_and_pins_the_link_term_units(boot, name):
+@pytest.mark.parametrize("pfcxl_machine", [{"topology": _as_system_ram(n)} for n in ("pf-nic", "electrical-switch")],
+                         indirect=True, ids=["pf-nic", "electrical-switch"])
+def test_region_access0_matches_prediction_and_pins_the_link_term_units(pfcxl_machine):
     # access0/ is filled in only when the region's memory goes online (kmem), never for devdax.
-    topo = _as_system_ram(name)
-    vm = boot(topo)
+    vm = pfcxl_machine
+    topo = vm.topology
     assert vm.ready["regions"][0]["mode"] == "system-ram"
     (documented,) = perf_predict.predict(topo)
     seen = {}

@@ -65,14 +65,18 @@ def test_pmem_region_namespace_and_data_survive_a_reboot(boot, tmp_path):
     assert check["status"] == 0 and check["mismatches"] == 0, check
 
 
-def test_ram_region_without_memory_hotplug_room(boot):
-    # An early note once said region setup needs maxmem above memory; it does not (devdax,
-    # system-ram and pmem regions all come up without it).
+def _without_hotplug_room() -> topology.Topology:
     doc = tomllib.loads(topology.resolve("pf-nic").read_text())
     doc["guest"] = {"memory": "1G", "maxmem": "1G"}
-    topo = topology.from_dict(doc)
+    return topology.from_dict(doc)
+
+
+@pytest.mark.pfcxl(topology=_without_hotplug_room())
+def test_ram_region_without_memory_hotplug_room(pfcxl_machine):
+    # An early note once said region setup needs maxmem above memory; it does not (devdax,
+    # system-ram and pmem regions all come up without it).
+    topo, vm = pfcxl_machine.topology, pfcxl_machine
     assert not topo.guest.hotplug_room
-    vm = boot(topo)
     assert mismatches(topo, discovery.discover(vm)) == []
     wrote = daxio(vm, "fill /dev/dax0.0 --size 4M --seed 9")
     check = daxio(vm, "verify /dev/dax0.0 --size 4M --seed 9")

@@ -18,9 +18,9 @@ QTEST = DATA / "topologies" / "qemu-qtest-cxl.toml"
 GOLDEN_CEDT = DATA / "golden" / "CEDT.cxl"
 
 
-def test_qemu_qtest_machine_boots_with_qemus_golden_cedt(boot):
-    topo = load(str(QTEST))
-    vm = boot(topo)
+@pytest.mark.pfcxl(topology=str(QTEST))
+def test_qemu_qtest_machine_boots_with_qemus_golden_cedt(pfcxl_machine):
+    topo, vm = load(str(QTEST)), pfcxl_machine
     # QEMU gives the guest, for this topology's command line, its own golden table byte for byte
     # (CHBS in QEMU's order); ours differs only in that order.
     seen = guest_file(vm, "/sys/firmware/acpi/tables/CEDT")

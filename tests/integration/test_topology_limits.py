@@ -13,7 +13,7 @@ from pfcxl.device.units import MiB
 from pfcxl.errors import VMError
 from pfcxl.host_tools import image
 from pfcxl.host_tools.vm import VM
-from tests.unit.test_hostile_inputs import LARGEST_WINDOW, one_bridge, pf_nic_doc, shipped, two_bridges
+from tests.topology_docs import LARGEST_WINDOW, one_bridge, pf_nic_doc, shipped, two_bridges
 
 from .conftest import load
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from pfcxl.device import address_map, topology
 from pfcxl.device import trace_format as tf
@@ -228,26 +227,3 @@ def _stop_and_check(run_dir: Path, pid: int) -> None:
     appliance.stop(run_dir)
     assert not (run_dir / appliance.PID).exists() and not (run_dir / appliance.SOCKET).exists()
     assert _gone(pid), f"appliance pid {pid} is still there after stop: {proc_status(pid).get('State')}"
-
-
-@pytest.fixture
-def services(tmp_path):
-    """start(**appliance values, run_dir=...) -> Running; every service started is stopped and
-    its process checked gone at teardown."""
-    started: list[tuple[Path, int]] = []
-
-    def start(run_dir: Path | None = None, **values: object) -> Running:
-        topo, path = write_topology(tmp_path / f"topology-{len(started)}.toml", **values)
-        run_dir = run_dir or tmp_path / "run"
-        pid = appliance.start(topo, path, run_dir, scan_interval=3600)
-        started.append((run_dir, pid))
-        return Running(run_dir, pid, topo, path)
-
-    yield start
-    errors = []
-    for run_dir, pid in started:
-        try:
-            _stop_and_check(run_dir, pid)
-        except AssertionError as exc:
-            errors.append(str(exc))
-    assert not errors, errors

@@ -1,4 +1,5 @@
-"""Shared unit-test helpers."""
+"""Fixtures of the unit and component tests (helpers that are plain functions live in
+appliance_helpers.py, hostile_helpers.py, bounded_cli.py), and the compile helpers."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from pfcxl.errors import BuildError
-from pfcxl.host_tools import debian_image, image
+from pfcxl.host_tools import appliance, debian_image, image
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
+
+from .appliance_helpers import Running, _stop_and_check, write_topology
+from .hostile_helpers import RealHost
 
 
 def compile_guest_tool(name: str, out_dir: Path) -> Path:
@@ -32,3 +36,43 @@ def kv_pool(tmp_path: Path, size: int = 64 << 20, hosts: int = 4, slots: int = 2
     debian_image.import_guest_module("pfcxl_kvstore").format(str(path), hosts=hosts, slots=slots,
                                                               chunk_tokens=KV_CHUNK_TOKENS)
     return str(path)
+
+
+@pytest.fixture
+def services(tmp_path):
+    """start(**appliance values, run_dir=...) -> Running; every service started is stopped and
+    its process checked gone at teardown."""
+    started: list[tuple[Path, int]] = []
+
+    def start(run_dir: Path | None = None, **values: object) -> Running:
+        topo, path = write_topology(tmp_path / f"topology-{len(started)}.toml", **values)
+        run_dir = run_dir or tmp_path / "run"
+        pid = appliance.start(topo, path, run_dir, scan_interval=3600)
+        started.append((run_dir, pid))
+        return Running(run_dir, pid, topo, path)
+
+    yield start
+    errors = []
+    for run_dir, pid in started:
+        try:
+            _stop_and_check(run_dir, pid)
+        except AssertionError as exc:
+            errors.append(str(exc))
+    assert not errors, errors
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    base = tmp_path_factory.mktemp("hostile")
+    topo, path = write_topology(base / "small.toml")
+    run_dir = base / "run"
+    pid = appliance.start(topo, path, run_dir, scan_interval=3600)
+    host = None
+    try:
+        host = RealHost(Running(run_dir, pid, topo, path))
+        host.check()
+        yield host
+    finally:
+        if host is not None:
+            host.client.close()
+        _stop_and_check(run_dir, pid)

@@ -1,5 +1,5 @@
 """What the hostile-client tests of the appliance service share: one real service per test
-module (the `real` fixture, stopped and checked gone at the module's end) with a real host
+module (the `real` fixture in conftest.py, stopped and checked gone at the module's end) with a real host
 (host 0) whose regions hold marks, and the protocol's own verdict on any line (check_reply)."""
 
 from __future__ import annotations
@@ -7,15 +7,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from pfcxl.device import appliance_protocol as proto
 from pfcxl.device.units import MiB
-from pfcxl.host_tools import appliance
 
 from .appliance_helpers import (
-    POOL_END, PRIVATE, SHARED, Running, _stop_and_check, crc_of, peek, poke, proc_status, same_object,
-    wait_until, write_topology,
+    POOL_END, PRIVATE, SHARED, Running, crc_of, peek, poke, proc_status, same_object, wait_until,
 )
 
 # One service for the whole module. A real host (host 0, on its own connection) has written
@@ -72,23 +68,6 @@ class RealHost:
         pool = crc_of(PRIVATE, {}, pool)
         return {"shared": f"{crc_of(SHARED, shared):#010x}", "private/0": f"{crc_of(PRIVATE, private):#010x}",
                 "private/1": f"{crc_of(PRIVATE, {}):#010x}", "pool": f"{pool:#010x}"}
-
-
-@pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    base = tmp_path_factory.mktemp("hostile")
-    topo, path = write_topology(base / "small.toml")
-    run_dir = base / "run"
-    pid = appliance.start(topo, path, run_dir, scan_interval=3600)
-    host = None
-    try:
-        host = RealHost(Running(run_dir, pid, topo, path))
-        host.check()
-        yield host
-    finally:
-        if host is not None:
-            host.client.close()
-        _stop_and_check(run_dir, pid)
 
 
 def expected_reply(line: bytes) -> tuple[dict | None, dict]:

@@ -1,19 +1,22 @@
 """Ten thousand random messages, most of them plausible requests, to the real appliance service
-while a real host is served (hostile_helpers.py): each gets the protocol's own verdict, and the
+while a real host is served (the `real` fixture, conftest.py): each gets the protocol's own verdict, and the
 service ends as it began: same hosts, same descriptors, same memory."""
 
 from __future__ import annotations
 
+import pytest
 import json
 import random
 
 from pfcxl.device import appliance_protocol as proto
 
 from .appliance_helpers import POOL_END, resources
-from .hostile_helpers import RealHost, check_reply, expected_reply, real  # noqa: F401 (real: fixture)
+from .hostile_helpers import RealHost, check_reply, expected_reply
 
 
 FUZZ_KEYS = ["op", "v", "id", "host", "port", "name", "offset", "size", "hosts", "", "op ", "ID"]
+
+pytestmark = pytest.mark.component
 
 
 def _random_value(rng: random.Random, depth: int = 0):

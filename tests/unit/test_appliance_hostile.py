@@ -4,7 +4,7 @@ half-closed connections, clients that never read, binary garbage, too many conne
 checksum floods (the random messages are in test_appliance_fuzz.py).
 
 The one service is started with `appliance.start` and stopped with `appliance.stop` in the
-`real` fixture's finalizer (hostile_helpers.py), which also checks that its process is gone."""
+`real` fixture's finalizer (conftest.py), which also checks that its process is gone."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pfcxl.device.appliance_service import MAX_CHECKSUMS_WAITING, MAX_CLIENTS, M
 from pfcxl.device.units import MiB
 
 from .appliance_helpers import WAIT, resources, wait_until
-from .hostile_helpers import exchange, real  # noqa: F401 (real is the module's fixture)
+from .hostile_helpers import exchange
 
 
 MALFORMED = [b"{", b'{"op": "hello"', b"", b"   ", b"nul", b"{'op': 'hello'}", b'{"op": "hello",}',
@@ -47,6 +47,8 @@ BAD_HOSTS = [b'{"op": "attach", "host": -1}', b'{"op": "attach", "host": 1024}',
              b'{"op": "attach", "host": 1000000000000000000000000000000}',
              b'{"op": "region", "host": -1000000000000000000000000000000, "name": "shared"}',
              b'{"op": "detach", "host": 4096}']
+
+pytestmark = pytest.mark.component
 
 
 @pytest.mark.parametrize("batch", [MALFORMED, NOT_OBJECTS, UNKNOWN_OPS, WRONG_TYPES, MISSING_FIELDS,

@@ -24,7 +24,9 @@ from pfcxl.errors import ApplianceError
 from pfcxl.host_tools import appliance, qemu
 from pfcxl.device import topology
 
-from .appliance_helpers import Raw, peek, poke, services, wait_until, write_topology  # noqa: F401
+from .appliance_helpers import Raw, peek, poke, wait_until, write_topology
+
+pytestmark = pytest.mark.component
 
 
 def _gone(pid: int) -> bool:

@@ -26,9 +26,10 @@ from pfcxl.errors import ApplianceError
 from pfcxl.host_tools import appliance
 
 from .appliance_helpers import (
-    POOL_END, PRIVATE, SHARED, _gone, crc_of, peek, poke, same_object, services, wait_until,
-    write_topology,
+    POOL_END, PRIVATE, SHARED, _gone, crc_of, peek, poke, same_object, wait_until, write_topology,
 )
+
+pytestmark = pytest.mark.component
 
 
 # --------------------------------------------------------------------------- protocol

@@ -15,8 +15,9 @@ from pfcxl.device.appliance_ops import MAX_SYNC_WAITING
 from pfcxl.errors import PfcxlError
 from pfcxl.host_tools import appliance
 
-from .appliance_helpers import (Raw, _stop_and_check, play_plugin, reads_of_the_shared_region,  # noqa: F401
-                                services, write_topology)
+from .appliance_helpers import Raw, _stop_and_check, play_plugin, reads_of_the_shared_region, write_topology
+
+pytestmark = pytest.mark.component
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,8 @@ CORRUPTIONS = {
     "tail moved back": lambda head, tail: (head, tail - 10),
 }
 
+pytestmark = pytest.mark.component
+
 
 def corrupt(att: appliance.Attachment, how) -> None:
     fd = att.ring_fd

@@ -4,6 +4,7 @@ labelled by what they measured, metrics of one file only listed."""
 
 from __future__ import annotations
 
+import pytest
 import copy
 import json
 import math
@@ -14,6 +15,8 @@ from .test_bench_report import render, sample
 from pfcxl.host_tools import bench_report
 
 SYSTEMS = ("pf", "electrical", "dram")
+
+pytestmark = pytest.mark.component
 
 
 def with_modelled_rows(results: dict, scale: float = 1.0) -> dict:

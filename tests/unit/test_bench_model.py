@@ -18,6 +18,8 @@ IDLE_READ = {"pf": MODELS["pf"].idle_ns(False), "electrical": MODELS["electrical
              "dram": MODELS["local"].idle_ns(False)}
 SPAN = 4 << 20
 
+pytestmark = pytest.mark.unit
+
 
 def seq_stream(n: int, *, size: int = 64, write: bool = False, start: int = 0) -> np.ndarray:
     """One guest streaming lines in order, stamped as a vCPU's instruction counter would."""

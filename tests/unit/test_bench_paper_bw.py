@@ -19,6 +19,8 @@ BASE = address_map.dax_placements(TOPO)[0].base
 APP = fabric_systems.appliance_for(TOPO)
 PORT_GBS = fc.PF_PORT_BANDWIDTH_MBS / 1000
 
+pytestmark = pytest.mark.component
+
 
 def row(n: int, *, size: int = 64, linear: bool = True, write: bool = False) -> np.ndarray:
     """A guest's captured row of `size`-byte transfers as the plugin records them: one record per

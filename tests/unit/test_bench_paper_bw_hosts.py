@@ -21,6 +21,8 @@ BASE = address_map.dax_placements(TOPO)[0].base
 HOSTS, LINES, SPAN = 16, 16384, 2 << 20
 ROWS = [("seq", 64), ("seq", 1024), ("random", 64), ("random", 1024)]
 
+pytestmark = pytest.mark.component
+
 
 def test_each_guest_stripes_onto_its_own_module_then_rotates_across_all():
     cmd = multihost.expand(bh.command(APP, sizes="64,1024", nbytes="1M", span="2M"), 3, HOSTS)
@@ -100,6 +102,15 @@ def test_the_script_reports_the_real_hosts_capture(tmp_path):
         assert port["queues"] == HOSTS and port["gbs_min"] == pytest.approx(fc.PF_PORT_BANDWIDTH_MBS / 1000, rel=0.02)
         assert r["own_module"]["electrical"]["ports"]["switch_link_up"]["utilisation_min"] >= 0.97
         assert r["electrical_curve"]["knee"]["load"] == 0.7
-    assert "own module" in done.stdout and "on own module" in done.stdout
     assert report["captured_records"] == HOSTS * 8 * LINES == report["appliance"]["records"]
-    assert "largest ring fill 999 of 524288, dropped 0" in done.stdout
+    assert report["appliance"]["rings"] == {"largest_fill": 999, "capacity": 1 << 19, "dropped": 0}  # the stats file's
+    # the printed own-module table holds the report's rows and figures: every host's lines of each row
+    from pfcxl.host_tools import bench_paper_bw
+    printed = list(zip(*(c._cells for c in bench_paper_bw.tables(report)[0].columns)))
+    assert sorted((p, o, s) for p, o, s, *_ in printed) == sorted((p, "read", str(s)) for p, s in ROWS)
+    for cells, r in zip(printed, report["rows"]):
+        assert r["records"] == HOSTS * LINES and cells[3] == str(r["records"])
+        assert float(cells[5]) == pytest.approx(r["own_module"]["pf"]["ports"]["port_up"]["gbs_min"], abs=0.005)
+        assert cells[-2] == "0.7"                                   # the electrical knee's load
+        assert f"{r['pattern']} {r['size']} B 1.000" in " ".join(done.stdout.split())   # records on own module
+    assert f"largest ring fill 999 of {1 << 19}, dropped 0" in done.stdout

@@ -17,6 +17,8 @@ from .test_bench_report import sample
 
 SYSTEMS = ("pf", "electrical", "dram")
 
+pytestmark = pytest.mark.unit
+
 
 def with_trace_and_rows(traced: bool, rows: bool) -> dict:
     results = copy.deepcopy(sample(modelled=traced))

@@ -1,8 +1,6 @@
 """bench reports from results files: labelled tables, PNG plots, comparisons, suite files."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 from rich.console import Console
@@ -11,6 +9,8 @@ from pfcxl.errors import PfcxlError
 from pfcxl.host_tools import bench, bench_plots, bench_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
+
+pytestmark = pytest.mark.unit
 
 
 def sample(scale: float = 1.0, modelled: bool = True) -> dict:
@@ -47,8 +47,13 @@ def test_tables_carry_the_labelled_columns_and_the_failures():
     text = render(bench_report.tables(sample()))
     for label in ("measured in emulator", "modelled PF appliance", "modelled electrical switch pool", "local DRAM"):
         assert label in text
-    assert "283 ns (traced)" in text and "774 ns (traced)" in text
-    assert "hanger" in text and "did not finish within 15s" in text
+    # each cell is the results' figure for its row and column: measured CXL, traced PF and
+    # electrical p50s, measured local; a measured figure follows the data (scale 3)
+    assert _row(text, "read") == ["read", "700 ns", "283 ns (traced)", "833 ns (traced)", "700 ns"]
+    assert _row(text, "write") == ["write", "800 ns", "224 ns (traced)", "774 ns (traced)", "800 ns"]
+    assert _row(render(bench_report.tables(sample(3.0))), "read")[1] == "2100 ns"
+    assert _row(text, "seq", "read", "1024")[4:] == ["320.0", "320.0"]     # 20 MB/s x 1024 / 64, CXL and local
+    assert _row(text, "hanger") == ["hanger", "benchmark hanger: command did not finish within 15s"]
 
 
 def _with_direct(results: dict, scale: float) -> dict:
@@ -100,27 +105,41 @@ def test_suite_on_data_paths_and_the_devices_each_path_uses():
 
 
 def test_without_a_trace_the_idle_model_is_shown_and_said_so():
+    from pfcxl.device import fabric_model
     text = render(bench_report.tables(sample(modelled=False)))
-    assert "283 ns (idle model)" in text and "224 ns (idle model)" in text
+    for op, write in (("read", False), ("write", True)):       # the fabric model's idle latencies
+        assert _row(text, op)[2:4] == [f"{fabric_model.idle_ns('pf', write)} ns (idle model)",
+                                       f"{fabric_model.idle_ns('electrical', write)} ns (idle model)"]
     assert "(traced)" not in text
 
 
-def test_plots_are_png_files(tmp_path):
+def test_plots_are_png_files_with_something_drawn(tmp_path):
+    from matplotlib import image as mpimg
     written = bench_plots.plots(sample(), tmp_path)
     assert {p.name for p in written} == {"latency_cdf.png", "loaded_latency.png", "bandwidth.png"}
-    assert all(p.read_bytes()[:8] == PNG for p in written)
+    for path in written:
+        assert path.read_bytes()[:8] == PNG
+        pixels = mpimg.imread(path)                              # decodes: a whole image, not a header
+        assert pixels.shape[0] > 100 and pixels.shape[1] > 100
+        assert len({tuple(p) for p in pixels.reshape(-1, pixels.shape[2])[::97]}) > 3   # not a blank page
 
 
-def test_compare_reports_ratios(tmp_path):
+def test_compare_reports_ratios(tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
     for path, scale in ((a, 1.0), (b, 2.0)):
         path.mkdir()
         (path / "results.json").write_text(json.dumps(sample(scale)))
-    text = render([bench_report.compare(bench_report.load(a), bench_report.load(b))])
-    assert "idle_latency/cxl read ns" in text and "2.00" in text
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "bench", "compare", str(a), str(b)],
-                          capture_output=True, text=True)
-    assert done.returncode == 0 and "B / A" in done.stdout
+    table = bench_report.compare(bench_report.load(a), bench_report.load(b))
+    rows = {m: (x, y, r) for m, x, y, r in zip(*(c._cells for c in table.columns))}
+    # measured latencies and bandwidths were scaled by 2 in B; the modelled p50s and loaded rows were not
+    assert rows["idle_latency/cxl read ns"] == ("700.0", "1400.0", "2.00")
+    assert rows["bandwidth/cxl seq read 1024B x1 MB/s"] == ("320.0", "640.0", "2.00")
+    assert rows["loaded_latency/cxl delay 2000 latency ns"] == ("1200.0", "1200.0", "1.00")
+    assert all(r == f"{float(y) / float(x):.2f}" for x, y, r in rows.values())
+    from pfcxl.host_tools.cli import main
+    capsys.readouterr()
+    assert main(["bench", "compare", str(a), str(b)]) == 0
+    assert "B / A" in capsys.readouterr().out
     with pytest.raises(PfcxlError, match="no results"):
         bench_report.load(tmp_path / "missing")
 

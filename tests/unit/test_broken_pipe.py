@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.component
+
 
 def pfcxl_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
     read_end, write_end = os.pipe()

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.component
+
 
 def pfcxl(*args: str) -> subprocess.CompletedProcess:
     # a wrong answer would boot a guest or start an appliance: the timeout bounds that

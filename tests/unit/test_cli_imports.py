@@ -23,6 +23,8 @@ except SystemExit as exc:        # --help
 print(json.dumps({"status": status, "modules": sorted(sys.modules)}))
 """
 
+pytestmark = pytest.mark.component
+
 
 def imported(tmp_path, *argv: str) -> tuple[int, set[str], str]:
     env = {**os.environ, "PFCXL_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"}

@@ -8,6 +8,8 @@ import pytest
 from pfcxl.host_tools import cli, cli_kv
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def pool(tmp_path):

@@ -13,6 +13,8 @@ from pfcxl.serving import calibrate, compute, inputs, retrieval
 
 from .test_serving_traces import BAD, GOOD
 
+pytestmark = pytest.mark.component
+
 
 def pfcxl(*args):
     return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "serving", *args], capture_output=True,

@@ -20,6 +20,8 @@ from pfcxl.device.trace_ring import Ring
 TOPO = topology.load(topology.resolve("pf-appliance"))
 APP = TOPO.appliance
 
+pytestmark = pytest.mark.unit
+
 
 def produce(fd: int, n: int, writes: bool = False) -> None:
     """What the plugin does, through the descriptor the appliance handed out."""

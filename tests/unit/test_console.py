@@ -10,6 +10,8 @@ import pytest
 from pfcxl.host_tools import multihost
 from pfcxl.host_tools.console import Console, ConsoleClosed, line_markers, shell_command
 
+pytestmark = pytest.mark.component
+
 
 @pytest.mark.parametrize("command, expected", [
     ("cxl list -R | head", "cxl list -R | head"),                 # one string: shell syntax, as typed

@@ -17,6 +17,8 @@ from pfcxl.host_tools.console import CommandRunner, Console
 
 BUSYBOX = "/bin/busybox"
 
+pytestmark = pytest.mark.component
+
 
 class Terminal:
     """The pty's master side, as Console reads and writes a socket."""

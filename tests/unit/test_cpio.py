@@ -12,6 +12,8 @@ from pfcxl.host_tools import cpio
 Entry = cpio.Entry
 HEADER_LEN = 110
 
+pytestmark = pytest.mark.component
+
 
 def sample_entries() -> list[cpio.Entry]:
     # File sizes 0..7 and 13 and name lengths of every residue mod 4 exercise all the padding paths.

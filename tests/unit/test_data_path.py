@@ -14,6 +14,8 @@ from pfcxl.guest import plan
 
 from .topology_data import PMEM, argv_of, doc_of, values_of
 
+pytestmark = pytest.mark.component
+
 
 def _shipped(name: str) -> topology.Topology:
     return topology.load(topology.resolve(name))

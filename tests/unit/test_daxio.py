@@ -31,6 +31,8 @@ OFF = 2 * MiB - 4096 + 8
 SIZE = 64 * 1024 + 8 * 3
 SEED = 0x1234
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture(scope="module")
 def daxio(tmp_path_factory) -> Path:

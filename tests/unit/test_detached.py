@@ -6,10 +6,11 @@ import pytest
 from pfcxl.device import topology
 from pfcxl.errors import PfcxlError, VMError
 from pfcxl.host_tools import detached
+from pfcxl.host_tools.boot_options import BootOptions
 from pfcxl.host_tools.cli import main
 
-BASE = dict(timing=None, image="busybox", host=0, appliance=None, cedt="auto", append="",
-            inject_profile="pf", baseline_ns=None)
+pytestmark = pytest.mark.unit
+
 
 
 @pytest.fixture(autouse=True)
@@ -23,38 +24,8 @@ def test_bad_names_are_refused_in_one_line(name):
         detached.machine_dir(name)
 
 
-def test_the_reuse_key_follows_topology_content_and_boot_options(tmp_path):
-    path = topology.resolve("pf-nic")
-    key = detached.boot_key(path, BASE)
-    # timeouts and file locations do not change the guest; lean is the default either way
-    assert detached.boot_key(path, {**BASE, "ready_timeout": 5, "run_dir": "/x", "keep": True}) == key
-    assert detached.boot_key(path, {**BASE, "lean": True}) == key
-    for other in ({"append": "quiet"}, {"cedt": "ours"}, {"image": "debian"}, {"timing": "count"},
-                  {"host": 1}, {"lean": False}, {"data_path": "direct"}, {"data_path": "both"}):
-        assert detached.boot_key(path, {**BASE, **other}) != key, other
-    copy = tmp_path / "copy.toml"
-    copy.write_bytes(path.read_bytes())
-    assert detached.boot_key(copy, BASE) == key                 # same content, another file: same
-    copy.write_bytes(path.read_bytes() + b"\n# edited\n")
-    assert detached.boot_key(copy, BASE) != key
-
-
-def test_the_reuse_key_takes_every_option_of_run_and_up_that_reaches_the_machine():
-    # --data-path was left out, so `run --reuse --data-path direct` took a
-    # machine booted with the CXL path alone. Every keyword Machine is given from the command
-    # line either counts for the key or is one that cannot change the guest.
-    from pfcxl.host_tools import cli, cli_machines
-    args = cli.parser().parse_args(["run", "--reuse", "--", "true"])
-    not_the_guest = {"run_dir", "keep", "ready_timeout"}
-    assert set(cli_machines.boot_options(args)) - not_the_guest <= set(detached.BOOT_OPTIONS)
-    keys = {detached.boot_key(topology.resolve("pf-nic"), cli_machines.boot_options(
-        cli.parser().parse_args(["run", "--reuse", *extra, "--", "true"])))
-        for extra in ([], ["--data-path", "cxl"], ["--data-path", "direct"], ["--data-path", "both"])}
-    assert len(keys) == 4
-
-
 def test_no_machine_up_means_nothing_to_reuse_list_or_exec(capsys):
-    assert detached.names() == [] and detached.find_reusable(topology.resolve("pf-nic"), BASE) is None
+    assert detached.names() == [] and detached.find_reusable(topology.resolve("pf-nic"), BootOptions()) is None
     with pytest.raises(PfcxlError, match="no machine 'm1' is up") as raised:
         detached.exec_command("m1", "true")
     assert type(raised.value) is PfcxlError          # a wrong name: not VMError, QEMU's failure code

@@ -36,6 +36,8 @@ print("listening", flush=True)
 time.sleep(600)
 """
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):

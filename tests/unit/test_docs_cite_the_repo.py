@@ -3,6 +3,7 @@ a user has only the repo."""
 
 from __future__ import annotations
 
+import pytest
 import re
 from pathlib import Path
 
@@ -17,6 +18,8 @@ CITED = re.compile(r"(?<![\w/.-])((?:docs|device|firmware_tables|guest|host_tool
                    r"/[\w./-]*?\.(?:md|py|c|h|toml|j2|jsonl|npy))\b")
 OUTSIDE = re.compile(r"\.\./shared/|/work/shared|\bDESIGN\.md\b|\bPLATFORM\.md\b|\bDIGEST\.md\b"
                      r"|\(issues? \d+|\bissue #?\d+\b", re.IGNORECASE)
+
+pytestmark = pytest.mark.unit
 
 
 def repo_texts() -> list[Path]:

@@ -18,6 +18,8 @@ from pfcxl.host_tools import elf_deps
 
 PROGRAMS = ["usr/bin/cxl", "usr/bin/daxctl"]
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture(scope="module")
 def manifest() -> dict:

@@ -17,6 +17,8 @@ from pfcxl.device.trace_format import LINE
 APP = topology.load(topology.resolve("pf-appliance")).appliance
 PS = wl.PS_STAMP
 
+pytestmark = pytest.mark.unit
+
 
 def pf(**kw):
     return fm.pf_appliance(APP, **kw)

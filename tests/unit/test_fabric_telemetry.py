@@ -23,6 +23,8 @@ APP = TOPO.appliance
 BASE = 1 << 40                          # where the synthetic hosts see the pool
 RANGES = [(BASE, APP.shared, 0)]
 
+pytestmark = pytest.mark.unit
+
 
 def stream(n: int, *, first_insn: int = 0, gap: float = 10, stride: int = LINE, start: int = 0,
            writes: bool = False, seed: int = 0) -> np.ndarray:

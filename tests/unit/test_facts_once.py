@@ -46,6 +46,8 @@ FACTS = [
     ("the idle-latency formula", r"def idle_\w*ns\b", {"device/fabric_model.py"}),
 ]
 
+pytestmark = pytest.mark.unit
+
 
 def docstring_lines(path: Path) -> set[int]:
     """The lines of a Python file's docstrings: prose, like comments."""

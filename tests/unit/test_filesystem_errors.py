@@ -16,6 +16,8 @@ from pfcxl.host_tools import image, qemu
 REAL_MANIFEST = cache.manifest_path()     # before any test moves PFCXL_CACHE
 REAL_IMAGES = cache.images_dir()
 
+pytestmark = pytest.mark.component
+
 
 def pfcxl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True,

@@ -70,6 +70,8 @@ OPTIONS = {
                   "--read-pct", "--seed", "--stripe", "--rotate"],
 }
 
+pytestmark = pytest.mark.component
+
 
 def conform(value, spec, where: str = "$") -> None:
     if isinstance(spec, tuple):

@@ -1,5 +1,6 @@
 """The guest-side Python probes (pfcxl_guest), run on the host against a regular file."""
 
+import pytest
 import importlib.util
 import json
 import struct
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 GUEST_MODULE = Path(__file__).resolve().parents[2] / "guest" / "python" / "pfcxl_guest.py"
+
+pytestmark = pytest.mark.component
 
 
 def load_module():

@@ -12,6 +12,8 @@ import pytest
 
 from pfcxl.host_tools import cli
 
+pytestmark = pytest.mark.unit
+
 
 def commands(ap: argparse.ArgumentParser, path=("pfcxl",)):
     """(path, parser, its one-line help in the parent's list) for every command, depth first."""

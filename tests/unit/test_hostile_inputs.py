@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 
 import pytest
 
@@ -15,6 +14,10 @@ from pfcxl.errors import ApplianceError, TopologyError
 from pfcxl.firmware_tables import acpi, cdat, cedt
 from pfcxl.firmware_tables.layout import MAX_TABLE_BYTES, MAX_VIOLATIONS_SHOWN
 from pfcxl.host_tools.vm import FIRST_MEMORY_FD
+
+from tests.topology_docs import LARGEST_WINDOW, bridges_doc, one_bridge, pf_nic_doc, shipped, two_bridges
+
+pytestmark = pytest.mark.component
 
 
 def _cli(*args, env=None):
@@ -117,10 +120,6 @@ def test_a_file_of_tiny_subtables_lists_a_bounded_summary(tmp_path):
 # ------------------------------------------------------------------------------ topologies
 
 
-def shipped(name: str) -> dict:
-    return tomllib.loads(topology.resolve(name).read_text())
-
-
 def one_line_error(doc: dict) -> str:
     """The single error line a topology gives (fails if it loads, or gives several lines)."""
     with pytest.raises(TopologyError) as info:
@@ -128,27 +127,6 @@ def one_line_error(doc: dict) -> str:
     lines = str(info.value).splitlines()
     assert len(lines) == 1 and lines[0].startswith("t.toml: "), lines
     return lines[0]
-
-
-def bridges_doc(n_bridges: int, rps_per_bridge: int = 1, granularity: str = "4K", ways: int | None = None) -> dict:
-    """n host bridges with rps_per_bridge root ports and one 256 MiB device each; one window over
-    all bridges and one region over every device in the window's routing order."""
-    doc = shipped("pf-nic")
-    doc.update(host_bridge=[], root_port=[], device=[])
-    for h in range(n_bridges):
-        doc["host_bridge"].append({"id": f"hb{h}", "bus_nr": 1 + h * (rps_per_bridge + 1)})
-        for r in range(rps_per_bridge):
-            i = h * rps_per_bridge + r
-            doc["root_port"].append({"id": f"rp{i}", "host_bridge": f"hb{h}", "port": r, "chassis": 0,
-                                     "slot": i + 1})
-            doc["device"].append({"id": f"m{i}", "port": f"rp{i}", "volatile": "256M", "serial": i + 1})
-    # position p goes to bridge p mod n: list devices round-robin over the bridges
-    order = [f"m{h * rps_per_bridge + r}" for r in range(rps_per_bridge) for h in range(n_bridges)]
-    doc["window"] = [{"id": "fmw0", "size": f"{n_bridges * rps_per_bridge}G",
-                      "targets": [f"hb{h}" for h in range(n_bridges)],
-                      "granularity": granularity}]
-    doc["region"] = [{"window": "fmw0", "devices": order[:ways or len(order)]}]
-    return doc
 
 
 def switches_doc(granularity: str) -> dict:
@@ -229,14 +207,6 @@ def test_the_last_host_bridge_buses_stay_below_256():
     topology.from_dict(doc)
 
 
-def pf_nic_doc(**changes) -> dict:
-    doc = shipped("pf-nic")
-    for section, values in changes.items():
-        target = doc[section] if isinstance(doc[section], dict) else doc[section][0]
-        target.update(values)
-    return doc
-
-
 def test_serial_all_ones_is_qemus_no_serial():
     line = one_line_error(pf_nic_doc(device={"serial": 0xFFFF_FFFF_FFFF_FFFF}))
     assert "device 'pfnic0'.serial" in line and "no serial" in line
@@ -283,29 +253,9 @@ def test_hundred_devices_on_seven_host_bridges_need_the_vcpus_for_their_interrup
     assert "host_bridge 'hb0'.bus_nr: needs buses 1-16" in one_line_error(doc)
 
 
-def one_bridge(devices: int, cpus: int = 1) -> dict:
-    doc = bridges_doc(1, rps_per_bridge=devices, granularity="256", ways=1)
-    doc["window"] = [{"id": "fmw0", "size": "1G", "targets": ["hb0"]}]
-    doc["guest"]["cpus"] = cpus
-    return doc
-
-
-def two_bridges(devices: int) -> dict:
-    """`devices` devices on their own root ports, spread over two host bridges; one vCPU."""
-    doc = bridges_doc(2, rps_per_bridge=(devices + 1) // 2, granularity="256", ways=1)
-    del doc["root_port"][devices:], doc["device"][devices:]
-    doc["window"] = [{"id": "fmw0", "size": "1G", "targets": ["hb0"]}]
-    return doc
-
-
 def test_interrupt_vectors_boundary_on_one_vcpu():
     assert len(topology.from_dict(two_bridges(32)).devices) == 32    # 32 + 32 x 5 = 192 vectors
     assert "198 interrupt vectors" in one_line_error(two_bridges(33))
-
-
-# pf-nic: cxl_base 0x2_4000_0000, windows from 0x2_5000_0000; QEMU's highest address is the windows'
-# end rounded up to 1 GiB plus its 32 GiB 64-bit PCI hole, and must stay below 0xFD_0000_0000.
-LARGEST_WINDOW = 0xF5_0000_0000 - 0x2_5000_0000
 
 
 def test_address_space_limit_of_the_windows():

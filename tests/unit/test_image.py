@@ -11,6 +11,8 @@ from pfcxl.guest import plan
 from pfcxl import cache
 from pfcxl.host_tools import cpio, elf_deps, image
 
+pytestmark = pytest.mark.component
+
 
 def load(name: str) -> topology.Topology:
     return topology.load(topology.resolve(name))

@@ -10,6 +10,8 @@ from pfcxl.host_tools import image
 
 INIT = image.GUEST_INIT / "init"
 
+pytestmark = pytest.mark.component
+
 
 def memdev_of(devices, serial: str) -> subprocess.CompletedProcess:
     function = re.search(r"^memdev_of\(\) \{\n.*?^\}\n", INIT.read_text(), re.S | re.M).group(0)

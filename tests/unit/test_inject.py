@@ -12,6 +12,8 @@ TOPO = topology.load(topology.resolve("two-hb-interleave"))
 DEV = TOPO.devices[0]
 SIZE = DEV.capacity
 
+pytestmark = pytest.mark.unit
+
 
 def test_every_kind_names_its_qmp_command_and_device_path():
     for kind, (command, _) in inject.KINDS.items():

@@ -16,6 +16,8 @@ from pfcxl.errors import TopologyError
 LAYOUTS = Path(__file__).parents[1] / "data" / "topologies"
 WAYS = (1, 2, 3, 4, 6, 8, 12, 16)
 
+pytestmark = pytest.mark.unit
+
 
 def layout(name: str) -> topology.Topology:
     return topology.load(LAYOUTS / f"{name}.toml")

@@ -10,6 +10,8 @@ from pfcxl import cache
 from pfcxl.host_tools import kernel_pvh
 from pfcxl.machine import Machine
 
+pytestmark = pytest.mark.component
+
 
 def values(argv, flag):
     return [argv[i + 1] for i, a in enumerate(argv) if a == flag]

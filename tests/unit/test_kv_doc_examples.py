@@ -15,6 +15,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.component
+
 
 def kv_examples(doc: str) -> list[str]:
     """The `pfcxl appliance start` and `pfcxl kv` commands of the document's sh blocks that show

@@ -16,6 +16,8 @@ from .conftest import kv_pool
 conn = debian_image.import_guest_module("pfcxl_kvconnectors")
 kv = debian_image.import_guest_module("pfcxl_kvstore")
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture
 def two_hosts(tmp_path):

@@ -18,6 +18,8 @@ from .conftest import kv_pool as pool
 kv = debian_image.import_guest_module("pfcxl_kvstore")
 SCALE = 1024        # chunks scaled down 1024x: 8B's 32 MiB chunk is 32 KiB, 405B's 126 MiB is 126 KiB
 
+pytestmark = pytest.mark.component
+
 
 def block(seed: int, size: int) -> bytes:
     return bytes((seed * 131 + i * 7) & 0xFF for i in range(256)) * (size // 256) + bytes(size % 256)

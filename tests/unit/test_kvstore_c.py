@@ -19,6 +19,8 @@ kv = debian_image.import_guest_module("pfcxl_kvstore")
 GOLDEN = 0x9E3779B97F4A7C15
 MASK = (1 << 64) - 1
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture(scope="module")
 def tool(tmp_path_factory):

@@ -23,6 +23,8 @@ from .conftest import compile_guest_tool, kv_pool
 kv = debian_image.import_guest_module("pfcxl_kvstore")
 U64 = (1 << 64) - 1
 
+pytestmark = pytest.mark.component
+
 
 def codes(fields) -> dict:
     """Each field's struct code (8s, I, Q) by name."""

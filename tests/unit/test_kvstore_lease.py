@@ -20,6 +20,8 @@ kv = debian_image.import_guest_module("pfcxl_kvstore")
 BUSY = "host {h} is open for writing by another process (its lease is held and its heartbeat moves): close it " \
        "there, or use another host"
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture(scope="module")
 def tool(tmp_path_factory):

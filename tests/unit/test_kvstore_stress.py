@@ -4,7 +4,10 @@ one written for its key. With reads that did not check the key in the same snaps
 and the block, these settings (4 records per host, so a slot is reused for another
 key at once) gave 2 wrong reads in each of 4 runs of 5 s here."""
 
+import pytest
 from pfcxl.host_tools import bench_kv_stress
+
+pytestmark = pytest.mark.component
 
 
 def test_hosts_killed_at_random_under_constant_eviction_never_read_another_keys_bytes(tmp_path):

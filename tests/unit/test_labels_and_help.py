@@ -3,8 +3,7 @@ exit status of each kind of failure is listed in `pfcxl --help`."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import pytest
 
 import numpy as np
 from rich.console import Console
@@ -13,6 +12,8 @@ from pfcxl import errors
 from pfcxl.device import address_map, fabric_model, topology
 from pfcxl.device import trace_format as tf
 from pfcxl.host_tools import bench_report, timing_report
+
+pytestmark = pytest.mark.unit
 
 
 def load(name: str) -> topology.Topology:
@@ -56,33 +57,64 @@ def test_bench_idle_table_names_the_model_and_a_missing_topology():
     assert "pf-appliance" in text
 
 
-def run_help(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args, "--help"],
-                          capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+def run_help(capsys, *args: str) -> str:
+    """`pfcxl ARGS --help` as the user sees it (argparse prints it and exits 0)."""
+    from pfcxl.host_tools.cli import main
+    with pytest.raises(SystemExit) as done:
+        main([*args, "--help"])
+    assert done.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
 
 
-def test_help_lists_every_exit_code_and_a_build_failure_is_not_a_vm_failure():
-    text = run_help()
-    for code, name, _ in errors.exit_codes():
-        assert f"{code:3}  {name}" in text
-    assert errors.BuildError.exit_code != errors.VMError.exit_code
-    assert errors.TimingError.exit_code != errors.VMError.exit_code
+def every_error_class() -> list[type]:
+    found, todo = [], [errors.PfcxlError]
+    while todo:
+        cls = todo.pop(0)
+        found.append(cls)
+        todo += cls.__subclasses__()
+    return found
 
 
-def test_help_figures_come_from_the_model():
-    text = " ".join(run_help("run").split())
-    read, write = fabric_model.idle_ns("pf", False), fabric_model.idle_ns("pf", True)
-    assert f"{read} ns read, {write} ns write" in text
+@pytest.mark.parametrize("cls", every_error_class(), ids=lambda c: c.__name__)
+def test_each_kind_of_failure_exits_with_the_status_help_lists_for_it(cls, capsys, monkeypatch):
+    listed = {name: code for code, name, _ in errors.exit_codes()}
+    text = run_help(capsys)
+    assert f"{listed[cls.__name__]} {cls.__name__}" in text
+    from pfcxl.host_tools import cli
+
+    def fails(path):
+        raise cls("what went wrong")
+    monkeypatch.setattr(topology, "load", fails)         # what `pfcxl topology check` calls
+    assert cli.main(["topology", "check", "x.toml"]) == listed[cls.__name__]
+    assert capsys.readouterr().err.strip() == "pfcxl: error: what went wrong"
 
 
-def test_errors_keep_their_cause():
+def test_build_and_timing_failures_are_not_vm_failures():
+    assert len({errors.BuildError.exit_code, errors.TimingError.exit_code, errors.VMError.exit_code}) == 3
+
+
+def test_the_inject_latency_help_states_is_the_one_the_plugin_is_given(capsys):
+    from pfcxl.machine import timing_config
+    text = run_help(capsys, "run")
+    config = timing_config("inject", profile="pf")
+    assert (config.read_ns, config.write_ns) == (fabric_model.idle_ns("pf", False), fabric_model.idle_ns("pf", True))
+    assert f"{config.read_ns} ns read, {config.write_ns} ns write" in text
+
+
+def test_errors_keep_their_cause(tmp_path):
     """An error raised while handling another names it as its cause (`raise ... from err`), so
-    --debug shows the whole chain: no `from None` in the code."""
-    import pfcxl
-    repo = pfcxl.__path__[0].rsplit("/", 1)[0]
-    done = subprocess.run(["grep", "-rn", "--include=*.py", r") from None\|raise .* from None",
-                           *(f"{repo}/{d}" for d in ("device", "firmware_tables", "guest", "host_tools",
-                                                      "pfcxl", "serving"))], capture_output=True, text=True)
-    assert done.stdout == "", done.stdout
+    --debug shows the whole chain: each kind of bad input below, with the error it came from."""
+    import argparse
+    from pfcxl.host_tools import argtypes
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("[guest\n")
+    cases = [(lambda: argtypes.seconds("soon"), argparse.ArgumentTypeError, ValueError),
+             (lambda: argtypes.count("many"), argparse.ArgumentTypeError, ValueError),
+             (lambda: argtypes.writable_dir(a_file, "--run-dir"), errors.PfcxlError, FileExistsError),
+             (lambda: topology.load(bad_toml), errors.TopologyError, Exception)]
+    for call, raised, cause in cases:
+        with pytest.raises(raised) as info:
+            call()
+        assert isinstance(info.value.__cause__, cause), (raised, info.value, info.value.__cause__)

@@ -10,6 +10,9 @@ import pytest
 from pfcxl.device import topology
 from pfcxl.errors import PfcxlError, VMError
 from pfcxl.host_tools import multihost
+from pfcxl.host_tools.boot_options import BootOptions
+
+pytestmark = pytest.mark.unit
 
 
 class Attachment:
@@ -19,9 +22,11 @@ class Attachment:
 class RecordingMachine:
     events: list[tuple[str, int]] = []
     fail: set[int] = set()
+    options: dict[int, BootOptions] = {}
 
-    def __init__(self, topo, *, host, **options):
-        self.host, self.attachment, self.pid = host, Attachment(), None
+    def __init__(self, topo, *, options, **kw):
+        self.host, self.attachment, self.pid = options.host, Attachment(), None
+        self.options[options.host] = options
 
     def launch(self):
         self.events.append(("launch", self.host))
@@ -50,7 +55,7 @@ class RecordingMachine:
 
 @pytest.fixture
 def recorded(monkeypatch, tmp_path):
-    RecordingMachine.events, RecordingMachine.fail = [], set()
+    RecordingMachine.events, RecordingMachine.fail, RecordingMachine.options = [], set(), {}
     monkeypatch.setattr(multihost, "Machine", RecordingMachine)
     monkeypatch.setattr(multihost, "appliance_for",
                         contextlib.contextmanager(lambda *a: (yield (tmp_path, False))))
@@ -112,5 +117,18 @@ def test_ready_guests_are_paused_until_the_last_is_ready_then_all_resume_before_
 
 def test_a_failed_boot_is_neither_paused_nor_resumed(recorded):
     RecordingMachine.fail = {1}
-    recorded(3, parallel_boots=2)
-    assert ("stop", 1) not in RecordingMachine.events and ("cont", 1) not in RecordingMachine.events
+    results = recorded(3, parallel_boots=2)
+    events = RecordingMachine.events
+    # host 1 did boot and fail (not merely never start); the others were paused and resumed
+    assert ("launch", 1) in events and ("ready", 1) in events and "kernel panic" in results[1].error
+    assert ("stop", 1) not in events and ("cont", 1) not in events
+    assert all(("stop", h) in events and ("cont", h) in events for h in (0, 2))
+
+
+def test_every_host_boots_the_given_options_with_its_own_host_id_and_run_directory(recorded, tmp_path):
+    given = BootOptions(append="quiet", data_path="direct", qemu_args=("-name", "x"), lean=False)
+    recorded(3, parallel_boots=2, options=given)
+    assert sorted(RecordingMachine.options) == [0, 1, 2]
+    for h, options in RecordingMachine.options.items():
+        assert options == BootOptions(append="quiet", data_path="direct", qemu_args=("-name", "x"), lean=False,
+                                      host=h, appliance=str(tmp_path), run_dir=str(tmp_path / "hosts" / f"host{h}"))

@@ -24,6 +24,8 @@ SOURCES = ("device", "firmware_tables", "guest", "host_tools", "pfcxl", "serving
 TAILS = st.sampled_from(["\n", "\r\n", "\r", "\n\n", " ", "\t", "\x00", "\x0b"])
 RE_CALLS = {"compile", "match", "search", "fullmatch"}
 
+pytestmark = pytest.mark.unit
+
 
 def test_no_pattern_in_the_code_base_ends_in_a_dollar_anchor():
     # the class, not one value: every pattern literal given to re, in every module

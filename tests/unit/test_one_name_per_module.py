@@ -15,6 +15,8 @@ from pfcxl.device import fabric_constants
 
 REPO = Path(pfcxl.__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.component
+
 PROBE = '''
 from pathlib import Path
 

@@ -22,6 +22,8 @@ RELEASE = MANIFEST["kernel_release"]
 VMLINUZ = Path(MANIFEST["vmlinuz"])
 MODULES = Path(MANIFEST["modules_dir"])
 
+pytestmark = pytest.mark.component
+
 
 def install_tree(where: Path, drop: tuple[str, ...] = (), builtin: tuple[str, ...] = ()) -> Path:
     """An INSTALL_MOD_PATH tree of setup's modules (files linked, not copied), without the

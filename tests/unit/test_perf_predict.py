@@ -1,11 +1,14 @@
 """The access0 predictor: the documented algorithm, from our tables, for each shipped topology."""
 
+import pytest
 import dataclasses
 
 from pfcxl.device import fabric_constants as fc
 from pfcxl.device import fabric_model, qemu_facts
 from pfcxl.device import topology
 from pfcxl.host_tools import perf_predict as pp
+
+pytestmark = pytest.mark.unit
 
 
 def load(name, **changes):

@@ -10,6 +10,8 @@ from pfcxl.device.units import MiB
 from pfcxl.guest import plan
 from pfcxl.host_tools import discovery
 
+pytestmark = pytest.mark.unit
+
 
 def shipped_doc(name: str) -> dict:
     return tomllib.loads(topology.resolve(name).read_text())

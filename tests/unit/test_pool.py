@@ -19,6 +19,8 @@ SMALL = Appliance(modules=4, module_capacity=256 * MiB, hbm_cache=0, ports=2, gr
                   shared=256 * MiB, private=256 * MiB, backing="memfd")
 POOL_END = SMALL.shared + SMALL.ports * SMALL.private
 
+pytestmark = pytest.mark.unit
+
 
 def appliance(modules: int, granularity: int, shared: int = 256 * MiB, private: int = 256 * MiB,
               ports: int = 2) -> Appliance:

@@ -21,6 +21,8 @@ from pfcxl.host_tools import appliance
 
 from .appliance_helpers import write_topology
 
+pytestmark = pytest.mark.component
+
 def too_large_for(folder: Path, name: str, more: int) -> tuple[Topology, Path]:
     """An appliance topology whose pool (its shared region, in files under `folder`) is `more`
     bytes (rounded up) beyond the free room there; its window grown to map it."""

@@ -28,6 +28,8 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 """
 
+pytestmark = pytest.mark.component
+
 
 # --- debian.sources -> mirror and keyring -----------------------------------------------------
 

@@ -18,6 +18,8 @@ CONSOLE_FD, QMP_FD, OUTPUT_FD = 7, 11, 13
 REPO_INIT = Path(__file__).resolve().parents[2] / "guest" / "init" / "init"
 QEMU = "/opt/qemu/bin/qemu-system-x86_64"
 
+pytestmark = pytest.mark.unit
+
 
 # --------------------------------------------------------------------------- helpers
 

@@ -12,7 +12,9 @@ from pfcxl.host_tools import qemu, qemu_binary
 from pfcxl.host_tools.image import BootImage
 from pfcxl.host_tools.vm import VM
 from pfcxl.host_tools.cli import parser
-from pfcxl.host_tools.cli_machines import boot_options
+from pfcxl.host_tools.boot_options import from_args
+
+pytestmark = pytest.mark.component
 
 
 def fake_qemu(where: Path, says: str, status: int = 0) -> Path:
@@ -75,11 +77,11 @@ def test_cli_options_reach_the_machine_options(tmp_path, monkeypatch):
     for command in ("run", "boot", "up", "demo", "qemu-args"):
         args = parser().parse_args([command, "--qemu", "own/qemu", "--qemu-arg=-name", "--qemu-arg", "x,y=1"]
                                    + (["--", "true"] if command == "run" else []))
-        options = boot_options(args)
-        assert options["qemu"] == str(tmp_path / "own" / "qemu")
-        assert options["qemu_args"] == ["-name", "x,y=1"]
-        plain = boot_options(parser().parse_args([command] + (["--", "true"] if command == "run" else [])))
-        assert "qemu" not in plain and "qemu_args" not in plain
+        options = from_args(args)
+        assert options.qemu == str(tmp_path / "own" / "qemu")
+        assert options.qemu_args == ("-name", "x,y=1")
+        plain = from_args(parser().parse_args([command] + (["--", "true"] if command == "run" else [])))
+        assert plain.qemu is None and plain.qemu_args == ()
 
 
 def test_the_vm_execs_the_own_binary_with_its_arguments_last(tmp_path):

@@ -2,6 +2,7 @@
 topology, tests/data/topologies/qemu-qtest-cxl.toml: its command line, and its CEDT against
 QEMU's golden table, with the differences explained."""
 
+import pytest
 from pfcxl.device import address_map, topology
 from pfcxl.device.units import GiB, KiB, MiB
 from pfcxl.firmware_tables import cedt, table_files
@@ -13,6 +14,8 @@ from .topology_data import GOLDEN_CEDT, QTEST, argv_of, doc_of, values_of
 QTEST_BUSES = ["pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1", "pxb-cxl,bus_nr=222,bus=pcie.0,id=cxl.2",
                "cxl-rp,port=0,bus=cxl.1,id=rp1,chassis=0,slot=2", "cxl-rp,port=1,bus=cxl.1,id=rp2,chassis=0,slot=3",
                "cxl-rp,port=0,bus=cxl.2,id=rp3,chassis=0,slot=5", "cxl-rp,port=1,bus=cxl.2,id=rp4,chassis=0,slot=6"]
+
+pytestmark = pytest.mark.unit
 
 
 def test_qtest_machine_renders_the_qtest_command_line():

@@ -15,6 +15,8 @@ from pfcxl.host_tools import cli
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
 
+pytestmark = pytest.mark.unit
+
 
 def sections(text: str) -> dict[str, str]:
     parts = re.split(r"^## ", text, flags=re.M)[1:]

@@ -18,6 +18,8 @@ APP = TOPO.appliance
 BASE = address_map.dax_placements(TOPO)[0].base
 PORT_GBS = fc.PF_PORT_BANDWIDTH_MBS / 1000
 
+pytestmark = pytest.mark.component
+
 
 def captured(hosts=4, size=64, n=20_000, linear=True, write=False):
     """A stream the way a guest's capture looks: host h to module h, gaps of a few instructions."""

@@ -21,6 +21,8 @@ from .test_replay import BASE, TOPO, captured
 DTYPE = trace_dtype()
 END = BASE + address_map.dax_placements(TOPO)[0].size      # the pf-appliance topology's 1 GiB DAX region
 
+pytestmark = pytest.mark.component
+
 
 def npy(path, shape, descr=None, body: bytes | None = None, version=(1, 0)) -> str:
     """A .npy file whose header says `shape` and `descr` (trace records by default), followed by

@@ -21,6 +21,8 @@ APPLIANCE = inputs.load_tier(WORKLOAD.appliance)
 HOST = inputs.load_tier(WORKLOAD.host)
 TFLOPS = calibrate.load().prefill_tflops_per_gpu * 1e12
 
+pytestmark = pytest.mark.component
+
 
 def run(tier=HOST, sessions=20, seed=1, workload=WORKLOAD, flops=TFLOPS):
     return sim.simulate(sim.Setup(workload, MODEL, GPU, tier, sessions, flops, seed))

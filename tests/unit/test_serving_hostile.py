@@ -20,6 +20,8 @@ from .test_serving import GPU, HOST, MODEL, TFLOPS, WORKLOAD
 
 DATA = inputs.DATA
 
+pytestmark = pytest.mark.component
+
 
 def toml_value(v) -> str:
     if isinstance(v, bool):

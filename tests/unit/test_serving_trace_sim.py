@@ -22,6 +22,8 @@ TFLOPS = calibrate.load().prefill_tflops_per_gpu * 1e12
 POLICIES = [Policy(), Policy("radix-lru"), Policy("radix-lru", reservation=True),
             Policy("radix-lru", hit_accounting="kv-beyond-gpu")]
 
+pytestmark = pytest.mark.unit
+
 
 def setup(trace, capacity=UNBOUNDED, policy=Policy(), sequence_only=True, time_scale=1.0):
     return TraceSetup(trace, MODEL, GPU, 8, HOST, capacity, TFLOPS, time_scale=time_scale, policy=policy,

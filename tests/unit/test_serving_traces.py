@@ -14,6 +14,8 @@ from pfcxl.serving import traces
 
 GOOD = {"timestamp": 5, "input_length": 1000, "output_length": 7, "hash_ids": [1, 2]}
 
+pytestmark = pytest.mark.unit
+
 
 def write(tmp_path, lines, name="t.jsonl"):
     path = tmp_path / name

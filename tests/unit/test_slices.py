@@ -28,6 +28,8 @@ FILE_SIZE = 64 * MiB
 SLICE = MiB
 FLAG_MAGIC = 0x5046_4C41_4700_0000
 
+pytestmark = pytest.mark.component
+
 
 @pytest.fixture(scope="module")
 def slices(tmp_path_factory) -> Path:

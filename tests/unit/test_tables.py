@@ -15,6 +15,8 @@ from pfcxl.firmware_tables.layout import decode, encode
 
 MiB256 = 256 << 20
 
+pytestmark = pytest.mark.component
+
 
 def load(name, **changes):
     return dataclasses.replace(topology.load(topology.resolve(name)), **changes)

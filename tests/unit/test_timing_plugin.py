@@ -28,6 +28,8 @@ GUEST_SRC = REPO / "guest" / "src"
 QEMU = Path("/usr/bin/qemu-system-x86_64")
 MiB = 1 << 20
 
+pytestmark = pytest.mark.component
+
 
 def dyn_symbols(path: Path) -> dict[str, tuple[str, bool]]:
     """name -> (type, defined) from the dynamic symbol table."""

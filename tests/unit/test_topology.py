@@ -12,6 +12,8 @@ from pfcxl.device import address_map, topology
 from pfcxl.device.units import GiB, KiB, MiB, parse_size
 from pfcxl.errors import TopologyError
 
+pytestmark = pytest.mark.component
+
 
 def shipped_doc(name: str) -> dict:
     return tomllib.loads(topology.resolve(name).read_text())

@@ -14,6 +14,8 @@ from pfcxl.host_tools import discovery, qemu
 
 from .topology_data import PMEM, argv_of, doc_of, values_of
 
+pytestmark = pytest.mark.unit
+
 
 # ------------------------------------------------------------------------ topology fields
 

@@ -9,6 +9,8 @@ from pfcxl.device import trace_capture
 from pfcxl.device.trace_format import RECORD_FIELDS
 from pfcxl.errors import ApplianceError, PfcxlError
 
+pytestmark = pytest.mark.component
+
 
 def records(n: int, host: int, start: int = 0) -> np.ndarray:
     r = np.zeros(n, dtype=np.dtype(RECORD_FIELDS))

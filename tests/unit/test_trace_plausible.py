@@ -4,10 +4,13 @@ of the two rules, across drains."""
 
 from __future__ import annotations
 
+import pytest
 import numpy as np
 
 from pfcxl.device import trace_format as tf
 from pfcxl.device.trace_plausible import MAX_INSN_PER_SECOND, SLACK_SECONDS, Plausible
+
+pytestmark = pytest.mark.unit
 
 
 def stream(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -1,0 +1,76 @@
+"""What each test needs, as exactly one marker (pyproject.toml registers them):
+
+    unit         pure Python: starts no process        (make test-unit runs these alone)
+    component    compiles C, starts daemons or other processes, but boots no guest
+    integration  boots QEMU guests under TCG
+
+Every test module says which with a module-level `pytestmark`. A `unit` test that starts a
+process (subprocess, fork, multiprocessing) fails at its teardown, naming how many it started:
+the marker is checked, not trusted. tests/unit/test_markers.py checks that every collected test
+has exactly one of the three.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.util
+import os
+import subprocess
+
+import pytest
+
+MARKERS = ("unit", "component", "integration")
+_started = [0]          # processes started in this pytest process so far
+
+
+def _counting(function):
+    def wrapper(*args, **kwargs):
+        _started[0] += 1
+        return function(*args, **kwargs)
+    wrapper.__wrapped__ = function
+    return wrapper
+
+
+# every way a test starts a process goes through one of these (os.popen is subprocess; os.system
+# forks in C, so it is counted itself)
+_STARTERS = [(subprocess.Popen, "_execute_child"), (multiprocessing.util, "spawnv_passfds"),
+             *((os, name) for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"))]
+_originals: list = []
+
+
+def pytest_configure(config) -> None:
+    for owner, name in _STARTERS:
+        _originals.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, _counting(getattr(owner, name)))
+
+
+def pytest_unconfigure(config) -> None:
+    while _originals:
+        owner, name, original = _originals.pop()
+        setattr(owner, name, original)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Each collected test's markers among the three, before -m deselects any (test_markers.py)."""
+    config.stash[MARKS_KEY] = {item.nodeid: sorted({m.name for m in item.iter_markers()} & set(MARKERS))
+                               for item in items}
+
+
+MARKS_KEY = pytest.StashKey[dict]()
+_COUNT_KEY = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_COUNT_KEY] = _started[0]
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    started = _started[0] - item.stash.get(_COUNT_KEY, _started[0])
+    if started and item.get_closest_marker("unit") is not None:
+        raise pytest.fail.Exception(f"{item.nodeid} is marked unit but started {started} process(es) "
+                                    "(fixtures included): mark its module component", pytrace=False)
+    return result
