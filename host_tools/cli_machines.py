@@ -29,7 +29,7 @@ def boot_options(args) -> dict:
 
 def own_qemu(args) -> dict:
     """--qemu (absolute, so `up`'s daemon execs the same file) and --qemu-arg, when given; also
-    --kernel and --modules."""
+    --kernel and --modules, or --kernel-package."""
     from .qemu_binary import resolve
     options = {}
     if getattr(args, "qemu", None):
@@ -39,6 +39,8 @@ def own_qemu(args) -> dict:
     for key in ("kernel", "modules"):     # --kernel, --modules: absolute, for the same reason
         if getattr(args, key, None):
             options[key] = str(Path(getattr(args, key)).absolute())
+    if getattr(args, "kernel_package", None):
+        options["kernel_package"] = args.kernel_package
     return options
 
 

@@ -49,7 +49,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")   # fullmatch: `$` lets
 # Options that change what boots: two machines match for --reuse when these and the topology
 # file's bytes are equal. Timeouts, progress and where files go do not change the guest.
 BOOT_OPTIONS = ("timing", "image", "host", "appliance", "cedt", "append", "inject_profile", "baseline_ns", "lean",
-                "data_path", "qemu", "qemu_args", "kernel", "modules")
+                "data_path", "qemu", "qemu_args", "kernel", "modules", "kernel_package")
 MAX_CONNECTIONS = 16        # served at once (each a thread); more are refused, saying so
 STATUS_TIMEOUT = 10         # seconds a client waits for status or down
 EXEC_SLACK = 120            # seconds an exec's client waits beyond its command's own timeouts

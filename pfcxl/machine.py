@@ -36,7 +36,7 @@ from pfcxl.host_tools import appliance as appliance_mod
 from pfcxl.host_tools import image as image_mod
 from pfcxl.host_tools.argtypes import writable_dir
 from pfcxl.host_tools.guest_names import guest_name
-from pfcxl.host_tools import own_kernel, qemu as qemu_mod, qemu_binary
+from pfcxl.host_tools import kernel_package as kernel_package_mod, own_kernel, qemu as qemu_mod, qemu_binary
 from pfcxl.host_tools import calibration, timing_plugin
 from pfcxl.host_tools import timing as timing_mod
 from pfcxl.host_tools import vm as vm_mod
@@ -123,6 +123,8 @@ class Machine:
     qemu_args: more QEMU arguments, appended to the argv after pfcxl's own.
     kernel: a kernel of one's own, a bzImage/vmlinuz file or a build tree; modules: its
     INSTALL_MOD_PATH tree (default for a build tree: the tree). Checked here (host_tools/own_kernel.py).
+    kernel_package: instead of kernel, a Debian kernel by version or "latest" from bookworm-backports,
+    trixie or trixie-backports, downloaded and unpacked into the cache here (host_tools/kernel_package.py).
     """
 
     def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
@@ -133,7 +135,8 @@ class Machine:
                  baseline_ns: float | None = None, prebuilt: image_mod.BootImage | None = None,
                  progress: Callable[[str], None] | None = None, data_path: str | None = None,
                  lean: bool = True, qemu: str | Path | None = None, qemu_args: Sequence[str] = (),
-                 kernel: str | Path | None = None, modules: str | Path | None = None) -> None:
+                 kernel: str | Path | None = None, modules: str | Path | None = None,
+                 kernel_package: str | None = None) -> None:
         self.topology, self.topology_path = load_topology(topology)
         self.topology = data_path_mod.with_data_path(self.topology, data_path)
         if cedt not in boot_policy.CEDT_MODES:
@@ -155,8 +158,12 @@ class Machine:
         self.qemu_version = qemu_binary.version(self.qemu) if qemu is not None else None
         if modules is not None and kernel is None:
             raise PfcxlError("modules: give them with the kernel they belong to (--kernel PATH --modules DIR)")
-        self.kernel_args = (kernel, modules)
+        if kernel_package is not None and kernel is not None:
+            raise PfcxlError("kernel_package and kernel: give one kernel (--kernel-package or --kernel)")
+        self.kernel_args = (kernel, modules, kernel_package)
         self.own_kernel = own_kernel.own(kernel, modules) if kernel is not None else None
+        if kernel_package is not None:
+            self.own_kernel = kernel_package_mod.kernel(kernel_package, progress or (lambda message: None))
         self.appliance = appliance
         # absolute: QEMU and the plugin get these paths, and the printed argv must be the exec'd one
         self.run_dir_arg = Path(run_dir).absolute() if run_dir is not None else None
@@ -309,7 +316,7 @@ class Machine:
                         appliance=self.appliance, run_dir=self.run_dir / "calibrate", cedt=self.cedt,
                         ready_timeout=self.ready_timeout, name="calibrate", progress=self.say,
                         qemu=self.qemu if self.qemu_version else None, qemu_args=self.qemu_args,
-                        kernel=self.kernel_args[0], modules=self.kernel_args[1])
+                        kernel=self.kernel_args[0], modules=self.kernel_args[1], kernel_package=self.kernel_args[2])
         with probe:
             return calibration.calibrate_baseline(probe)["baseline_ns"]
 
