@@ -10,6 +10,9 @@ the generic port, then summed over host bridges.
 The link term is documented (and meant) in nanoseconds: 68-byte flit at 32 GT/s = 17 ns. Linux
 6.12 adds it in picoseconds (17000) to nanosecond values; `Prediction.as_linux_6_12()` gives what
 that kernel actually prints, so the discrepancy is pinned by a test, not folded into the model.
+Debian's 7.3.4 prints 2 ns per link term instead (docs/notes/kernel-matrix.md): the flit over the
+whole x16 link's bandwidth, rounded up. `Prediction.for_kernel(release)` applies the rule of the
+kernel that booted and names it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ LANE_MBS = pcie_lane_mbs(LINK_GTS)                               # 4000 MB/s per
 LINK_LATENCY_PS = FLIT_BYTES * 1_000_000 // LANE_MBS            # 17000 ps per downstream-port hop
 LINK_RAW_MBS = LANE_MBS * LINK_WIDTH                            # 64000: endpoint / switch upstream cap
 LINK_AVAILABLE_MBS = LINK_GTS * 1000 * 128 // 130 * LINK_WIDTH // 8   # 63014: 128b/130b encoding, integer math as Linux does
+LINK_WHOLE_NS = math.ceil(FLIT_BYTES * 1_000_000 // LINK_RAW_MBS / 1000)   # 1062 ps over x16 -> 2 ns (7.3.4)
+
+# How the kernel adds the PCIe link term: the release that first showed the second rule is the
+# one observed (Debian's 7.3.4); kernels between 6.12 and it were not tried and get the newer rule.
+RULE_LINK_PS = "6.12: link term added in picoseconds (17000 per hop at 32 GT/s x16)"
+RULE_LINK_WHOLE_NS = "7.3: link term in ns over the whole link, rounded up (2 per hop at 32 GT/s x16)"
 
 
 
@@ -49,9 +58,27 @@ class Prediction:
         return Prediction(self.region, self.read_latency + extra, self.write_latency + extra,
                           self.read_bandwidth, self.write_bandwidth, self.link_hops)
 
+    def as_linux_7_3(self) -> "Prediction":
+        """What Debian's 7.3.4 prints: each link term is 2 ns, not the documented 17."""
+        extra = self.link_hops * (LINK_WHOLE_NS - math.ceil(LINK_LATENCY_PS / 1000))
+        return Prediction(self.region, self.read_latency + extra, self.write_latency + extra,
+                          self.read_bandwidth, self.write_bandwidth, self.link_hops)
+
+    def for_kernel(self, release: str) -> tuple["Prediction", str]:
+        """(what the kernel of `release`, e.g. 6.12.95+deb12-amd64, prints; the rule applied)."""
+        if kernel_version(release) <= (6, 12):
+            return self.as_linux_6_12(), RULE_LINK_PS
+        return self.as_linux_7_3(), RULE_LINK_WHOLE_NS
+
     def as_sysfs(self) -> dict[str, int]:
         return {"read_latency": self.read_latency, "write_latency": self.write_latency,
                 "read_bandwidth": self.read_bandwidth, "write_bandwidth": self.write_bandwidth}
+
+
+def kernel_version(release: str) -> tuple[int, int]:
+    """(major, minor) of a kernel release string: '7.3.4+deb13-amd64' -> (7, 3)."""
+    major, minor = release.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def _ns(ps: float) -> int:

@@ -1,11 +1,13 @@
 """The kernel matrix (`make test-kernels`, or pytest --kernels default,latest,PATH): on each
 kernel, the guest-discovery comparison demo prints, a region's bytes rebuilt on the host from the
 backing files, the direct path against the CXL path, and the KV store's put/get across two hosts
-on the appliance. Each kernel is given as: default (setup's Debian 6.12), a Debian version or
+on the appliance, and a system-ram region's access0 against the predictor's rule for that
+kernel (host_tools/perf_predict.py). Each kernel is given as: default (setup's Debian 6.12), a Debian version or
 `latest` (--kernel-package), or a path (a build tree, or FILE:MODULES_DIR)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from pfcxl import cache
 from pfcxl.device import address_map, appliance_rundir as rundir, topology
 from pfcxl.device.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools import cli, discovery, multihost, qemu
+from pfcxl.host_tools import cli, discovery, multihost, perf_predict, qemu
 
 from .conftest import daxio, load, read_region_from_backing
 
@@ -90,3 +92,15 @@ def test_kv_store_put_and_get_across_two_hosts(running_appliance, tmp_path, matr
         got = json.loads(next(line for line in r.output.splitlines() if line.startswith('{"tool":"kvstore"')))
         # each host stored its 2 blocks and loaded all 4, every byte checked
         assert got["stored"] == 2 and got["loaded"] == 4 and got["missing"] == 0 and got["mismatched"] == 0
+
+
+def test_a_system_ram_regions_access0_follows_the_kernels_rule(boot, matrix_kernel):
+    # access0/ is filled only when the region's memory goes online (kmem): the region as system-ram
+    plain = load("pf-nic")
+    topo = dataclasses.replace(plain, regions=tuple(dataclasses.replace(r, mode="system-ram") for r in plain.regions))
+    vm = boot(topo, **machine_options(matrix_kernel))
+    assert vm.ready["regions"][0]["mode"] == "system-ram"
+    (documented,) = perf_predict.predict(topo)
+    printed, rule = documented.for_kernel(vm.ready["kernel"])
+    seen = {attr: int(vm.check(f"cat /sys/bus/cxl/devices/region0/access0/{attr}")) for attr in printed.as_sysfs()}
+    assert seen == printed.as_sysfs(), f"{vm.ready['kernel']}: rule {rule}; documented {documented.as_sysfs()}"
