@@ -33,7 +33,7 @@ LATEST = "latest"
 PACKAGE_RE = re.compile(r"linux-image-(\d+\.\d+[0-9.]*(?:-\d+)?(?:\+[a-z0-9.~]+)?-amd64)(-unsigned)?")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class KernelPackage:
     """One Debian kernel: the package to download and where it came from."""
 
