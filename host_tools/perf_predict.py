@@ -37,12 +37,12 @@ LINK_RAW_MBS = LANE_MBS * LINK_WIDTH                            # 64000: endpoin
 LINK_AVAILABLE_MBS = LINK_GTS * 1000 * 128 // 130 * LINK_WIDTH // 8   # 63014: 128b/130b encoding, integer math as Linux does
 LINK_WHOLE_NS = math.ceil(FLIT_BYTES * 1_000_000 // LINK_RAW_MBS / 1000)   # 1062 ps over x16 -> 2 ns (7.3.4)
 
-# How the kernel adds the PCIe link term, by release: 6.12.95 (bookworm-backports) adds picoseconds;
-# 6.12.117 (trixie) and 7.3.4 (trixie-backports) the new rule. The change reached 6.12 between
-# those two 6.12 releases; later ones than 6.12.95 are taken to have it.
-LAST_LINK_PS_RELEASE = (6, 12, 95)
-RULE_LINK_PS = "up to 6.12.95: link term added in picoseconds (17000 per hop at 32 GT/s x16)"
-RULE_LINK_WHOLE_NS = "after 6.12.95: link term in ns over the whole link, rounded up (2 per hop at 32 GT/s x16)"
+# How the kernel adds the PCIe link term, by release: 6.12.95 (bookworm-backports) and 6.12.107
+# (trixie) add picoseconds; 6.12.117 (trixie) and 7.3.4 (trixie-backports) the new rule. The change
+# reached 6.12 between 6.12.108 and 6.12.117 (not booted); every release after 6.12.107 gets it.
+LAST_LINK_PS_RELEASE = (6, 12, 107)
+RULE_LINK_PS = "up to 6.12.107: link term added in picoseconds (17000 per hop at 32 GT/s x16)"
+RULE_LINK_WHOLE_NS = "after 6.12.107: link term in ns over the whole link, rounded up (2 per hop at 32 GT/s x16)"
 
 
 

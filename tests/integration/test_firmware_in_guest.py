@@ -50,7 +50,7 @@ def test_region_access0_matches_prediction_and_pins_the_link_term_units(boot, na
     kernel = printed.as_sysfs()
     assert seen["access0"] == kernel, f"documented {documented.as_sysfs()}, rule {rule}"
     assert seen["access1"] == kernel           # only CPU initiators: both classes agree
-    # The kernel's link term differs from the documented 17 ns per hop, pinned: up to 6.12.95 it is
+    # The kernel's link term differs from the documented 17 ns per hop, pinned: up to 6.12.107 it is
     # picoseconds (cxl_pci_get_latency) added unchanged to nanoseconds, 17000 per hop at 32 GT/s;
     # later kernels add 2 ns per hop (docs/notes/kernel-matrix.md).
     hops = documented.link_hops
