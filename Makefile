@@ -7,13 +7,14 @@ export PFCXL_VENV := $(abspath $(VENV))
 PFCXL := $(VENV)/bin/pfcxl
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo bench boot tables test test-unit ci
+.PHONY: help setup demo bench boot tables test test-unit test-kernels ci
 
 help:
 	@echo "make demo        boot the default appliance (pf-nic), compare what the guest found with the topology, run the quick benchmarks"
 	@echo "make bench       the quick benchmark suite with the fabric models fed by the traced accesses"
 	@echo "make test        the whole suite: unit tests and integration tests that boot guests under TCG"
 	@echo "make test-unit   only the unit tests: pure Python, no process started (see tests/conftest.py)"
+	@echo "make test-kernels KERNELS=default,latest,PATH  discovery, data and KV checks on each kernel (slow)"
 	@echo "make boot T=...  boot a topology and attach to its console (Ctrl-] leaves)"
 	@echo "make tables T=.. write the topology's CEDT, CDATs and generic-port/HMAT options to tables-T/"
 	@echo "make setup       install QEMU 10, the guest kernel and tools, and the Python env (idempotent)"
@@ -40,5 +41,11 @@ test: setup
 
 test-unit: setup
 	$(PYTEST) -m unit tests
+
+# the kernel matrix: default = setup's 6.12, latest or a version = a Debian kernel package,
+# a path = a build tree or FILE:MODULES_DIR (tests/integration/test_kernel_matrix.py)
+KERNELS ?= default,latest
+test-kernels: setup
+	$(PYTEST) -p no:xdist --durations=0 tests/integration/test_kernel_matrix.py --kernels $(KERNELS)
 
 ci: test

@@ -71,8 +71,12 @@ def add_own_qemu(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qemu-arg", metavar="ARG", dest="qemu_args", action="append", default=[],
                    help="one more QEMU argument, appended after pfcxl's own (repeatable); one that starts "
                    "with '-' is written with '=': --qemu-arg=-name --qemu-arg=mine")
-    p.add_argument("--kernel", metavar="PATH", help="boot this kernel: a bzImage/vmlinuz file, or a kernel build "
-                   "tree (its arch/x86/boot/bzImage, and vmlinux for the lean PVH entry)")
+    kernel = p.add_mutually_exclusive_group()
+    kernel.add_argument("--kernel", metavar="PATH", help="boot this kernel: a bzImage/vmlinuz file, or a kernel "
+                        "build tree (its arch/x86/boot/bzImage, and vmlinux for the lean PVH entry)")
+    kernel.add_argument("--kernel-package", metavar="VERSION", help="boot a Debian kernel package instead: a "
+                        "version (6.12.117, 6.12.117-1 or 6.12.117+deb13-amd64) or latest, from bookworm-backports, "
+                        "trixie or trixie-backports; downloaded and unpacked into the cache once, each version kept")
     p.add_argument("--modules", metavar="DIR", help="the kernel's modules: an INSTALL_MOD_PATH tree "
                    "(lib/modules/RELEASE); default for a build tree: the tree; the image takes the CXL, DAX, "
                    "NVDIMM and kmem modules and their dependencies from it")

@@ -63,7 +63,8 @@ class BootOptions:
     backing files and logs (their contents persist into the guest's memory). cedt: "auto", "qemu" or
     "ours". append: extra kernel command line. lean: the lean kernel command line. data_path:
     "cxl", "direct", "both" or None (the topology's). qemu, qemu_args: a QEMU of one's own and
-    more arguments. kernel, modules: a kernel of one's own and its modules."""
+    more arguments. kernel, modules: a kernel of one's own and its modules; kernel_package: a Debian
+    kernel by version or "latest" instead (host_tools/kernel_package.py)."""
 
     timing: Any = None
     inject_profile: str = "pf"
@@ -81,6 +82,7 @@ class BootOptions:
     qemu_args: tuple[str, ...] = ()
     kernel: str | None = None
     modules: str | None = None
+    kernel_package: str | None = None
 
     def __post_init__(self) -> None:
         # paths as absolute text: a daemon in another directory, and the key, see the same file

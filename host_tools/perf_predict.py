@@ -10,11 +10,15 @@ the generic port, then summed over host bridges.
 The link term is documented (and meant) in nanoseconds: 68-byte flit at 32 GT/s = 17 ns. Linux
 6.12 adds it in picoseconds (17000) to nanosecond values; `Prediction.as_linux_6_12()` gives what
 that kernel actually prints, so the discrepancy is pinned by a test, not folded into the model.
+Later kernels (Debian's 6.12.117 and 7.3.4) print 2 ns per link term instead
+(docs/notes/kernel-matrix.md): the flit over the whole x16 link's bandwidth, rounded up.
+`Prediction.for_kernel(release)` applies the rule of the kernel that booted and names it.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from pfcxl.device import fabric_constants
@@ -31,6 +35,14 @@ LANE_MBS = pcie_lane_mbs(LINK_GTS)                               # 4000 MB/s per
 LINK_LATENCY_PS = FLIT_BYTES * 1_000_000 // LANE_MBS            # 17000 ps per downstream-port hop
 LINK_RAW_MBS = LANE_MBS * LINK_WIDTH                            # 64000: endpoint / switch upstream cap
 LINK_AVAILABLE_MBS = LINK_GTS * 1000 * 128 // 130 * LINK_WIDTH // 8   # 63014: 128b/130b encoding, integer math as Linux does
+LINK_WHOLE_NS = math.ceil(FLIT_BYTES * 1_000_000 // LINK_RAW_MBS / 1000)   # 1062 ps over x16 -> 2 ns (7.3.4)
+
+# How the kernel adds the PCIe link term, by release: 6.12.95 (bookworm-backports) and 6.12.107
+# (trixie) add picoseconds; 6.12.117 (trixie) and 7.3.4 (trixie-backports) the new rule. The change
+# reached 6.12 between 6.12.108 and 6.12.117 (not booted); every release after 6.12.107 gets it.
+LAST_LINK_PS_RELEASE = (6, 12, 107)
+RULE_LINK_PS = "up to 6.12.107: link term added in picoseconds (17000 per hop at 32 GT/s x16)"
+RULE_LINK_WHOLE_NS = "after 6.12.107: link term in ns over the whole link, rounded up (2 per hop at 32 GT/s x16)"
 
 
 
@@ -49,9 +61,26 @@ class Prediction:
         return Prediction(self.region, self.read_latency + extra, self.write_latency + extra,
                           self.read_bandwidth, self.write_bandwidth, self.link_hops)
 
+    def as_linux_whole_link(self) -> "Prediction":
+        """What Debian's 6.12.117 and 7.3.4 print: each link term is 2 ns, not the documented 17."""
+        extra = self.link_hops * (LINK_WHOLE_NS - math.ceil(LINK_LATENCY_PS / 1000))
+        return Prediction(self.region, self.read_latency + extra, self.write_latency + extra,
+                          self.read_bandwidth, self.write_bandwidth, self.link_hops)
+
+    def for_kernel(self, release: str) -> tuple["Prediction", str]:
+        """(what the kernel of `release`, e.g. 6.12.95+deb12-amd64, prints; the rule applied)."""
+        if kernel_version(release) <= LAST_LINK_PS_RELEASE:
+            return self.as_linux_6_12(), RULE_LINK_PS
+        return self.as_linux_whole_link(), RULE_LINK_WHOLE_NS
+
     def as_sysfs(self) -> dict[str, int]:
         return {"read_latency": self.read_latency, "write_latency": self.write_latency,
                 "read_bandwidth": self.read_bandwidth, "write_bandwidth": self.write_bandwidth}
+
+
+def kernel_version(release: str) -> tuple[int, ...]:
+    """The numbers a kernel release starts with: '6.12.117+deb13-amd64' -> (6, 12, 117), '7.0-rc2' -> (7, 0)."""
+    return tuple(int(n) for n in re.match(r"\d+(?:\.\d+)*", release).group(0).split("."))
 
 
 def _ns(ps: float) -> int:

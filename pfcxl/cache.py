@@ -6,6 +6,9 @@ Layout under $PFCXL_CACHE (default ~/.cache/pfcxl):
     debs/             downloaded .deb files (kernel, trixie userspace), kept for re-unpacking
     apt-trixie/       private apt configuration for Debian trixie (sources, lists, state)
     kernel/           the 6.12 kernel package unpacked with dpkg -x (boot/, lib/modules/<ver>/)
+    apt-kernels/      private apt configuration for --kernel-package (bookworm-backports, trixie,
+                      trixie-backports)
+    kernel-packages/  each kernel --kernel-package took, unpacked with dpkg -x, one directory a version
     guest-root/       trixie's cxl, daxctl, their libraries, libc and loader, unpacked with dpkg -x
     acpica/           trixie's acpica-tools (iasl) with trixie's libc, run through its own loader
     images/           built guest images, named by the hash of their inputs
@@ -34,6 +37,14 @@ def trixie_apt_dir() -> Path:
 
 def kernel_dir() -> Path:
     return cache_dir() / "kernel"
+
+
+def kernels_apt_dir() -> Path:
+    return cache_dir() / "apt-kernels"
+
+
+def kernel_packages_dir() -> Path:
+    return cache_dir() / "kernel-packages"
 
 
 def guest_root_dir() -> Path:

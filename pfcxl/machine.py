@@ -38,7 +38,7 @@ from pfcxl.host_tools import image as image_mod
 from pfcxl.host_tools.argtypes import writable_dir
 from pfcxl.host_tools.boot_options import BootOptions
 from pfcxl.host_tools.guest_names import guest_name
-from pfcxl.host_tools import own_kernel, qemu as qemu_mod, qemu_binary
+from pfcxl.host_tools import kernel_package as kernel_package_mod, own_kernel, qemu as qemu_mod, qemu_binary
 from pfcxl.host_tools import calibration, timing_plugin
 from pfcxl.host_tools import timing as timing_mod
 from pfcxl.host_tools import vm as vm_mod
@@ -128,6 +128,8 @@ class Machine:
     issue: how a trace's requests are modelled, "dependent" or "independent".
     options: all of the boot options above at once, a BootOptions (what the CLI builds and
     `run --reuse` matches on); then give none of them as keywords.
+    kernel_package: instead of kernel, a Debian kernel by version or "latest" from bookworm-backports,
+    trixie or trixie-backports, downloaded and unpacked into the cache here (host_tools/kernel_package.py).
     """
 
     def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
@@ -139,19 +141,20 @@ class Machine:
                  progress: Callable[[str], None] | None = None, data_path: str | None = None,
                  lean: bool = True, qemu: str | Path | None = None, qemu_args: Sequence[str] = (),
                  kernel: str | Path | None = None, modules: str | Path | None = None,
-                 issue: str = "dependent", options: BootOptions | None = None) -> None:
+                 kernel_package: str | None = None, issue: str = "dependent",
+                 options: BootOptions | None = None) -> None:
         given = BootOptions(timing=timing, inject_profile=inject_profile, baseline_ns=baseline_ns, issue=issue,
                             image=image, host=host, appliance=appliance,
                             run_dir=str(run_dir) if run_dir is not None else None, cedt=cedt, append=append,
                             lean=lean, data_path=data_path, qemu=str(qemu) if qemu is not None else None,
                             qemu_args=qemu_args, kernel=str(kernel) if kernel is not None else None,
-                            modules=str(modules) if modules is not None else None)
+                            modules=str(modules) if modules is not None else None, kernel_package=kernel_package)
         if options is not None and given != BootOptions():
             raise PfcxlError("give the boot options once: as options=BootOptions(...) or as keywords")
         self.options = options = options if options is not None else given
         timing, inject_profile, baseline_ns = options.timing, options.inject_profile, options.baseline_ns
         image, host, appliance, cedt, append = options.image, options.host, options.appliance, options.cedt, options.append
-        qemu, kernel, modules = options.qemu, options.kernel, options.modules
+        qemu, kernel, modules, kernel_package = options.qemu, options.kernel, options.modules, options.kernel_package
         self.issue = options.issue
         self.topology, self.topology_path = load_topology(topology)
         self.topology = data_path_mod.with_data_path(self.topology, options.data_path)
@@ -172,8 +175,12 @@ class Machine:
         self.qemu_version = qemu_binary.version(self.qemu) if qemu is not None else None
         if modules is not None and kernel is None:
             raise PfcxlError("modules: give them with the kernel they belong to (--kernel PATH --modules DIR)")
-        self.kernel_args = (kernel, modules)
+        if kernel_package is not None and kernel is not None:
+            raise PfcxlError("kernel_package and kernel: give one kernel (--kernel-package or --kernel)")
+        self.kernel_args = (kernel, modules, kernel_package)
         self.own_kernel = own_kernel.own(kernel, modules) if kernel is not None else None
+        if kernel_package is not None:
+            self.own_kernel = kernel_package_mod.kernel(kernel_package, progress or (lambda message: None))
         self.appliance = appliance
         # absolute: QEMU and the plugin get these paths, and the printed argv must be the exec'd one
         self.run_dir_arg = Path(options.run_dir) if options.run_dir is not None else None

@@ -8,6 +8,10 @@ Every test module says which with a module-level `pytestmark`. A `unit` test tha
 process (subprocess, fork, multiprocessing) fails at its teardown, naming how many it started:
 the marker is checked, not trusted. tests/unit/test_markers.py checks that every collected test
 has exactly one of the three.
+
+`--kernels LIST` runs the kernel matrix (tests/integration/test_kernel_matrix.py) on each kernel of
+the list; without it that module is not collected (it boots every check once per kernel: `make
+test-kernels`, not `make test`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import multiprocessing.util
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +79,24 @@ def pytest_runtest_teardown(item, nextitem):
         raise pytest.fail.Exception(f"{item.nodeid} is marked unit but started {started} process(es) "
                                     "(fixtures included): mark its module component", pytrace=False)
     return result
+
+
+MATRIX = Path(__file__).parent / "integration" / "test_kernel_matrix.py"
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--kernels", metavar="LIST", default=None,
+                     help="run the kernel matrix on these kernels, comma-separated: default (setup's 6.12), a "
+                     "Debian version or latest (--kernel-package), or a path: a build tree, or FILE:MODULES_DIR")
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    if collection_path == MATRIX and config.getoption("kernels") is None:
+        return True
+    return None
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if "matrix_kernel" in metafunc.fixturenames:
+        specs = [s.strip() for s in metafunc.config.getoption("kernels").split(",") if s.strip()]
+        metafunc.parametrize("matrix_kernel", specs, ids=specs)

@@ -6,12 +6,13 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable
 
 from pfcxl import cache
 from .debian import DebURI, mentions_suite, mirror_and_keyring, parse_print_uris
-from .files import file_digest
+from .files import file_digest, read_json, write_atomically, write_json_atomically
 from .runner import Setup, StepError
 
 APT_ETC = Path("/etc/apt")
@@ -20,12 +21,16 @@ DEFAULT_APT_LISTS = Path("/var/lib/apt/lists")
 APT_INSTALL = ("apt-get", "install", "-y", "--no-install-recommends",
                "-o", "DPkg::Lock::Timeout=300")
 
+PRIVATE_LISTS_MAX_AGE_S = 7 * 24 * 3600   # a private configuration's lists are refreshed after a week
+UPDATE_STAMP = "updated.json"
+
 # system_apt or trixie_apt: (setup, tool, *args, cwd=...) -> the finished process
 AptRun = Callable[..., subprocess.CompletedProcess]
 
 
-def private_apt_options(apt_dir: Path) -> list[str]:
-    """apt-get/apt-cache -o options for the private trixie configuration under `apt_dir`.
+def private_apt_options(apt_dir: Path, sources: str = "trixie.sources") -> list[str]:
+    """apt-get/apt-cache -o options for a private configuration under `apt_dir` (the trixie one,
+    or --kernel-package's, host_tools/kernel_package.py), its sources in `apt_dir / sources`.
 
     Everything apt reads or writes is ours: sources (no sources.list.d), lists, state, the dpkg
     status (an empty file, so resolution never sees what the host has installed), cache and
@@ -33,7 +38,7 @@ def private_apt_options(apt_dir: Path) -> list[str]:
     enter a cache under /root).
     """
     return [
-        "-o", f"Dir::Etc::SourceList={apt_dir / 'trixie.sources'}",
+        "-o", f"Dir::Etc::SourceList={apt_dir / sources}",
         "-o", "Dir::Etc::SourceParts=/dev/null",
         "-o", "Dir::Etc::Preferences=/dev/null",
         "-o", "Dir::Etc::PreferencesParts=/dev/null",
@@ -59,6 +64,43 @@ def trixie_apt(s: Setup, tool: str, *args: str,
                cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`tool` (apt-get, apt-cache) with the private trixie configuration in the cache."""
     return s.run([tool, *private_apt_options(cache.trixie_apt_dir()), *args], cwd=cwd, apt=True)
+
+
+def private_lists_state(apt_dir: Path, sources: str, text: str, suites: list[str]) -> tuple[bool, str]:
+    """(fresh, why) for a private configuration: its sources file says `text`, every suite's lists
+    are there, fetched for these sources less than a week ago."""
+    try:
+        if (apt_dir / sources).read_text() != text:
+            return False, f"{apt_dir / sources} out of date"
+    except OSError:
+        return False, f"{apt_dir / sources} missing"
+    missing = [suite for suite in suites if not has_packages_lists(apt_dir / "lists", suite)]
+    if missing:
+        return False, f"no {', '.join(missing)} package lists in {apt_dir / 'lists'}"
+    # apt dates list files by the server's Last-Modified, so freshness is kept in our own stamp.
+    stamp = read_json(apt_dir / UPDATE_STAMP)
+    age = time.time() - float(stamp.get("updated_at", 0))
+    if stamp.get("sources_sha256") != hashlib.sha256(text.encode()).hexdigest():
+        return False, "lists were fetched for other sources"
+    if age > PRIVATE_LISTS_MAX_AGE_S:
+        return False, f"lists are {age / 86400:.1f} days old (refreshed after 7)"
+    return True, f"lists {age / 86400:.1f} days old in {apt_dir}"
+
+
+def update_private_lists(s: Setup, apt_dir: Path, sources: str, text: str, suites: list[str]) -> None:
+    """Write a private configuration's sources (an empty dpkg status beside them) and apt-get update."""
+    for sub in ("lists/partial", "state", "cache/archives/partial"):
+        (apt_dir / sub).mkdir(parents=True, exist_ok=True)
+    status = apt_dir / "state" / "status"
+    if not status.exists() or status.stat().st_size:
+        status.write_text("")
+    write_atomically(apt_dir / sources, text)
+    s.run(["apt-get", *private_apt_options(apt_dir, sources), "update"], apt=True)
+    missing = [suite for suite in suites if not has_packages_lists(apt_dir / "lists", suite)]
+    if missing:
+        raise StepError(f"apt-get update succeeded but no {', '.join(missing)} lists in {apt_dir / 'lists'}")
+    write_json_atomically(apt_dir / UPDATE_STAMP, {"updated_at": time.time(),
+                                                   "sources_sha256": hashlib.sha256(text.encode()).hexdigest()})
 
 
 # --- the host's apt sources and lists -----------------------------------------------------------

@@ -3,15 +3,13 @@ from backports among them), and pfcxl's private trixie apt configuration in the 
 
 from __future__ import annotations
 
-import hashlib
-import time
 from pathlib import Path
 
 from pfcxl import cache
 from .apt import (APT_ETC, APT_INSTALL, apt_lists_dir, has_packages_lists, host_mirror,
-                  installed_versions, sources_mentioning, trixie_apt)
+                  installed_versions, private_lists_state, sources_mentioning, update_private_lists)
 from .debian import BACKPORTS_SUITE, TRIXIE_SUITE, parse_qemu_version, render_deb822_source
-from .files import read_json, write_atomically, write_json_atomically
+from .files import write_atomically
 from .runner import Setup, StepError
 
 BACKPORTS_SOURCES = APT_ETC / "sources.list.d" / "pfcxl-backports.sources"
@@ -23,8 +21,6 @@ QEMU_BINARY = Path("/usr/bin/qemu-system-x86_64")  # the one the package install
 HOST_PACKAGES = ("busybox-static", "cpio", "xz-utils", "zstd", "libc6-dev", "gcc",
                  "mmdebstrap")   # builds the Debian guest rootfs (--image debian) on first use
 STATIC_LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.a")
-
-TRIXIE_LISTS_MAX_AGE_S = 7 * 24 * 3600
 
 
 # --- 1. bookworm-backports ----------------------------------------------------------------------
@@ -125,50 +121,11 @@ def trixie_sources_text() -> str:
                                 comment="pfcxl's private trixie configuration (guest userspace only)")
 
 
-def sources_sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def trixie_update_stamp() -> Path:
-    return cache.trixie_apt_dir() / "updated.json"
-
-
 def check_trixie_apt(s: Setup) -> tuple[bool, str]:
-    apt_dir = cache.trixie_apt_dir()
-    sources = apt_dir / "trixie.sources"
-    try:
-        if sources.read_text() != trixie_sources_text():
-            return False, f"{sources} missing or out of date"
-    except OSError:
-        return False, f"{sources} missing"
-    lists = apt_dir / "lists"
-    if not has_packages_lists(lists, TRIXIE_SUITE):
-        return False, f"no trixie package lists in {lists}"
-    # apt dates list files by the server's Last-Modified, so freshness is kept in our own stamp.
-    stamp = read_json(trixie_update_stamp())
-    age = time.time() - float(stamp.get("updated_at", 0))
-    if stamp.get("sources_sha256") != sources_sha256(trixie_sources_text()):
-        return False, "trixie lists were fetched for other sources"
-    if age > TRIXIE_LISTS_MAX_AGE_S:
-        return False, f"trixie lists are {age / 86400:.1f} days old (refreshed after 7)"
-    return True, f"lists {age / 86400:.1f} days old in {apt_dir}"
+    return private_lists_state(cache.trixie_apt_dir(), "trixie.sources", trixie_sources_text(), [TRIXIE_SUITE])
 
 
 def run_trixie_apt(s: Setup) -> str:
-    apt_dir = cache.trixie_apt_dir()
-    for sub in ("lists/partial", "state", "cache/archives/partial"):
-        (apt_dir / sub).mkdir(parents=True, exist_ok=True)
-    status = apt_dir / "state" / "status"
-    if not status.exists() or status.stat().st_size:
-        status.write_text("")
-    text = trixie_sources_text()
-    write_atomically(apt_dir / "trixie.sources", text)
-    s.say(f"apt-get update (private trixie config in {apt_dir})")
-    trixie_apt(s, "apt-get", "update")
-    if not has_packages_lists(apt_dir / "lists", TRIXIE_SUITE):
-        raise StepError(f"apt-get update succeeded but no trixie lists in {apt_dir / 'lists'}")
-    write_json_atomically(trixie_update_stamp(), {
-        "updated_at": time.time(),
-        "sources_sha256": sources_sha256(text),
-    })
-    return f"trixie lists in {apt_dir / 'lists'}"
+    s.say(f"apt-get update (private trixie config in {cache.trixie_apt_dir()})")
+    update_private_lists(s, cache.trixie_apt_dir(), "trixie.sources", trixie_sources_text(), [TRIXIE_SUITE])
+    return f"trixie lists in {cache.trixie_apt_dir() / 'lists'}"

@@ -51,11 +51,14 @@ def test_region_access0_matches_prediction_and_pins_the_link_term_units(pfcxl_ma
     for access in ("access0", "access1"):
         seen[access] = {attr: int(vm.check(f"cat /sys/bus/cxl/devices/region0/{access}/{attr}"))
                         for attr in documented.as_sysfs()}
-    kernel = documented.as_linux_6_12().as_sysfs()
-    assert seen["access0"] == kernel, f"documented {documented.as_sysfs()}"
+    printed, rule = documented.for_kernel(vm.ready["kernel"])
+    kernel = printed.as_sysfs()
+    assert seen["access0"] == kernel, f"documented {documented.as_sysfs()}, rule {rule}"
     assert seen["access1"] == kernel           # only CPU initiators: both classes agree
-    # Linux 6.12 discrepancy, pinned: its PCIe link term (cxl_pci_get_latency) is picoseconds,
-    # added unchanged to nanosecond latencies, 17000 per hop at 32 GT/s instead of 17.
+    # The kernel's link term differs from the documented 17 ns per hop, pinned: up to 6.12.107 it is
+    # picoseconds (cxl_pci_get_latency) added unchanged to nanoseconds, 17000 per hop at 32 GT/s;
+    # later kernels add 2 ns per hop (docs/notes/kernel-matrix.md).
     hops = documented.link_hops
-    assert seen["access0"]["read_latency"] - documented.read_latency == hops * (17_000 - 17)
+    per_hop = 17_000 if rule == perf_predict.RULE_LINK_PS else 2
+    assert seen["access0"]["read_latency"] - documented.read_latency == hops * (per_hop - 17)
     assert seen["access0"]["read_bandwidth"] == documented.read_bandwidth

@@ -15,6 +15,8 @@ from pfcxl.host_tools.cli import main as cli_main
 from pfcxl.host_tools import kv_replay_host as H
 from pfcxl.serving.traces import Request
 
+pytestmark = pytest.mark.component
+
 # a dozen requests, one per second (so each runs alone, in order), blocks named by hand
 DOZEN = [[1, 2, 3], [1, 2, 4], [5, 6], [1, 2, 3, 7], [5, 6, 8], [9], [1, 2, 4, 10], [5, 14], [1, 2, 3, 7, 11],
          [9, 12], [5, 6, 8, 13], [1, 2]]

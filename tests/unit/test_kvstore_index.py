@@ -12,6 +12,8 @@ import pytest
 
 from pfcxl.host_tools import debian_image
 
+pytestmark = pytest.mark.component
+
 kv = debian_image.import_guest_module("pfcxl_kvstore")
 PER_LOOKUP = kv.WINDOW * kv.LINE            # index bytes a lookup reads in each host's segment
 

@@ -13,6 +13,8 @@ import pytest
 
 import pfcxl
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(pfcxl.__file__).resolve().parent.parent
 FOLDERS = ("device", "firmware_tables", "guest", "host_tools", "serving")
 

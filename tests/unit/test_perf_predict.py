@@ -3,6 +3,8 @@
 import pytest
 import dataclasses
 
+import pytest
+
 from pfcxl.device import fabric_constants as fc
 from pfcxl.device import fabric_model, qemu_facts
 from pfcxl.device import topology
@@ -54,3 +56,32 @@ def test_switch_without_profile_figures_uses_qemus_default_sslbis():
     (p,) = pp.predict(load("electrical-switch", timing="pf"))
     assert p.read_latency == fc.PF_MODULE.read_latency_ns + qemu_facts.DEFAULT_SWITCH_CDAT.read_latency_ns + 71 + 34
     assert p.read_bandwidth == min(4 * min(fc.PF_PORT_BANDWIDTH_MBS, 16 * 1024), pp.LINK_RAW_MBS)
+
+
+# What the kernels tried printed (docs/notes/kernel-matrix.md): pf-nic one link hop,
+# electrical-switch two, as system-ram regions.
+SEEN = {("pf-nic", "6.12.95+deb12-amd64"): (17283, 17224), ("pf-nic", "6.12.107+deb13-amd64"): (17283, 17224),
+        ("pf-nic", "6.12.117+deb13-amd64"): (285, 226), ("electrical-switch", "6.12.107+deb13-amd64"): (34833, 34774),
+        ("pf-nic", "7.3.4+deb13-amd64"): (285, 226),
+        ("electrical-switch", "6.12.95+deb12-amd64"): (34833, 34774),
+        ("electrical-switch", "7.3.4+deb13-amd64"): (837, 778)}
+
+
+@pytest.mark.parametrize("name,release", sorted(SEEN))
+def test_each_kernels_rule_gives_what_it_printed_and_is_named(name, release):
+    (p,) = pp.predict(load(name))
+    printed, rule = p.for_kernel(release)
+    assert (printed.read_latency, printed.write_latency) == SEEN[name, release]
+    assert printed.read_bandwidth == p.read_bandwidth        # bandwidth rules did not change
+    assert rule == (pp.RULE_LINK_PS if release.startswith(("6.12.95", "6.12.107")) else pp.RULE_LINK_WHOLE_NS)
+
+
+@pytest.mark.parametrize("release,rule", [("6.1.0-28-amd64", "ps"), ("6.12.9+deb12-amd64", "ps"),
+                                          ("6.12.95+deb12-amd64", "ps"), ("6.12.107+deb13-amd64", "ps"),
+                                          ("6.12.108", "ns"),
+                                          ("6.12.117+deb13-amd64", "ns"), ("6.19.14+deb13-amd64", "ns"),
+                                          ("7.0-rc2", "ns"), ("7.3.4+deb13-amd64", "ns")])
+def test_the_rule_follows_the_release_by_version_number(release, rule):
+    # numbers, not strings: "6.12.9" < "6.12.95" < "6.12.107"
+    (p,) = pp.predict(load("pf-nic"))
+    assert p.for_kernel(release)[1] == {"ps": pp.RULE_LINK_PS, "ns": pp.RULE_LINK_WHOLE_NS}[rule]

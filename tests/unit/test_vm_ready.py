@@ -11,6 +11,8 @@ from pfcxl.host_tools import vm as vm_mod
 from pfcxl.host_tools.console import Console
 from pfcxl.device import topology
 
+pytestmark = pytest.mark.unit
+
 READY = b'PFCXL-READY {"kernel":"6.12","regions":[],"dax":[],"output":"port"}'
 
 
