@@ -21,10 +21,14 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pfcxl.errors import ApplianceError, PfcxlError
 
 from .trace_format import RECORD_FIELDS, RECORD_SIZE
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("pfcxl.appliance")
 MANIFEST = "capture.json"

@@ -165,13 +165,12 @@ def cmd_retrieval(args, host, cal_tflops: float) -> int:
     """`pfcxl serving retrieval`: the paper's Table I from the serving model (serving/retrieval.py)."""
     from rich.table import Table
 
-    from pfcxl.serving import calibrate, retrieval
+    from pfcxl.serving import retrieval
     disk = retrieval.load_disk(args.disk)
     if args.disk_gbs is not None:
         if not args.disk_gbs > 0:
             raise ServingError(f"--disk-gbs: {args.disk_gbs!r} must be a positive number")
         disk = retrieval.Disk(disk.name, args.disk_gbs, "--disk-gbs")
-    cal = calibrate.load()
     fraction = retrieval.fitted_fraction(cal_tflops, inputs.load_gpu("h200"))
     t = Table(title=f"Loading KV vs recomputing it: speedup ranges over batch {list(retrieval.BATCHES)} and "
               f"contexts 1K..4M tokens that fit the GPUs; prefill at {fraction:.1%} of each GPU's dense BF16 peak "
