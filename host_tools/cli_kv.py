@@ -117,10 +117,7 @@ def cmd_bench(args) -> int:
 
     from . import kv_model
     with open_store(args, host=args.host) as s:
-        if args.size > s.sb["arena_bytes"]:         # before the payload is allocated (--size 1T)
-            raise PfcxlError(f"bench --size {args.size}: block of {args.size} bytes does not fit in an arena of "
-                             f"{s.sb['arena_bytes']} bytes")
-        _check_room(s, args.host, args.blocks, args.size)
+        _check_room(s, args.host, args.blocks, args.size)     # before the payload is allocated (--size 1T)
         payload = os.urandom(args.size)
         keys = [f"bench/{os.getpid()}/{i}" for i in range(args.blocks)]
         t0 = time.perf_counter()

@@ -127,7 +127,7 @@ def test_an_empty_pool_file_and_a_huge_bench_block_are_one_line(pool, capsys, tm
     run(capsys, "format", "--pool", pool, "--hosts", "2")
     for size in ("1T", "64G"):                    # checked against the arena before the payload is made
         status, _, err = run(capsys, "bench", "--pool", pool, "--size", size)
-        assert status == 1 and err.startswith("pfcxl: error: bench --size ") and "does not fit in an arena of" in err
+        assert status == 1 and err.startswith("pfcxl: error: bench --blocks ") and "holds 0 such blocks" in err
         assert err.count("\n") == 1
 
 
