@@ -34,6 +34,7 @@ from pfcxl import cache
 from pfcxl import process
 
 SOCKET, PID, LOG = rundir.SOCKET, rundir.PID, rundir.LOG
+MAX_SOCKET_PATH = 108     # sun_path in Linux's sockaddr_un, the terminating NUL included
 START_TIMEOUT = 30.0
 
 
@@ -226,6 +227,11 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
         capture = trace_capture.check_dir(capture)
     if idle_timeout is not None and not idle_timeout > 0:
         raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
+    socket_path = (run_dir / SOCKET).absolute()
+    if len(os.fsencode(socket_path)) >= MAX_SOCKET_PATH:
+        raise ApplianceError(f"run directory {run_dir}: its control socket {socket_path} would be "
+                             f"{len(os.fsencode(socket_path))} bytes long, and a unix socket's path is at most "
+                             f"{MAX_SOCKET_PATH - 1}: use a shorter --run-dir (or PFCXL_CACHE)")
     try:
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:

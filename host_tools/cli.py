@@ -93,8 +93,8 @@ def _print_plan(machine, command: str | None = None) -> int:
     lines = [
         f"topology   {plan.topology.name} ({machine.topology_path or 'given as an object'})",
         f"image      {img.initrd} ({'built now' if img.rebuilt else 'cached'})",
-        f"kernel     {plan.kernel}" + (f" (the PVH entry of {img.kernel.name})" if plan.kernel != img.kernel else "")
-        + f": {img.kernel_release} from {img.kernel_origin}",
+        f"kernel     {img.kernel_release} from {img.kernel_origin}",
+        f"boots      {plan.kernel}" + (f" (the PVH entry of {img.kernel.name})" if plan.kernel != img.kernel else ""),
         f"qemu       {machine.qemu}" + (f" (QEMU {machine.qemu_version}, --qemu)" if machine.qemu_version else "")
         + (f", extra arguments: {show(machine.qemu_args)}" if machine.qemu_args else ""),
         "CEDT       " + ("ours, through the initrd table upgrade" if plan.cedt_override else "QEMU's")

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -46,7 +48,9 @@ def test_every_documented_kv_example_runs(doc, tmp_path):
     commands = kv_examples(doc)
     assert any(c.startswith("pfcxl kv bench") for c in commands), f"{doc} shows no kv bench example"
     assert commands[0].startswith("pfcxl appliance start"), commands
-    env = {**os.environ, "PFCXL_CACHE": str(tmp_path / "cache"),
+    # a short cache path: the appliance's control socket lives under it (108 bytes at most)
+    cache = Path(tempfile.mkdtemp(prefix="kvdoc-", dir="/tmp"))
+    env = {**os.environ, "PFCXL_CACHE": str(cache),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     try:
         for command in commands:
@@ -54,3 +58,4 @@ def test_every_documented_kv_example_runs(doc, tmp_path):
             assert done.returncode == 0, f"{doc}: `{command}` exited {done.returncode}:\n{done.stderr}"
     finally:
         subprocess.run("pfcxl appliance stop", shell=True, env=env, capture_output=True)
+        shutil.rmtree(cache, ignore_errors=True)
