@@ -251,12 +251,21 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print measured and modelled figures as one JSON document")
     p.set_defaults(func=cmd_bench)
     p = base(ksub.add_parser("replay", help="replay a request trace through the store with N host processes, "
-                             "local caches against the shared pool (formats the store anew)"))
+                             "local caches against the shared pool (formats the store anew)",
+                             description="Replay a request trace (Mooncake's format: timestamps, lengths and "
+                             "prefix-block hash ids) through the KV block store with --hosts host processes on "
+                             "the pool file. Each request goes to one host, which looks its blocks up as a "
+                             "prefix, loads every hit (its bytes checked against the block's id) and stores the "
+                             "rest. local: a host reads only its own arena; shared: any host's published block. "
+                             "Payloads are scaled to --block-bytes; the modelled TTFT uses the model's real "
+                             "block size. The store is formatted anew, after every input has been checked."))
     p.add_argument("trace", help="a trace file in Mooncake's format (serving/traces.py), or a bundled trace's name: "
                    "conversation, synthetic")
     p.add_argument("--hosts", type=argtypes.count, default=4, help="host processes (at most the store's hosts)")
     p.add_argument("--on", choices=("host",), default="host", help="where the hosts run: processes on the pool file")
-    p.add_argument("--routing", choices=("round-robin", "session", "prefix"), default="round-robin")
+    p.add_argument("--routing", choices=("round-robin", "session", "prefix"), default="round-robin",
+                   help="which host takes a request: in turn, by session (its first block after the shared "
+                   "prefix), or the host holding the longest prefix of its blocks (default round-robin)")
     p.add_argument("--mode", choices=("local", "shared"), default="shared",
                    help="local: a host reads only its own arena; shared: any host's published block")
     p.add_argument("--compare", action="store_true", help="run local, then shared, and compare them")
@@ -269,5 +278,5 @@ def add_parsers(sub) -> None:
     p.add_argument("--stale", type=argtypes.seconds, default=1.0, help="seconds before a silent claimant is dead")
     p.add_argument("--kill-host", type=int, metavar="H", help="SIGKILL host H mid-replay (with --at)")
     p.add_argument("--at", type=float, default=1.0, metavar="SECONDS", help="when --kill-host strikes (default 1)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print every mode's counts as one JSON document")
     p.set_defaults(func=cmd_replay)
