@@ -79,7 +79,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
         assert expected in text, f"{expected!r} missing from the plan:\n{text}"
     assert not run_dir.exists() and not qemu_pids_using(run_dir)
     # the kernel it names is the file the argv boots (a lean boot's PVH vmlinux, not the vmlinuz)
-    named = next(line.split()[1] for line in text.splitlines() if line.startswith("kernel "))
+    named = next(line.split()[1] for line in text.splitlines() if line.startswith("boots "))
     argv = pfcxl_cli("qemu-args", "electrical-switch", "--lines").stdout.splitlines()
     assert argv[argv.index("-kernel") + 1] == named
 

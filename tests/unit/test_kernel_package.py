@@ -4,6 +4,7 @@ names, the packages newer kernels are split into, and the option's exclusivity w
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -89,7 +90,10 @@ def test_kernel_package_and_kernel_are_one_or_the_other():
 
 
 def test_the_option_reaches_the_machine_and_the_reuse_hash():
-    from pfcxl.host_tools import cli, cli_machines, detached
+    from pfcxl.host_tools import boot_options, cli
     args = cli.parser().parse_args(["run", "--kernel-package", "6.12.117", "--", "true"])
-    assert cli_machines.own_qemu(args) == {"kernel_package": "6.12.117"}
-    assert "kernel_package" in detached.BOOT_OPTIONS
+    options = boot_options.from_args(args)
+    assert options.kernel_package == "6.12.117"
+    plain = boot_options.from_args(cli.parser().parse_args(["run", "--", "true"]))
+    topo = Path(__file__).resolve().parents[2] / "device" / "topologies" / "pf-nic.toml"
+    assert options.key(topo) != plain.key(topo)
