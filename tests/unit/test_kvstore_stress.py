@@ -16,7 +16,10 @@ def test_hosts_killed_at_random_under_constant_eviction_never_read_another_keys_
     assert r["wrong"] == 0, r["wrong_samples"]
     assert r["verify_bad"] == 0 and r["lease_lost"] == 0
     assert r["kills"] >= 1 and r["opens"] >= 8 + 1          # killed hosts came back and took their host over
-    assert r["evictions"] > 100 and r["hits"] > 100 and r["gets"] == r["hits"] + r["puts"] + r["wrong"]
+    assert r["evictions"] > 100 and r["hits"] > 100
+    # each outcome is counted before its get, so a kill between the two loses at most one get
+    outcomes = r["hits"] + r["puts"] + r["wrong"]
+    assert outcomes - r["kills"] <= r["gets"] <= outcomes
 
 
 def test_the_stress_values_name_their_key():
