@@ -36,9 +36,10 @@ def bound_run(vm, node: int) -> tuple[dict, str]:
     command = (f"rm -f /tmp/touched; pfcxl_mark start; numactl --membind={node} python3 -c \"{PROGRAM}\" & pid=$!; "
                "while [ ! -e /tmp/touched ]; do kill -0 $pid || exit 1; sleep 0.2; done; pfcxl_mark stop; "
                "cat /proc/$pid/numa_maps; kill $pid")
+    before = len(vm.timing.phases())
     done = vm.run(command, timeout=1800)
     assert done.status == 0, done.output[-3000:]
-    phases = vm.timing.wait_phases(len(vm.timing.phases()) + 1, timeout=120)
+    phases = vm.timing.wait_phases(before + 1, timeout=120)
     return phases[-1], done.output
 
 

@@ -41,3 +41,17 @@ def test_a_package_trixie_does_not_have_is_named_and_nothing_is_built():
     assert one_line(done).endswith("no Debian package no-such-package-pfcxl in trixie")
     assert set((cache.cache_dir() / "debian").glob("packages-*.tar")) == layers
     assert set(cache.images_dir().glob("*")) == images
+
+
+def test_the_same_package_list_reuses_the_image_and_another_list_does_not():
+    from pfcxl import Machine
+    first = Machine("pf-nic", image="debian", packages=["numactl"]).boot_image()
+    again = Machine("pf-nic", image="debian", packages="numactl,numactl").boot_image()
+    assert again.initrd == first.initrd and not again.rebuilt
+    from pfcxl.host_tools import debian_image, debian_packages
+    base = debian_image.rootfs_tar()
+    layer = debian_packages.layer(("numactl",), base, lambda message: None)
+    paths = (cache.images_dir() / f"rootfs-{base.stem}+{layer.stem}.cpio.paths").read_text().splitlines()
+    assert {"usr/bin/numactl", "usr/bin/python3"} <= set(paths)    # the layer over the rootfs
+    plain = Machine("pf-nic", image="debian").boot_image()
+    assert plain.initrd != first.initrd
