@@ -11,7 +11,7 @@ from pfcxl.host_tools import timing
 
 pytestmark = pytest.mark.integration
 
-SIZE = 16 << 20        # bytes the program allocates and writes
+SIZE = 8 << 20         # bytes the program allocates and writes
 PAGE = 4096
 # allocate SIZE bytes and write every one (bytes * int: one memset); then wait to be looked at
 PROGRAM = (f"import time; b = b'Z' * {SIZE}; assert b[{SIZE} - 1:] == b'Z'; "
@@ -33,7 +33,7 @@ def node_pages(numa_maps: str) -> tuple[dict[int, int], dict[int, int]]:
 def bound_run(vm, node: int) -> tuple[dict, str]:
     """The program under `numactl --membind=NODE`, in one counted phase; (the phase's counters,
     the program's numa_maps while it holds its memory)."""
-    command = (f"rm -f /tmp/touched; pfcxl_mark start; numactl --membind={node} python3 -c \"{PROGRAM}\" & pid=$!; "
+    command = (f"rm -f /tmp/touched; pfcxl_mark start; numactl --membind={node} python3 -S -c \"{PROGRAM}\" & pid=$!; "
                "while [ ! -e /tmp/touched ]; do kill -0 $pid || exit 1; sleep 0.2; done; pfcxl_mark stop; "
                "cat /proc/$pid/numa_maps; kill $pid")
     before = len(vm.timing.phases())
