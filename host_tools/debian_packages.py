@@ -76,8 +76,10 @@ def layer(names: tuple[str, ...], base_tar: Path, progress: Callable[[str], None
                       "--no-install-recommends", *names], apt=True, ok=(0, 100))
         if proc.returncode:
             missing = unknown_names(proc.stderr + proc.stdout)
-            raise ImageError(f"--packages: no Debian package {', '.join(missing) or ','.join(names)} in trixie"
-                             + ("" if missing else f" ({proc.stderr.strip().splitlines()[-1:]})"))
+            if missing:
+                raise ImageError(f"--packages: no Debian package {', '.join(missing)} in trixie")
+            why = (proc.stderr.strip().splitlines() or ["exit 100"])[-1]
+            raise ImageError(f"--packages {','.join(names)}: apt cannot install them in trixie: {why}")
         have = installed_in(base_tar)
         wanted = [f"{n}={v}" for n, v in parse_simulation(proc.stdout) if n not in have]
         debs = download_debs(s, trixie_apt, wanted) if wanted else []
