@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from pfcxl.host_tools import timing
+from pfcxl.host_tools.timing import config as timing
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""--packages (host_tools/debian_packages.py): names checked in one line, apt's simulation and
+"""--packages (host_tools/image/debian_packages.py): names checked in one line, apt's simulation and
 errors read, the rootfs's installed packages left out; Machine refuses packages without the
 Debian image in one line (the CLI's lines: test_packages_cli.py)."""
 
@@ -10,8 +10,8 @@ from hypothesis import given, strategies as st
 
 from pfcxl import Machine
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import debian_packages
-from pfcxl.host_tools.boot_options import BootOptions
+from pfcxl.host_tools.image import debian_packages
+from pfcxl.host_tools.vm.boot_options import BootOptions
 
 pytestmark = pytest.mark.unit
 

@@ -48,7 +48,8 @@ def test_the_same_package_list_reuses_the_image_and_another_list_does_not():
     first = Machine("pf-nic", image="debian", packages=["numactl"]).boot_image()
     again = Machine("pf-nic", image="debian", packages="numactl,numactl").boot_image()
     assert again.initrd == first.initrd and not again.rebuilt
-    from pfcxl.host_tools import debian_image, debian_packages
+    from pfcxl.host_tools.image import debian as debian_image
+    from pfcxl.host_tools.image import debian_packages
     base = debian_image.rootfs_tar()
     layer = debian_packages.layer(("numactl",), base, lambda message: None)
     paths = (cache.images_dir() / f"rootfs-{base.stem}+{layer.stem}.cpio.paths").read_text().splitlines()
