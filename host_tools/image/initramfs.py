@@ -218,7 +218,7 @@ def _build(topo: Topology, progress, acpi_tables: dict[str, bytes] | None, kind:
         # keep Debian's own programs; busybox fills in only what the rootfs lacks (cttyhack, insmod)
         entries = [e for e in entries if not (stat.S_ISLNK(e.mode) and e.data == b"/usr/bin/busybox"
                                               and e.path in present)]
-        entries += host_tools/image/debian.python_module_entries()
+        entries += debian_image.python_module_entries()
     plan_text = plan.render(topo, [m.name for m in modules])
     plan_entry = cpio.Entry.file("etc/pfcxl/plan", plan_text.encode())
     body = cpio.archive(entries + [plan_entry])
