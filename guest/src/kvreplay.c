@@ -217,8 +217,8 @@ int main(int argc, char **argv)
     g_store = map_store(dev, o[3].val);
     const uint64_t at = num(&o[2], 0, 0, 0, UINT64_MAX);
     if (at % KV_PAGE || at > g_room || (uint64_t)(host + 1) * MB_BYTES > g_room - at)
-        die("--mailbox %" PRIu64 ": host %d's mailbox is not page aligned inside %s's %" PRIu64 " bytes after the "
-            "store's base", at, host, dev, g_room);
+        die("--mailbox %" PRIu64 ": host %d's mailbox (1 MiB, page aligned) is not inside the %" PRIu64 " bytes of %s "
+            "after the store's base", at, host, g_room, dev);
     volatile uint64_t *box = (volatile uint64_t *)(g_store + at + (uint64_t)host * MB_BYTES);
     char *in = (char *)box + MB_TEXT, *reply = in + MB_HALF;
     char *text = malloc(MB_HALF + 1), *out = malloc(MB_HALF);
