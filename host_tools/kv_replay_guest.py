@@ -147,3 +147,38 @@ def ensure_store(path: str, hosts: int, base: int | None) -> None:
         kv.Store.open(path, base=base).close()
     except kv.KVError:
         kv.format(path, hosts=hosts, slots=1, chunk_tokens=512, base=base)
+
+
+def run_on_guests(topo, topo_path, setup: kv_replay.Setup, requests: list[Request], modes, *, data_path: str | None,
+                  timing: str | None, say: Callable[[str], None], appliance_dir: Path | None = None) -> list[dict]:
+    """The replay in `setup.hosts` guests of the topology's appliance (the running one, else a
+    temporary one; with `timing` it models their traffic): setup.path is ignored, the pool is the
+    appliance's shared pool."""
+    import dataclasses
+
+    from pfcxl.device import appliance_rundir, data_path as paths
+
+    from . import multihost
+    from .kv_replay_timing import figures, snapshot
+    if setup.base not in (None, kv.HOME):
+        raise PfcxlError(f"--base {setup.base}: in guests the store is where they find it (byte {kv.HOME} of the pool)")
+    topo = paths.with_data_path(topo, data_path)
+    data_path = topo.guest.data_path
+    with multihost.appliance_for(topo, topo_path, appliance_dir, say, timing) as (where, _):
+        pool = appliance_rundir.pool_dir(where, topo.appliance.backing)
+        if pool is None:
+            raise PfcxlError(f"appliance '{topo.name}' keeps its pool in memfds: the replay cannot reach it")
+        setup = dataclasses.replace(setup, path=str(pool / "shared.pool"), base=None)
+        ensure_store(setup.path, setup.hosts, None)
+        last = [snapshot(where)] if timing else None
+
+        def after_mode(mode: str):
+            if not timing:
+                return None
+            now = snapshot(where)
+            out = figures(last[0], now, timing, setup.hosts)
+            last[0] = now
+            return out
+        return replay(setup, requests, modes,
+                      lambda at: on_guests(topo, topo_path, where, setup, at, data_path, timing=timing, say=say,
+                                           options=None), after_mode)

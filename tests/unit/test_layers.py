@@ -25,7 +25,8 @@ BASE = ("pfcxl.errors", "pfcxl.cache", "pfcxl.process", "pfcxl.compile")
 FLEET_AND_BENCH = tuple(f"pfcxl.host_tools.{m}" for m in (
     "multihost", "detached", "bench", "bench_boot", "bench_model", "bench_paper_bw", "bench_paper_bw_hosts",
     "bench_report", "bench_plots", "bench_results", "bench_appliance_timing", "bench_kv_stress", "bench_trace",
-    "data_path_bench", "kv_path_bench", "kv_replay", "kv_replay_report", "bench_console", "bench_kv_replay"))
+    "data_path_bench", "kv_path_bench", "kv_replay", "kv_replay_report", "kv_replay_guest", "kv_replay_mailbox",
+    "kv_replay_timing", "bench_console", "bench_kv_replay"))
 LAYERS = [
     ("base", BASE),                                            # errors, the cache, running programs
     ("facts and models", ("pfcxl.device", "pfcxl.firmware_tables", "pfcxl.guest", "pfcxl.serving")),
