@@ -227,3 +227,27 @@ def test_a_host_that_cannot_open_the_store_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(H.kv.Store, "open", refuse_host_1)
     with pytest.raises(PfcxlError, match="^replay host 1: host 1 is open for writing by another process$"):
         R.run(R.Setup(path, None, 3, 16, 4096), requests(DOZEN), "shared")
+
+
+@pytest.mark.parametrize("writer", range(4))
+def test_replay_refuses_a_store_another_process_writes_and_leaves_it(tmp_path, writer):
+    """A host of the store open for writing elsewhere (its lease held, its heartbeat moving): the
+    replay says so in one line and formats nothing; a lease a dead process left does not stop it."""
+    path = pool(tmp_path)
+    with R.kv.Store.open(path, host=writer) as live:
+        live.put(b"theirs", b"x" * 4096)
+        for mode in R.MODES:
+            with pytest.raises(PfcxlError, match=f"host {writer} of its store is open for writing by another "
+                               "process") as e:
+                R.run(R.Setup(path, None, 3, 16, 4096, stale_s=0.5), requests(DOZEN), mode)
+            assert "\n" not in str(e.value)
+        assert live.get(b"theirs") == b"x" * 4096 and live.find(b"theirs")[0][0] == writer
+    pid = os.fork()
+    if pid == 0:                                             # opens as `writer` and dies holding the lease
+        R.kv.Store.open(path, host=writer)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    with R.kv.Store.open(path) as s:
+        assert s.header(writer)["lease"] != 0
+    out = R.run(R.Setup(path, None, 3, 16, 4096, stale_s=0.5), requests(DOZEN), "shared")
+    assert out["overall"]["requests"] == 12 and out["check"]["bad"] == 0
