@@ -181,7 +181,9 @@ def test_bad_input_at_the_command_is_one_line_and_leaves_the_store(tmp_path, cap
     broken.write_text(good.read_text() + '{"timestamp": 5, "input_length": 512, "output_length": 1}\n')
     for argv, words in [([str(broken)], "hash_ids"),
                         ([str(good), "--hosts", "3"], "more than the store's 2 hosts"),
-                        ([str(good), "--hosts", "2", "--capacity", "100000"], "--capacity 100000 blocks")]:
+                        ([str(good), "--hosts", "2", "--capacity", "100000"], "--capacity 100000 blocks"),
+                        ([str(good), "--hosts", "2", "--timing", "pf"], "--timing is for --on guests"),
+                        ([str(good), "--hosts", "2", "--data-path", "direct"], "--data-path is for --on guests")]:
         status, _, err = cli(capsys, *argv, "--pool", path, "--compare")
         assert status != 0 and words in err and len(err.strip().splitlines()) == 1, err
     assert open(path, "rb").read() == before
