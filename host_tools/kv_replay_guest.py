@@ -27,6 +27,7 @@ from .kv_replay_mailbox import MB_BYTES, Mailboxes, offset
 
 TOOL = "kvreplay"
 HELLO_S = 900               # the guests' boots come first
+RUN_S = 24 * 3600           # a guest's kvreplay lasts the whole replay; the host side ends it (Q)
 
 
 def room(hosts: int) -> int:
@@ -116,7 +117,7 @@ def on_guests(topo, topo_path, where: Path, setup: kv_replay.Setup, mailbox: int
     def body() -> None:
         try:
             done["hosts"] = multihost.run(topo, topo_path, setup.hosts, cmd, appliance_dir=where, say=say,
-                                          timing=timing, options=options)
+                                          timing=timing, options=options, command_timeout=RUN_S)
         except BaseException as exc:            # noqa: BLE001 (reported by gone())
             done["error"] = exc
 
