@@ -1,6 +1,7 @@
-"""`pfcxl kv replay`: a request trace replayed through the real KV block store by N host processes
-on the pool file (docs/kvstore.md, "Replay"). This module routes the requests, runs the hosts
-(host_tools/kv_replay_host.py) and gathers what they did; kv_replay_report.py prints it.
+"""`pfcxl kv replay`: a request trace replayed through the real KV block store by N hosts
+(docs/kvstore.md, "Replay"). This module routes the requests, runs them on a crew of hosts (host
+processes on the pool file, host_tools/kv_replay_host.py; or kvreplay in guests,
+kv_replay_guest.py) and gathers what they did; kv_replay_report.py prints it.
 
 Requests run in batches: the requests whose arrival lies within `window_ms` of the batch's first
 run at once (each host serves its share in trace order), batches one after the other. Routing is

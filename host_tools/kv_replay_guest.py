@@ -13,17 +13,21 @@ With --timing the appliance models every host's traffic; after each mode its tel
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import subprocess
 import threading
 from pathlib import Path
 from typing import Callable
 
+from pfcxl.device import appliance_rundir
+from pfcxl.device import data_path as paths
 from pfcxl.errors import PfcxlError
 from pfcxl.serving.traces import Request
 
 from . import kv_replay
 from .kv_replay_host import kv
 from .kv_replay_mailbox import MB_BYTES, Mailboxes, offset
+from .kv_replay_timing import figures, snapshot
 
 TOOL = "kvreplay"
 HELLO_S = 900               # the guests' boots come first
@@ -155,12 +159,7 @@ def run_on_guests(topo, topo_path, setup: kv_replay.Setup, requests: list[Reques
     """The replay in `setup.hosts` guests of the topology's appliance (the running one, else a
     temporary one; with `timing` it models their traffic): setup.path is ignored, the pool is the
     appliance's shared pool."""
-    import dataclasses
-
-    from pfcxl.device import appliance_rundir, data_path as paths
-
-    from . import multihost
-    from .kv_replay_timing import figures, snapshot
+    from . import multihost            # QEMU and the Machine: for this command alone
     if setup.base not in (None, kv.HOME):
         raise PfcxlError(f"--base {setup.base}: in guests the store is where they find it (byte {kv.HOME} of the pool)")
     topo = paths.with_data_path(topo, data_path)
