@@ -116,12 +116,14 @@ def on_guests(topo, topo_path, where: Path, setup: kv_replay.Setup, mailbox: int
     """One guest per host on the appliance running in `where`, each running kvreplay on the pool."""
     from . import multihost            # QEMU and the Machine: for this command alone
     done: dict = {}
+    ended: list = []                    # hosts whose boot failed, or whose kvreplay ended
     cmd = command(device(data_path), "{host}", setup.block_bytes, mailbox)
 
     def body() -> None:
         try:
             done["hosts"] = multihost.run(topo, topo_path, setup.hosts, cmd, appliance_dir=where, say=say,
-                                          timing=timing, options=options, command_timeout=RUN_S)
+                                          timing=timing, options=options, command_timeout=RUN_S,
+                                          host_done=ended.append)
         except BaseException as exc:            # noqa: BLE001 (reported by gone())
             done["error"] = exc
 
@@ -129,12 +131,14 @@ def on_guests(topo, topo_path, where: Path, setup: kv_replay.Setup, mailbox: int
     thread.start()
 
     def gone() -> str | None:
-        if thread.is_alive():
-            return None
+        """Why the guests' side ended, or a host of it did (a failed boot leaves the others waiting)."""
         if "error" in done:
             return str(done["error"])
-        return "; ".join(f"host {r.host}: {r.error or f'exit {r.status}'} {r.output.strip()[-300:]}"
-                         for r in done["hosts"]) or "no host ran"
+        if ended or not thread.is_alive():
+            rs = done.get("hosts") or list(ended)
+            return "; ".join(f"host {r.host}: {r.error or f'exit {r.status}'} {r.output.strip()[-300:]}".strip()
+                             for r in rs).replace("\n", " ") or "no host ran"
+        return None
     try:
         yield gone
     finally:
