@@ -48,8 +48,6 @@ def replay(setup: kv_replay.Setup, requests: list[Request], modes, launch, after
     """Each mode on a fresh store, served by the kvreplay processes `launch(mailbox offset)`
     starts (a context manager yielding a `gone()` that says why they ended, None while they run).
     `after_mode(mode)` is called as each mode ends; what it returns goes in the mode's result."""
-    if setup.kill_host is not None:
-        raise PfcxlError("--kill-host is for --on host: a guest's replay process is not killed from here")
     need = kv_replay.check(setup, requests, room(setup.hosts))
     at = (kv.HOME if setup.base is None else setup.base) + offset(need)
     boxes = Mailboxes(setup.path, at, setup.hosts, len(requests), lambda: None)
@@ -164,6 +162,8 @@ def run_on_guests(topo, topo_path, setup: kv_replay.Setup, requests: list[Reques
     temporary one; with `timing` it models their traffic): setup.path is ignored, the pool is the
     appliance's shared pool."""
     from . import multihost            # QEMU and the Machine: for this command alone
+    if setup.kill_host is not None:
+        raise PfcxlError("--kill-host is for --on host: a guest's replay process is not killed from here")
     if setup.base not in (None, kv.HOME):
         raise PfcxlError(f"--base {setup.base}: in guests the store is where they find it (byte {kv.HOME} of the pool)")
     topo = paths.with_data_path(topo, data_path)

@@ -183,7 +183,9 @@ def test_bad_input_at_the_command_is_one_line_and_leaves_the_store(tmp_path, cap
                         ([str(good), "--hosts", "3"], "more than the store's 2 hosts"),
                         ([str(good), "--hosts", "2", "--capacity", "100000"], "--capacity 100000 blocks"),
                         ([str(good), "--hosts", "2", "--timing", "pf"], "--timing is for --on guests"),
-                        ([str(good), "--hosts", "2", "--data-path", "direct"], "--data-path is for --on guests")]:
+                        ([str(good), "--hosts", "2", "--data-path", "direct"], "--data-path is for --on guests"),
+                        ([str(good), "--on", "guests", "--kill-host", "1"], "--kill-host is for --on host"),
+                        ([str(good), "--on", "guests", "--base", "0"], "--base 0: in guests")]:
         status, _, err = cli(capsys, *argv, "--pool", path, "--compare")
         assert status != 0 and words in err and len(err.strip().splitlines()) == 1, err
     assert open(path, "rb").read() == before
