@@ -1,9 +1,9 @@
 /*
- * kvreplay: one host of `pfcxl kv replay --on guests` (host_tools/kv_replay_guest.py), with the
+ * kvreplay: one host of `pfcxl kv replay --on guests` (host_tools/kv/replay_guest.py), with the
  * store's C core (guest/include/pfcxl_kvstore.h, pfcxl_kvwrite.h). One process serves every
  * request routed to its host: the host side posts lines of operations in this host's mailbox in
  * the pool, after the store, and this tool answers each message in the mailbox's reply half.
- * Requests are served as host_tools/kv_replay_host.py serves them on the pool file.
+ * Requests are served as host_tools/kv/replay_host.py serves them on the pool file.
  */
 #define TOOL_NAME "kvreplay"
 #include "../include/pfcxl_tool.h"

@@ -1,4 +1,4 @@
-"""`pfcxl kv replay --on guests` (host_tools/kv_replay_guest.py): the replay's hosts are kvreplay
+"""`pfcxl kv replay --on guests` (host_tools/kv/replay_guest.py): the replay's hosts are kvreplay
 processes (the store's C core) in guests of a real appliance, fed through mailboxes in its pool.
 Two guests replay a slice of the conversation trace; their counts must be the host processes'
 (`--on host`, the Python store) request by request, since each request runs alone. With
@@ -11,8 +11,8 @@ import pytest
 
 import pfcxl
 from pfcxl.device import topology
-from pfcxl.host_tools import kv_replay as R
-from pfcxl.host_tools import kv_replay_guest as G
+from pfcxl.host_tools.kv import replay as R
+from pfcxl.host_tools.kv import replay_guest as G
 from pfcxl.serving import traces
 
 pytestmark = pytest.mark.integration
@@ -52,7 +52,7 @@ def test_two_guests_on_the_direct_path_count_what_the_host_processes_count(tmp_p
 
 
 def test_timed_guests_on_the_cxl_path_get_modelled_figures_and_a_ttft_per_request():
-    from pfcxl.host_tools import kv_replay_report
+    from pfcxl.host_tools.kv import replay_report as kv_replay_report
     reqs = one_at_a_time(8)
     out = on_guests(R.Setup("", None, 2, 40, 4096), reqs, "cxl", timing="pf")
     for result in out:

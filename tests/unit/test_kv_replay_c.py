@@ -1,5 +1,5 @@
 """The C store's replay hosts (guest/src/kvreplay.c, fed through mailboxes in the pool by
-host_tools/kv_replay_mailbox.py, as `kv replay --on guests` feeds them in guests) against the
+host_tools/kv/replay_mailbox.py, as `kv replay --on guests` feeds them in guests) against the
 Python hosts of `--on host`, here on one pool file: the same requests, routed alike, give the same
 counts request by request wherever the protocol is deterministic (one request at a time)."""
 
@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import kv_replay as R
-from pfcxl.host_tools import kv_replay_guest as G
+from pfcxl.host_tools.kv import replay as R
+from pfcxl.host_tools.kv import replay_guest as G
 from pfcxl.serving import traces
 
 from .conftest import compile_guest_tool

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from pfcxl.host_tools import debian_image, image
+from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.host_tools.image import initramfs
 
 from .conftest import kv_pool
 
@@ -70,7 +71,7 @@ int main(int argc, char **argv)
 def probe(tmp_path_factory):
     where = tmp_path_factory.mktemp("putprobe")
     (where / "putprobe.c").write_text(HARNESS)
-    include = image.GUEST_SOURCES.parent / "include"
+    include = initramfs.GUEST_SOURCES.parent / "include"
     done = subprocess.run(["gcc", "-O2", "-Wall", "-I", str(include), "-o", str(where / "putprobe"),
                            str(where / "putprobe.c")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
