@@ -1,5 +1,5 @@
 """`pfcxl kv replay --on guests --timing pf|electrical`: the appliance models every guest's real
-replay traffic (device/fabric_telemetry.py); after each mode its telemetry is read, and this
+replay traffic (device/fabric/telemetry.py); after each mode its telemetry is read, and this
 module turns two readings (before and after the mode) into per-host figures and TTFTs.
 
 Per host: the bytes it moved through the appliance in the mode, its modelled read latency (p50,
