@@ -43,7 +43,7 @@ from pfcxl.device.topology.rules import (BACKEND_PREFIX, DIRECT_PREFIX, LSA_PREF
 from pfcxl.device.topology.units import GiB, MiB, human
 
 TOPOLOGY_DIR = Path(__file__).parent.parent / "topologies"
-SOURCE_ROOT = Path(__file__).resolve().parent.parent   # the checkout, for an editable install
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the checkout, for an editable install
 DEFAULT_TOPOLOGY = "pf-nic"
 __all__ = [
     "BACKEND_PREFIX", "DEFAULT_TOPOLOGY", "DIRECT_PREFIX", "LSA_PREFIX", "MAX_GRANULARITY", "MAX_RESTRICTIONS", "MAX_WINDOW_TARGETS",
