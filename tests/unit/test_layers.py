@@ -19,7 +19,7 @@ REPO = Path(pfcxl.__file__).resolve().parent.parent
 FOLDERS = ("device", "firmware_tables", "guest", "host_tools", "serving")
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
-BASE = ("pfcxl.errors", "pfcxl.cache", "pfcxl.process", "pfcxl.compile")
+BASE = ("pfcxl.errors", "pfcxl.cache", "pfcxl.process", "pfcxl.compile", "pfcxl.text_files")
 # host_tools modules built on pfcxl.Machine / pfcxl.Appliance: several hosts, kept-up machines,
 # benchmark suites and scripts. The rest of host_tools is what the API is built on.
 FLEET_AND_BENCH = tuple(f"pfcxl.host_tools.{m}" for m in (
