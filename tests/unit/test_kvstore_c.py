@@ -13,7 +13,8 @@ import zlib
 import pytest
 
 from pfcxl.compile import compile_cached
-from pfcxl.host_tools import debian_image, image
+from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.host_tools.image import initramfs as image
 
 from .conftest import compile_guest_tool, kv_pool
 

@@ -8,7 +8,7 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl.errors import PfcxlError, ServingError, TopologyError
-from pfcxl.host_tools import bench_results
+from pfcxl.host_tools.bench import results as bench_results
 from pfcxl.serving import inputs, traces
 
 pytestmark = pytest.mark.unit
