@@ -24,7 +24,9 @@ BASE = ("pfcxl.errors", "pfcxl.cache", "pfcxl.process", "pfcxl.compile", "pfcxl.
 # the benchmark suite, the KV replay and the experiment scripts. The rest of host_tools is what
 # the API is built on.
 FLEET_AND_BENCH = ("pfcxl.host_tools.fleet", "pfcxl.host_tools.bench", "pfcxl.host_tools.experiments",
-                   "pfcxl.host_tools.kv.replay", "pfcxl.host_tools.kv.replay_host", "pfcxl.host_tools.kv.replay_report")
+                   "pfcxl.host_tools.kv.replay", "pfcxl.host_tools.kv.replay_host", "pfcxl.host_tools.kv.replay_report",
+                   "pfcxl.host_tools.kv.replay_guest", "pfcxl.host_tools.kv.replay_mailbox",
+                   "pfcxl.host_tools.kv.replay_timing")
 LAYERS = [
     ("base", BASE),                                            # errors, the cache, running programs
     ("device", ("pfcxl.device",)),                             # topology, appliance, fabric, trace, facts
