@@ -339,6 +339,27 @@ static inline uint32_t kv_probe(const struct kv *s, const uint8_t d[16], uint32_
     return (uint32_t)(((uint64_t)kv_bucket(s, d) + k) % s->sb.slots);
 }
 
+#ifdef KV_TEST_HOOKS
+/* Tests only (tests/unit/test_kvstore_c.py builds kvstore with -DKV_TEST_HOOKS; the guest's
+ * tools never have it): once, between a key's match and the read of its record, say so on
+ * descriptor W and wait for a byte on R (PFCXL_KV_TEST_PAUSE="W,R"), so that the test can evict
+ * and republish the slot exactly there. */
+static inline void kv_after_key_match(void)
+{
+    static int done;
+    const char *fds = getenv("PFCXL_KV_TEST_PAUSE");
+    int w, r;
+    char byte = 'm';
+    if (done || !fds || sscanf(fds, "%d,%d", &w, &r) != 2)
+        return;
+    done = 1;
+    if (write(w, &byte, 1) != 1 || read(r, &byte, 1) != 1)
+        die("PFCXL_KV_TEST_PAUSE: the test's pipes are closed");
+}
+#else
+static inline void kv_after_key_match(void) {}
+#endif
+
 /* The first published record of d in host h's window from slot *slot on: 1 and (*slot, *rec),
  * else 0. Counts the window's lines it reads. */
 static inline int kv_find_at(struct kv *s, int h, const uint8_t d[16], uint32_t *slot, struct kv_record *rec)
@@ -346,7 +367,7 @@ static inline int kv_find_at(struct kv *s, int h, const uint8_t d[16], uint32_t 
     for (uint32_t k = *slot; k < kv_window(s); k++) {
         uint32_t i = kv_probe(s, d, k);
         s->index_lines++;
-        if (kv_key_is(s, h, i, d) && kv_valid(s, h, i, rec, d)) {
+        if (kv_key_is(s, h, i, d) && (kv_after_key_match(), kv_valid(s, h, i, rec, d))) {
             *slot = k;
             return 1;
         }
