@@ -14,14 +14,14 @@ from rich.markup import escape
 
 from pfcxl.errors import PfcxlError, TimingError
 
-from . import argtypes, boot_options, image
+from . import argtypes, boot_options, image, timing
 from .ui import err, out
 
 
 def cmd_bench(args) -> int:
     from pfcxl.device import data_path, topology
     from pfcxl.machine import Machine
-    from . import bench, bench_model, bench_plots, bench_report, timing_report
+    from . import bench, bench_model, bench_plots, bench_report
     topo = data_path.with_data_path(topology.load(topology.resolve(args.topology)), args.data_path)
     if any(d.appliance for d in topo.devices):
         raise PfcxlError(f"bench boots its own guest; topology '{topo.name}' needs the appliance "
@@ -47,36 +47,26 @@ def cmd_bench(args) -> int:
                                qemu_binary=machine.qemu)
             return machine
 
-        phases_before = [0]
+        def bracket(spec):      # --timing: a CXL run that does not mark its rows is one phase
+            return bool(args.timing) and spec.system == "cxl" and not timing.marks_rows(spec.command)
 
-        def before(vm, spec):
-            phases_before[0] = len(vm.timing.phases())
-            if args.timing and spec.system == "cxl" and not bench_model.marks_rows(spec.command):
-                vm.check("pfcxl_mark start")
-
-        def after(vm, spec, result):
-            marked = bench_model.marks_rows(spec.command)
-            if args.timing and spec.system == "cxl" and not marked:
-                vm.check("pfcxl_mark stop")
-            records = vm.timing.stop()
-            vm.timing.start()
+        def after(vm, spec, result, traced):
             if spec.system != "cxl":
                 return
             if args.timing:
                 dependent = spec.name.startswith("idle_latency")
-                result.modelled = timing_report.model_trace(topo, records, dependent=dependent)
-            if marked and result.data is not None:
+                result.modelled = traced.model(dependent=dependent)
+            if timing.marks_rows(spec.command) and result.data is not None:
                 rows = len(result.data.get("results", result.data.get("rows", [])))
                 try:    # a capture that does not match the rows is said in the results, not fatal
-                    phases = vm.timing.wait_phases(phases_before[0] + rows)[phases_before[0]:]
-                    pieces = bench_model.split_rows(records, phases)
+                    pieces = traced.rows(rows)
                 except TimingError as exc:
                     result.modelled["rows_error"] = str(exc)
                     return
                 result.modelled.update(bench_model.model_run(topo, result.data.get("tool", ""), result.data, pieces))
 
         with err.status("running the benchmark suite") as status:
-            bench.run_suite(specs, results, boot=boot, before=before, after=after,
+            bench.run_suite(specs, results, boot=boot, bracket=bracket, after=after,
                             say=lambda m: status.update(f"{topo.name}: {m}"))
     for table in bench_report.tables({"environment": results.env,
                                       "results": [r.__dict__ for r in results.runs]}):

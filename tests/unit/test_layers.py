@@ -30,7 +30,7 @@ LAYERS = [
     ("base", BASE),                                            # errors, the cache, running programs
     ("facts and models", ("pfcxl.device", "pfcxl.firmware_tables", "pfcxl.guest", "pfcxl.serving")),
     ("host tools", ("pfcxl.host_tools",)),                     # vm, console, image, timing, provision
-    ("public API", ("pfcxl", "pfcxl.machine", "pfcxl.pytest_plugin")),
+    ("public API", ("pfcxl", "pfcxl.machine", "pfcxl.appliance", "pfcxl.runs", "pfcxl.pytest_plugin")),
     ("fleet and benchmarks", FLEET_AND_BENCH),
     ("command line", ("pfcxl.host_tools.cli", "pfcxl.host_tools.provision.cli",
                       "pfcxl.host_tools.provision.__main__")),          # and every cli_*.py
