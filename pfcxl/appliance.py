@@ -84,10 +84,10 @@ class Appliance:
                 self.run_dir = Path(tempfile.mkdtemp(prefix="pfcxl-appliance-"))
             else:
                 self.run_dir = self.run_dir_arg
-            if self.temporary:       # the service removes it as it exits; this, if it never started
-                stack.callback(shutil.rmtree, self.run_dir, ignore_errors=True)
             self.pid = appliance_mod.running_pid(self.run_dir)
             if self.pid is None:
+                if self.temporary:   # the service removes it as it exits; this, if it never started
+                    stack.callback(shutil.rmtree, self.run_dir, ignore_errors=True)
                 self.pid = self._start_service()
                 self.started_here = True
                 stack.callback(appliance_mod.stop, self.run_dir)

@@ -81,6 +81,9 @@ def test_a_running_service_is_used_only_if_it_times_and_captures_as_asked(small,
         with Appliance(small, run_dir=run_dir) as a:      # used as it is, and left running
             assert a.pid == pid and not a.started_here
         assert appliance.running_pid(run_dir) == pid
+        with Appliance(small, run_dir=run_dir, temporary=True) as a:   # temporary is for one it starts
+            assert a.pid == pid and not a.started_here
+        assert appliance.running_pid(run_dir) == pid and (run_dir / appliance.SOCKET).exists()
     finally:
         Appliance(small, run_dir=run_dir).stop()
     pid = Appliance(small, run_dir=run_dir, timing="pf", capture=tmp_path / "a").serve()
