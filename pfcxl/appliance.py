@@ -1,5 +1,5 @@
 """`pfcxl.Appliance`: the appliance service of a topology in its run directory (the API of
-host_tools/appliance.py, which talks to and starts device/appliance_service.py).
+host_tools/appliance.py, which talks to and starts device/appliance/service.py).
 
     with pfcxl.Appliance("pf-appliance", timing="pf") as a:     # the running one, or one started here
         m = a.machine(host=0)
@@ -35,7 +35,7 @@ class Appliance:
     stop(), call(), status(), where(): the service in run_dir, whoever started it; run_dir None
     there is the topology's default directory ($PFCXL_CACHE/appliance/<name>, `pfcxl appliance`'s).
 
-    Options, those of device/appliance_service.py: scan_interval (seconds between change scans),
+    Options, those of device/appliance/service.py: scan_interval (seconds between change scans),
     idle_timeout (seconds a connection without an attachment may stay silent; default 60),
     timing (pf | electrical: model every host's traffic), issue (dependent | independent, with
     timing), capture (with timing: keep every host's drained records in this absent or empty

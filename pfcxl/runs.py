@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import timing as timing_mod
-from pfcxl.host_tools.console import shell_command
+from pfcxl.host_tools.timing import config as timing_mod
+from pfcxl.host_tools.vm.console import shell_command
 
 if TYPE_CHECKING:
     import numpy as np
@@ -78,13 +78,13 @@ class TracedRun:
         return timing_mod.split_rows(self._records(), phases)
 
     def model(self, dependent: bool = True) -> dict:
-        """The fabric models' figures for exactly these records (host_tools.timing_report)."""
-        from pfcxl.host_tools import timing_report
+        """The fabric models' figures for exactly these records (host_tools/timing/report.py)."""
+        from pfcxl.host_tools.timing import report as timing_report
         return timing_report.model_trace(self.machine.topology, self._records(), dependent=dependent)
 
     def emulator_cost(self) -> dict:
         """The command's host wall-clock per CXL request: QEMU TCG overhead, labelled so."""
-        from pfcxl.host_tools import timing_report
+        from pfcxl.host_tools.timing import report as timing_report
         return timing_report.emulator_cost(len(self._records()), self.seconds)
 
     def appliance_figures(self) -> dict | None:
@@ -92,7 +92,7 @@ class TracedRun:
         None for any other Machine."""
         if not self.machine.on_timed_appliance:
             return None
-        from pfcxl.host_tools.telemetry_view import for_host
+        from pfcxl.host_tools.timing.telemetry_view import for_host
         return for_host(self.machine.appliance_stats(sync=True), self.machine.attachment.host)
 
     def _session(self) -> timing_mod.TimingSession:

@@ -1,4 +1,4 @@
-"""pfcxl.Appliance takes every option of the service (device/appliance_service.py), and each one
+"""pfcxl.Appliance takes every option of the service (device/appliance/service.py), and each one
 reaches the service: what the running service reports (status, hello), how it treats an idle
 connection, which process it is (foreground). Bad options are one line and start nothing.
 Real services, no VMs; each one started here is stopped and checked gone."""
@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from pfcxl import Appliance
-from pfcxl.device import appliance_rundir as rundir
-from pfcxl.device.fabric_modes import ISSUES, SYSTEMS
+from pfcxl.device.appliance import rundir
+from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
 from pfcxl.errors import PfcxlError
 from pfcxl.host_tools import appliance
 
