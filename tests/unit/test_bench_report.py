@@ -143,7 +143,7 @@ def test_compare_reports_ratios(tmp_path, capsys):
     capsys.readouterr()
     assert main(["bench", "compare", str(a), str(b)]) == 0
     assert "B / A" in capsys.readouterr().out
-    with pytest.raises(PfcxlError, match="no results"):
+    with pytest.raises(PfcxlError, match="missing: no such file"):
         bench_report.load(tmp_path / "missing")
 
 

@@ -255,7 +255,7 @@ def test_a_c_put_after_a_python_empty_block_returns(tool, pool):
 @pytest.mark.parametrize("k1_size,k2_size", [(4096, 4096), (4096, 65536), (65536, 8), (8, 1 << 20)])
 def test_a_c_reader_never_returns_the_block_that_replaced_its_key_in_the_same_slot(paused_tool, tmp_path, hosts,
                                                                                    owner, k1_size, k2_size):
-    """Issue 21 item 1, the C reader: the owner evicts k1 and publishes k2 in the same slot (one
+    """The C reader: the owner evicts k1 and publishes k2 in the same slot (one
     slot per host) while the C `get` of k1 is paused between the key match and the record read.
     The record no longer holds k1: a miss, never k2's block (whose crc is k2's, so it passed)."""
     path = kv_pool(tmp_path, 32 << 20, hosts=hosts, slots=1)
