@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import BinaryIO, NoReturn, Sequence, TypeVar
 
 from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
@@ -41,6 +41,7 @@ READY_MARKERS = [b"PFCXL-READY {", b"PFCXL-FAILED {", b"Kernel panic - not synci
 PANIC_RE = re.compile(r"Kernel panic - not syncing:[^\n]*")
 STAGE_RE = re.compile(r"PFCXL-STAGE (\w+)")   # guest/init announces each stage it enters
 CONSOLE_TAIL_LINES = 25
+_Part = TypeVar("_Part")     # VM._made: what launch() makes
 
 
 class VMState(enum.Enum):
@@ -106,7 +107,7 @@ class VM:
         self._output: Console | None = None
         self._serial_commands: CommandRunner | None = None  # output over the serial line
         self._qmp: QEMUMonitorProtocol | None = None
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -179,8 +180,9 @@ class VM:
         self._require(VMState.BOOTING)
         try:
             deadline = time.monotonic() + timeout
-            kind, _ = self._console.expect_exact(READY_MARKERS, timeout)
-            rest = self._console.line(deadline - time.monotonic()).decode(errors="replace")
+            console = self._made(self._console)
+            kind, _ = console.expect_exact(READY_MARKERS, timeout)
+            rest = console.line(deadline - time.monotonic()).decode(errors="replace")
         except ConsoleTimeout:
             self._fail(f"guest did not become ready within {timeout:.0f}s, {self._stage()}")
         except ConsoleClosed:
@@ -192,8 +194,8 @@ class VM:
             self._fail(f"guest init failed at stage '{info.get('stage')}': {info.get('error')}")
         self.ready_info = info
         # init opened the output port when the kernel has virtio_console (its "output" key)
-        self._serial_commands = CommandRunner(self._console)
-        self._commands = CommandRunner(self._console, self._output if info.get("output") == "port" else None)
+        self._serial_commands = CommandRunner(console)
+        self._commands = CommandRunner(console, self._output if info.get("output") == "port" else None)
         self.state = VMState.READY
         return info
 
@@ -247,7 +249,7 @@ class VM:
         the guest kills it once it has run `timeout` seconds."""
         self._require(VMState.READY)
         command = shell_command(command)
-        runner = self._serial_commands if serial else self._commands
+        runner = self._made(self._serial_commands if serial else self._commands)
         try:
             return runner.start(command, timeout), command, timeout, runner
         except ConsoleTimeout:
@@ -291,7 +293,7 @@ class VM:
     @property
     def console_fd(self) -> int:
         self._require(VMState.BOOTING, VMState.READY)
-        return self._console_sock.fileno()
+        return self._made(self._console_sock).fileno()
 
     def console_tail(self, lines: int = CONSOLE_TAIL_LINES) -> str:
         text = self._console_text()
@@ -302,6 +304,12 @@ class VM:
     def _require(self, *states: VMState) -> None:
         if self.state not in states:
             raise VMError(f"{self.name}: not possible in state {self.state.value}")
+
+    def _made(self, part: _Part | None) -> _Part:
+        """A part launch() makes (console, command runner, socket), which a stopped VM lacks."""
+        if part is None:
+            raise VMError(f"{self.name}: not possible in state {self.state.value}")
+        return part
 
     def _console_text(self) -> str:
         if self._log_file is not None:
@@ -339,7 +347,7 @@ class VM:
                 f"\nconsole log: {self.console_log}\nQEMU log: {self.qemu_log}\n"
                 f"command line: {qemu.show(self.argv)}")
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str) -> NoReturn:
         message = self._failure(reason)
         self.state = VMState.FAILED
         self.shutdown()
