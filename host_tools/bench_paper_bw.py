@@ -56,8 +56,10 @@ def capture(topo, out: Path, *, sizes: str, nbytes: str, span: str, image_kind: 
         data = bench.parse_output(done.output)
         if done.status != 0 or data is None:
             raise PfcxlError(f"{command} exited with status {done.status}: {done.output.strip()[-300:]}")
-        records = vm.timing.stop()
-        phases = vm.timing.wait_phases(len(data["results"]))
+        session = vm.timing
+        assert session is not None               # timing="trace": the Machine's own session
+        records = session.stop()
+        phases = session.wait_phases(len(data["results"]))
     pieces = bench_model.split_rows(records, phases)
     rows = [{k: r[k] for k in ("pattern", "op", "size")} | {"records": len(p)} for r, p in zip(data["results"], pieces)]
     return records, rows
@@ -120,7 +122,7 @@ def replay_streams(streams: dict[str, np.ndarray], topo, load: float, full_load:
     app = fabric_systems.appliance_for(topo)
     models = {"pf": fabric_model.pf_appliance(app, cache=False),
               "electrical": fabric_model.electrical_pool(app.ports, app.modules)}
-    out = {}
+    out: dict[str, dict] = {}
     for layout, at in (("own_module", load), ("all_to_all", load), ("all_to_all_full", full_load)):
         tr = streams["own_module" if layout == "own_module" else "all_to_all"]
         out[layout] = {}
