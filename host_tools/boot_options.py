@@ -104,7 +104,7 @@ class BootOptions:
         """The fields as JSON values (request.json of a kept-up machine; --dry-run)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["qemu_args"] = list(self.qemu_args)
-        if dataclasses.is_dataclass(self.timing):
+        if dataclasses.is_dataclass(self.timing) and not isinstance(self.timing, type):   # a TimingConfig
             values["timing"] = dataclasses.asdict(self.timing)
         if _is_appliance(self.appliance):
             values["appliance"] = str(self.appliance.run_dir)

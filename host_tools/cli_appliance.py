@@ -38,6 +38,7 @@ def cmd_start(args) -> int:
                           idle_timeout=args.idle_timeout, timing=args.timing, issue=args.issue,
                           capture=Path(args.capture) if args.capture else None)
     a = topo.appliance
+    assert a is not None                    # appliance.start() refuses a topology without one
     out.print(f"appliance '{topo.name}' running (pid {pid}): {a.modules} modules x {human(a.module_capacity)}, "
               f"{a.ports} ports, shared {human(a.shared)}, private {human(a.private)} per host, {a.backing}"
               + (f"; timing every host's traffic on the {args.timing} model ({args.issue} issue)"

@@ -20,6 +20,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pfcxl.errors import PfcxlError
 from pfcxl.serving.traces import Request
@@ -204,7 +205,7 @@ def _drive(setup: Setup, requests, mode, reader, conns, procs, table) -> dict:
     live = list(range(setup.hosts))
     router = Router(setup.routing, setup.hosts, requests, held_prefixes(reader))
     host_of: list[int | None] = [None] * len(requests)
-    killed = None
+    killed: dict[str, Any] | None = None
     t0 = time.monotonic()
     for batch in batches(requests, setup.window_ms):
         if not live:
@@ -218,8 +219,9 @@ def _drive(setup: Setup, requests, mode, reader, conns, procs, table) -> dict:
         pending = set(share)
         while pending:
             due = None if killed or setup.kill_host is None else t0 + setup.kill_at - time.monotonic()
-            ready = multiprocessing.connection.wait([conns[h] for h in pending], None if due is None else max(due, 0))
-            if due is not None and t0 + setup.kill_at <= time.monotonic():
+            waited = multiprocessing.connection.wait([conns[h] for h in pending], None if due is None else max(due, 0))
+            ready = [c for c in conns if c in waited]
+            if due is not None and setup.kill_host is not None and t0 + setup.kill_at <= time.monotonic():
                 h = setup.kill_host
                 os.kill(procs[h].pid, signal.SIGKILL)
                 procs[h].join()
@@ -242,7 +244,7 @@ def _drive(setup: Setup, requests, mode, reader, conns, procs, table) -> dict:
     for h in range(setup.hosts):
         mine = [i for i in range(len(requests)) if host_of[i] == h]
         row = dict(host=h, requests=sum(results[i] is not None for i in mine),
-                   **{k: sum(results[i][k] for i in mine if results[i] is not None) for k in COUNTS},
+                   **{k: sum(r[k] for i in mine if (r := results[i]) is not None) for k in COUNTS},
                    evictions=stats[h]["evictions"])
         hosts.append(row)
     if killed is not None:
