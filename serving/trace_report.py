@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from .trace_sim import TraceResult
+from pfcxl.serving.trace_sim import TraceResult
 
 COLOURS = {"appliance": "tab:blue", "host": "tab:orange"}
 
