@@ -1,5 +1,5 @@
 """A Machine handed a pfcxl.Appliance that was never started says so in one line before it makes
-anything of the guest (it reached `None / "control.sock"`, a TypeError; mypy found it)."""
+anything of the guest (it reached `None / "appliance.sock"`, a TypeError; mypy found it)."""
 
 from __future__ import annotations
 
