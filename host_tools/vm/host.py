@@ -210,11 +210,10 @@ class VM:
         """The first READY_MARKERS match within `timeout` seconds of wall time less the time QEMU
         was starved (ConsoleTimeout after that, or after READY_WALL_FACTOR x timeout of wall time,
         naming both)."""
-        pid = self._made(self._proc).pid
-        start, starved0 = time.monotonic(), starved_seconds(pid)
+        start, starved0 = time.monotonic(), starved_seconds(self.pid)
         while True:
             wall = time.monotonic() - start
-            starved = max(starved_seconds(pid) - starved0, 0.0)
+            starved = max(starved_seconds(self.pid) - starved0, 0.0)
             left = min(timeout - (wall - starved), READY_WALL_FACTOR * timeout - wall)
             if left <= 0:
                 self._fail(f"guest did not become ready within {timeout:.0f}s: {wall:.0f}s of wall time, "
