@@ -150,7 +150,7 @@ def cmd_qemu_args(args) -> int:
 def cmd_image(args) -> int:
     from pfcxl.machine import Machine
     topo = cli_topology.load(args.topology)
-    img = _build_image(Machine(topo, cedt=args.cedt, image=args.image))
+    img = _build_image(Machine(topo, cedt=args.cedt, image=args.image, packages=args.packages))
     print(json.dumps({"kernel": str(img.kernel), "initrd": str(img.initrd),
                       "kernel_release": img.kernel_release, "rebuilt": img.rebuilt}))
     return 0
@@ -176,27 +176,19 @@ def cmd_run(args) -> int:
     if args.reuse and (status := cli_machines.run_reused(args, command)) is not None:
         return status
     from pfcxl.host_tools.timing import report as timing_report
-    report = appliance_figures = None
+    report = None
     with _booted(args) as vm:
-        topo, session = vm.topology, vm.timing
-        if session is None:          # on a timed appliance, the appliance models it (cli_telemetry)
-            result = vm.run(timing.bracket(command, vm.ready) if vm.attachment and vm.attachment.ring_fd
-                            else command, timeout=args.command_timeout)
-            appliance_figures = cli_telemetry.host_figures(vm)
-        else:
-            start = time.monotonic()
-            result = vm.run(timing.bracket(command, vm.ready), timeout=args.command_timeout)
-            seconds = time.monotonic() - start
-            phase = session.wait_phases(1)[-1]
-            records = session.stop()
-            if args.timing == "trace":
-                with err.status(f"modelling {len(records)} CXL requests on the PF and electrical fabrics"):
-                    report = timing_report.model_trace(topo, records, dependent=args.issue == "dependent")
-                report["emulator"] = timing_report.emulator_cost(len(records), seconds)
-                if args.trace_out:                      # for pfcxl model replay
-                    model_runs.save_trace(Path(args.trace_out), records)
-            else:
-                err.print(f"[dim]plugin ({args.timing}): {json.dumps(phase)}[/dim]", highlight=False)
+        traced = vm.traced_run(command, timeout=args.command_timeout)
+        appliance_figures = traced.appliance_figures()  # on a timed appliance, the appliance models it
+        if traced.records is not None:                  # trace mode: modelled here
+            with err.status(f"modelling {len(traced.records)} CXL requests on the PF and electrical fabrics"):
+                report = traced.model(dependent=args.issue == "dependent")
+            report["emulator"] = traced.emulator_cost()
+            if args.trace_out:                          # for pfcxl model replay
+                model_runs.save_trace(Path(args.trace_out), traced.records)
+        elif traced.phases:
+            err.print(f"[dim]plugin ({args.timing}): {json.dumps(traced.phases[-1])}[/dim]", highlight=False)
+    result = traced.result
     write_output(result.data)
     if appliance_figures is not None:
         cli_telemetry.show(appliance_figures, args.report)
@@ -246,6 +238,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: boo
     p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox",
                    help="guest image: busybox (default, small) or debian (trixie with python3 and the "
                    "pfcxl_guest module; built once with mmdebstrap)")
+    argtypes.add_packages(p)
     p.add_argument("--cedt", choices=boot_policy.CEDT_MODES, default="auto",
                    help="whose CEDT the guest sees: QEMU's, or ours through the initrd table upgrade; "
                    "auto (default) uses ours only when the topology sets fields QEMU cannot write")
