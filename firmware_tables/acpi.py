@@ -18,7 +18,8 @@ HEADER = Layout("header", "ACPI Table Header", (
 
 # What QEMU puts in its own tables (x-oem-id / x-oem-table-id change the first two). A table that
 # replaces QEMU's through the initrd upgrade must carry the same IDs and a higher OEM revision.
-QEMU_IDS = {"oem_id": "BOCHS ", "oem_table_id": "BXPC    ", "oem_revision": 1,
+QEMU_OEM_REVISION = 1
+QEMU_IDS = {"oem_id": "BOCHS ", "oem_table_id": "BXPC    ", "oem_revision": QEMU_OEM_REVISION,
             "creator_id": "BXPC", "creator_revision": 1}
 
 

@@ -8,7 +8,7 @@ from pfcxl.errors import TableError
 from pfcxl.firmware_tables import acpi, cedt
 
 # A table in the initrd replaces the firmware's only with the same OEM IDs and a higher revision.
-OVERRIDE_OEM_REVISION = acpi.QEMU_IDS["oem_revision"] + 1
+OVERRIDE_OEM_REVISION = acpi.QEMU_OEM_REVISION + 1
 CEDT_MODES = ("auto", "qemu", "ours")
 
 

@@ -54,7 +54,7 @@ CFMWS = Layout("CFMWS", "CXL Fixed Memory Window Structure", _header(1) + (
     Field("qtg_id", "QTG ID", 34, 2, default=0),
 ), size=36, length_key="length",
     repeat=Repeat("targets", "Interleave Target", 36, _TARGET,
-                  count=lambda v, length: WAYS_OF_ENIW.get(v.get("eniw"), max((length - 36) // 4, 0))))
+                  count=lambda v, length: WAYS_OF_ENIW.get(v.get("eniw", -1), max((length - 36) // 4, 0))))
 
 _XORMAP = Layout("xormap", "XOR Map", (Field("map", "XORMAP", 0, 8),), size=8)
 

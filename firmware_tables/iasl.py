@@ -75,11 +75,9 @@ def disassemble(data: bytes, kind: str) -> tuple[list[IaslField], list[str]]:
 
 def _our_fields(data: bytes, kind: str):
     if kind == "cedt":
-        table = cedt.decode_table(data)
-        structures = [decode(acpi.HEADER, data)] + table.subtables
+        structures = [decode(acpi.HEADER, data)] + cedt.decode_table(data).subtables
     else:
-        table = cdat.decode_table(data)
-        structures = [decode(cdat.HEADER, data)] + table.entries
+        structures = [decode(cdat.HEADER, data)] + cdat.decode_table(data).entries
     return [f for s in structures for f in flat_fields(s)]
 
 

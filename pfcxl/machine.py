@@ -144,9 +144,9 @@ class Machine:
                             image=image, host=host, appliance=appliance,
                             run_dir=str(run_dir) if run_dir is not None else None, cedt=cedt, append=append,
                             lean=lean, data_path=data_path, qemu=str(qemu) if qemu is not None else None,
-                            qemu_args=qemu_args, kernel=str(kernel) if kernel is not None else None,
+                            qemu_args=tuple(qemu_args), kernel=str(kernel) if kernel is not None else None,
                             modules=str(modules) if modules is not None else None, kernel_package=kernel_package,
-                            packages=tuple(packages) if not isinstance(packages, str) else packages)
+                            packages=tuple(packages.split(",") if isinstance(packages, str) else packages))
         if options is not None and given != BootOptions():
             raise PfcxlError("give the boot options once: as options=BootOptions(...) or as keywords")
         self.options = options = options if options is not None else given
@@ -263,12 +263,13 @@ class Machine:
             fds = self._attach(stack)
             self.boot_image()
             config = self.timing_config
-            if self._calibrate:
+            if self._calibrate and config is not None:      # inject mode without a baseline
                 config = self.timing_config = _with_baseline(config, self._measure_baseline())
                 self._calibrate = False
-            ring_fd = self.attachment.ring_fd if self.attachment is not None else None
-            if ring_fd is not None:           # the appliance drains and models this host's trace
-                plugin_args = self._appliance_plugin_args(config)
+            attachment = self.attachment
+            ring_fd = attachment.ring_fd if attachment is not None else None
+            if attachment is not None and ring_fd is not None:    # the appliance drains and models this host's trace
+                plugin_args = self._appliance_plugin_args(config, attachment.ring or {}, self.run_dir)
             elif config is not None:
                 self.timing = stack.enter_context(timing_mod.TimingSession(self.topology, self.run_dir, config,
                                                                            name=self.name))
@@ -283,7 +284,7 @@ class Machine:
             raise
 
     def wait_ready(self) -> dict:
-        info = self.vm.wait_ready(self.ready_timeout)
+        info = self._booted().wait_ready(self.ready_timeout)
         if self.timing is not None:
             self.timing.start()
         return info
@@ -295,11 +296,11 @@ class Machine:
             stack.close()
 
     def _attach(self, stack: contextlib.ExitStack) -> dict[str, int] | None:
-        served = [d for d in self.topology.devices if d.appliance]
+        served = [(d.id, d.appliance) for d in self.topology.devices if d.appliance]
         if not served:
             return None
         if self.attachment is not None:
-            return {d.id: self.attachment.region(d.appliance).fd for d in served}
+            return {dev: self.attachment.region(part).fd for dev, part in served}
         if self.appliance is None:
             where = appliance_mod.default_dir(self.topology)
         elif isinstance(self.appliance, (str, Path)):
@@ -308,20 +309,19 @@ class Machine:
             where = self.appliance.directory
         self._appliance_dir = where
         client = stack.enter_context(appliance_mod.Client(where))
-        self.attachment = client.attach(self.host)
-        self.say(f"attached as host {self.attachment.host} at appliance port {self.attachment.port} ({where})")
-        return {d.id: self.attachment.region(d.appliance).fd for d in served}
+        attachment = self.attachment = client.attach(self.host)
+        self.say(f"attached as host {attachment.host} at appliance port {attachment.port} ({where})")
+        return {dev: attachment.region(part).fd for dev, part in served}
 
-    def _appliance_plugin_args(self, config: timing_mod.TimingConfig | None) -> list[str]:
+    def _appliance_plugin_args(self, config: timing_mod.TimingConfig | None, ring: dict, run_dir: Path) -> list[str]:
         """A timed appliance (`pfcxl appliance start --timing`) owns this host's trace ring: the
         plugin runs in trace mode into it, and no timing of this Machine's own can run beside it."""
-        ring = self.attachment.ring or {}
         if config is not None and config.mode != "trace":
             raise PfcxlError(f"the appliance models every host's traffic ({ring.get('system')} timing), so its "
                              f"hosts' plugin runs in trace mode: timing '{config.mode}' cannot run beside it "
                              "(start the appliance without --timing, or drop --timing here)")
         ring_path = f"/proc/self/fd/{vm_mod.ring_fd_number(self.topology)}"
-        return timing_mod.plugin_args(timing_plugin.build_plugin(), self.topology, self.run_dir,
+        return timing_mod.plugin_args(timing_plugin.build_plugin(), self.topology, run_dir,
                                       timing_mod.TimingConfig("trace"), self.name, ring=ring_path)
 
     def appliance_stats(self, sync: bool = True, timeout: float = 300) -> dict:
@@ -338,7 +338,7 @@ class Machine:
         # the same boot options (data path, lean, append... included) in count mode
         probe = Machine(self.topology, ready_timeout=self.ready_timeout, name="calibrate", progress=self.say,
                         options=dataclasses.replace(self.options, timing="count", baseline_ns=None,
-                                                    run_dir=str(self.run_dir / "calibrate")))
+                                                    run_dir=str(self._run_dir() / "calibrate")))
         # two inject runs on one --run-dir calibrate side by side: calibrate, calibrate-1, ... (the
         # logs and the plugin's event log, which the baseline is read from, are named after it)
         probe._pick_name = True
@@ -425,6 +425,11 @@ class Machine:
         guest's record of it (poison list, CXL trace event, AER message) and return it as "guest"."""
         from pfcxl.host_tools.vm import inject as inject_mod
         return inject_mod.inject_into(self, kind, device, expect=expect, timeout=timeout, **fields)
+
+    def _run_dir(self) -> Path:
+        if self.run_dir is None:
+            raise VMError(f"{self.name}: not started (use `with Machine(...) as m:` or m.start())")
+        return self.run_dir
 
     def _booted(self) -> VM:
         if self.vm is None:

@@ -26,11 +26,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def starved_seconds(pid: int) -> float:
+def starved_seconds(pid: int | None) -> float:
     """How long the process's most delayed thread has waited runnable for a CPU that the host gave
     to other processes (proc(5): /proc/PID/task/TID/schedstat, its second field, in ns); 0 for a
-    process or thread that has gone."""
+    process or thread that has gone, or none (pid None)."""
     worst = 0
+    if pid is None:
+        return 0.0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except FileNotFoundError:

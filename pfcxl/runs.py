@@ -90,10 +90,11 @@ class TracedRun:
     def appliance_figures(self) -> dict | None:
         """On a timed appliance: its figures for this host once this host's trace is modelled;
         None for any other Machine."""
-        if not self.machine.on_timed_appliance:
+        attachment = self.machine.attachment
+        if not self.machine.on_timed_appliance or attachment is None:
             return None
         from pfcxl.host_tools.timing.telemetry_view import for_host
-        return for_host(self.machine.appliance_stats(sync=True), self.machine.attachment.host)
+        return for_host(self.machine.appliance_stats(sync=True), attachment.host)
 
     def _session(self) -> timing_mod.TimingSession:
         if self.machine.timing is None:

@@ -243,7 +243,7 @@ def _paper(doc, source: str) -> dict:
     """[paper.<metric>.<tier>] tables of sessions = value."""
     if not isinstance(doc, dict):
         raise ServingError(f"{source}: paper: must be a table")
-    out = {}
+    out: dict[str, dict] = {}
     for metric, tiers in doc.items():
         if metric not in ("ttft_ms", "hit_rate") or not isinstance(tiers, dict):
             raise ServingError(f"{source}: paper.{_key(metric)}: unknown table (known: ttft_ms, hit_rate)")

@@ -67,30 +67,38 @@ class TwoTiers:
 
     def __init__(self, policy: Policy, gpu_blocks: float, kv_blocks: float):
         self.policy = policy
-        self.radix = policy.name == "radix-lru"
-        make = RadixTree if self.radix else (lambda cap: LruTier("", cap))
-        self.gpu, self.kv = make(gpu_blocks), make(kv_blocks)
+        # the tiers as the policy's kind: radix trees (radix-lru) or LRU block sets (the others)
+        self._trees: tuple[RadixTree, RadixTree] | None = None
+        self._sets: tuple[LruTier, LruTier] | None = None
+        self.gpu: RadixTree | LruTier
+        self.kv: RadixTree | LruTier
+        if policy.name == "radix-lru":
+            self.gpu, self.kv = self._trees = RadixTree(gpu_blocks), RadixTree(kv_blocks)
+        else:
+            self.gpu, self.kv = self._sets = LruTier("", gpu_blocks), LruTier("", kv_blocks)
         self._held: dict = {}                      # request -> (reserved blocks, locked KV-tier node)
 
     def lookup(self, keys, request=None, blocks: int = 0) -> Lookup:
         """The longest cached prefix of `keys`; with reservation, `request` reserves `blocks`."""
-        if self.radix:
-            g = self.gpu.match(keys)
-            s, node = self.kv.match_node(keys)
+        if self._trees is not None:
+            gpu, kv_tree = self._trees
+            g = gpu.match(keys)
+            s, node = kv_tree.match_node(keys)
             if self.policy.reservation:
-                self.kv.lock(node)                 # the running request's prefix stays
+                kv_tree.lock(node)                 # the running request's prefix stays
                 self._held[request] = (blocks, node)
-                self.kv.reserve(blocks)
+                kv_tree.reserve(blocks)
             if s > g:
-                self.gpu.insert(keys[:s])
+                gpu.insert(keys[:s])
             found = Lookup(g, max(s - g, 0), 0)
         else:                                      # pfcxl's walk: each block from the first tier holding it
+            gpu_set, kv_set = self._lru_sets()
             g = kv = 0
             for key in keys:
-                if self.gpu.touch(key):
+                if gpu_set.touch(key):
                     g += 1
-                elif self.kv.touch(key):
-                    self.gpu.put((key,))
+                elif kv_set.touch(key):
+                    gpu_set.put((key,))
                     kv += 1
                 else:
                     break
@@ -98,22 +106,29 @@ class TwoTiers:
         counted = found.hits if self.policy.hit_accounting == "any-tier" else found.kv
         return Lookup(found.gpu, found.kv, counted)
 
+    def _lru_sets(self) -> tuple[LruTier, LruTier]:
+        assert self._sets is not None, "a policy's tiers are radix trees or LRU sets"
+        return self._sets
+
     def store(self, keys, request=None) -> None:
-        if not self.radix:
-            self.gpu.put(keys)
-            self.kv.put(keys)
+        if self._trees is None:
+            gpu_set, kv_set = self._lru_sets()
+            gpu_set.put(keys)
+            kv_set.put(keys)
             return
-        self.gpu.insert(keys)
+        gpu, kv_tree = self._trees
+        gpu.insert(keys)
         if self.policy.reservation:
             blocks, old = self._held[request]
-            self._held[request] = (blocks, self.kv.insert(keys, lock=True))
-            self.kv.unlock(old)
+            self._held[request] = (blocks, kv_tree.insert(keys, lock=True))
+            kv_tree.unlock(old)
         else:
-            self.kv.insert(keys)
+            kv_tree.insert(keys)
 
     def finish(self, request) -> None:
-        if self.policy.reservation:
+        if self.policy.reservation and self._trees is not None:    # reservation is radix-lru's (Policy)
+            kv_tree = self._trees[1]
             blocks, node = self._held.pop(request)
-            self.kv.release(blocks)
-            self.kv.unlock(node)
-            self.kv.evict()
+            kv_tree.release(blocks)
+            kv_tree.unlock(node)
+            kv_tree.evict()

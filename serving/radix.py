@@ -51,9 +51,11 @@ class RadixTree:
     def _split(self, node: Node, at: int) -> Node:
         """Cut `node` after its first `at` blocks: the head becomes a new parent (with the same
         locks, since every path through the tail runs through it)."""
-        head = Node(node.key[:at], node.parent, node.stamp, next(self._ids))
+        parent = node.parent
+        assert parent is not None                   # a node the walk reached below the root
+        head = Node(node.key[:at], parent, node.stamp, next(self._ids))
         head.locks = node.locks
-        node.parent.children[head.key[0]] = head
+        parent.children[head.key[0]] = head
         node.key = node.key[at:]
         node.parent = head
         head.children[node.key[0]] = node
@@ -114,12 +116,12 @@ class RadixTree:
         return target
 
     def lock(self, node: Node) -> None:
-        while node is not self.root:
+        while node.parent is not None:              # up to the root, the one node without a parent
             node.locks += 1
             node = node.parent
 
     def unlock(self, node: Node) -> None:
-        while node is not self.root:
+        while node.parent is not None:              # up to the root
             node.locks -= 1
             if not node.locks and not node.children:
                 heapq.heappush(self._leaves, (node.stamp, node.id, node))
@@ -144,6 +146,7 @@ class RadixTree:
     def _remove(self, node: Node) -> None:
         """Drop the leaf `node`; its parent may become a leaf."""
         parent = node.parent
+        assert parent is not None                   # a leaf: the root is never one (_stamp, unlock)
         del parent.children[node.key[0]]
         node.alive = False
         self.size -= len(node.key)

@@ -136,8 +136,9 @@ def chunk_keys(w: Workload, session: int, conversation: int, count: int) -> list
 def simulate(setup: Setup) -> Result:
     w, model, gpu = setup.workload, setup.model, setup.gpu
     cbytes = chunk_bytes(model.kv_bytes_per_token)
-    tiers = TwoTiers(setup.policy, int(compute.gpu_kv_bytes(model, gpu, w.gpus, w.gpu_memory_utilization) // cbytes),
-                     int(setup.tier.capacity_bytes // cbytes))
+    gpu_chunks = int(compute.gpu_kv_bytes(model, gpu, w.gpus, w.gpu_memory_utilization) // cbytes)
+    kv_chunks = int(setup.tier.capacity_bytes // cbytes)
+    tiers = TwoTiers(setup.policy, gpu_chunks, kv_chunks)
     load_per_chunk = chunk_seconds(setup.tier, cbytes, gpu, w.gpus)
     flops = setup.prefill_flops_per_gpu * w.gpus
     decode_s = compute.decode_seconds(model, gpu, w.gpus, w.output_tokens)
@@ -218,4 +219,4 @@ def simulate(setup: Setup) -> Result:
         raise ServingError(f"no turn arrived in the measured window ({start:.0f}-{end:.0f} s): raise the "
                            "workload's rounds")
     prefill_busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in busy)
-    return Result(setup, measured, load_per_chunk, tiers.gpu.capacity, tiers.kv.capacity, end - start, prefill_busy)
+    return Result(setup, measured, load_per_chunk, gpu_chunks, kv_chunks, end - start, prefill_busy)

@@ -28,7 +28,7 @@ from pfcxl.serving.inputs import Gpu, Tier
 class LruTier:
     """A tier holding up to `capacity` chunks, evicting the least recently used."""
 
-    def __init__(self, name: str, capacity_chunks: int):
+    def __init__(self, name: str, capacity_chunks: float):      # float: may be unbounded (inf)
         self.name = name
         self.capacity = capacity_chunks
         self._chunks: OrderedDict = OrderedDict()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.table import Table
@@ -73,6 +74,8 @@ def _figure(title: str):
 def ttft_cdf(results: dict[str, TraceResult], path: Path, title: str) -> Path:
     plt, fig, ax = _figure(title)
     for role, r in results.items():
+        if r.ttft_s is None:
+            raise ValueError(f"{role}: a sequence-only run has no TTFT to plot")
         ttft = np.sort(r.ttft_s)
         ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), color=COLOURS.get(role), label=role)
     ax.set_xscale("log")
@@ -105,10 +108,11 @@ def sweep_plot(points: list[tuple[float, TraceResult]], ceiling: TraceResult, ma
 
 def write_json(path: Path, setup: dict, runs: dict[str, TraceResult] | None = None,
                sweep: list[tuple[float, TraceResult]] | None = None, ceiling: TraceResult | None = None) -> None:
-    doc = {"setup": setup}
+    doc: dict[str, Any] = {"setup": setup}
     if runs:
         doc["runs"] = {role: r.summary() for role, r in runs.items()}
     if sweep is not None:
         doc["sweep"] = [{"kv_capacity_tokens": c, **r.summary()} for c, r in sweep]
+    if ceiling is not None:
         doc["ceiling"] = ceiling.summary()
     path.write_text(json.dumps(doc, indent=1))

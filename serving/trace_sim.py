@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,7 @@ class TraceResult:
     def summary(self) -> dict:
         total = int(self.input_tokens.sum())
         s = self.setup
-        doc = {"mode": s.mode, "policy": s.policy.label, "requests": len(self.input_tokens),
+        doc: dict[str, Any] = {"mode": s.mode, "policy": s.policy.label, "requests": len(self.input_tokens),
                "span_s": s.trace.span_ms * s.time_scale / 1000, "input_tokens": total,
                "kv_capacity_tokens": None if s.kv_capacity_tokens == UNBOUNDED else s.kv_capacity_tokens,
                "hit_rate": float((self.gpu_hit_tokens.sum() + self.kv_hit_tokens.sum()) / total),

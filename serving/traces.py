@@ -103,8 +103,10 @@ def _timestamp(where: str, value) -> float:
 def _request(where: str, text: str, block_tokens: int) -> Request:
     try:
         row = json.loads(text)
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         raise ServingError(f"{where}: not JSON ({e.msg} at column {e.colno})") from e
+    except (ValueError, RecursionError) as e:      # a number beyond Python's digit limit; nesting too deep
+        raise ServingError(f"{where}: not JSON ({e})") from e
     if not isinstance(row, dict):
         raise ServingError(f"{where}: not a JSON object but {type(row).__name__}")
     for field in FIELDS:

@@ -15,14 +15,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pfcxl.errors import PfcxlError
 
 from pfcxl.device.appliance import protocol as proto
 from pfcxl.device.appliance import rundir
-from pfcxl.device.appliance.pool import bytes_per_module, where
+from pfcxl.device.appliance.pool import Pool, bytes_per_module, where
+from pfcxl.device.topology.model import Appliance, Topology
+
+if TYPE_CHECKING:                # the service imports this module
+    from pfcxl.device.appliance.service import Client
+    from pfcxl.device.appliance.timing import ApplianceTiming
 
 log = logging.getLogger("pfcxl.appliance")
 MAX_SYNC_WAITING = 64            # synced stats requests one connection may have waiting
@@ -33,11 +42,25 @@ class Attachment:
     host: int
     port: int
     slot: int | None
-    client: object           # the Client (device/appliance/service.py) whose connection holds it
+    client: Client           # the Client (device/appliance/service.py) whose connection holds it
     since: float
 
 
 class Operations:
+    # the service's state these ops use (Service.__init__ sets it)
+    topo: Topology
+    appliance: Appliance
+    run_dir: Path
+    incarnation: str
+    pool: Pool
+    attached: dict[int, Attachment]             # host -> attachment
+    slots: dict[int, int]                       # host -> private slot
+    running: bool
+    timing: ApplianceTiming | None
+    _lock: threading.Lock
+    _results: list[tuple[Client, dict]]
+    _wake_w: socket.socket
+
     # ------------------------------------------------------------------ earlier incarnations
 
     def _adopt_previous(self) -> None:
@@ -180,11 +203,12 @@ class Operations:
     def op_stats(self, client, request):
         """The fabric telemetry (device/appliance/timing.py); with "sync", once the rings' records of
         this moment are modelled (answered from the timing thread)."""
-        if self.timing is None:
+        timing = self.timing
+        if timing is None:
             raise proto.RequestError("this appliance models no traffic: it was started without --timing "
                                      "(pfcxl appliance start --timing pf|electrical)")
         if not request.get("sync"):
-            return self._stats(), None
+            return self._stats(timing), None
         if client.waiting >= MAX_SYNC_WAITING:
             raise proto.RequestError(f"{MAX_SYNC_WAITING} requests of this connection are already waiting: "
                                      "read their replies first")
@@ -192,15 +216,15 @@ class Operations:
         request_id = request.get("id")
 
         def done() -> None:
-            reply = self._stats()
+            reply = self._stats(timing)
             with self._lock:
                 self._results.append((client, reply if request_id is None else {**reply, "id": request_id}))
             self._wake_w.send(b"x")
-        self.timing.sync(done)
+        timing.sync(done)
         return None, None
 
-    def _stats(self) -> dict:
-        return {"ok": True, "appliance": self._summary(), **self.timing.stats(), "pid": os.getpid()}
+    def _stats(self, timing: ApplianceTiming) -> dict:
+        return {"ok": True, "appliance": self._summary(), **timing.stats(), "pid": os.getpid()}
 
     def op_shutdown(self, client, request):
         self.running = False

@@ -40,9 +40,10 @@ VERSION = 1
 MAX_LINE = 64 * 1024
 IDLE_TIMEOUT = 60.0            # seconds a connection that holds nothing may stay silent before it is closed
 MAX_HOST_ID = 1023
+Kind = type | tuple[type, ...]         # what isinstance takes: a field's allowed types
 
 # op -> {field: (type, required)}
-OPS: dict[str, dict[str, tuple[type, bool]]] = {
+OPS: dict[str, dict[str, tuple[Kind, bool]]] = {
     "hello": {},
     "attach": {"host": (int, True), "port": (int, False)},
     "region": {"host": (int, True), "name": (str, True)},
@@ -54,7 +55,7 @@ OPS: dict[str, dict[str, tuple[type, bool]]] = {
     "stats": {"sync": (bool, False)},
     "shutdown": {},
 }
-COMMON = {"op": (str, True), "v": (int, False), "id": ((int, str), False)}
+COMMON: dict[str, tuple[Kind, bool]] = {"op": (str, True), "v": (int, False), "id": ((int, str), False)}
 
 
 class RequestError(Exception):

@@ -78,7 +78,7 @@ class Service(Operations):
         self.selector = selectors.DefaultSelector()
         self.clients: dict[int, Client] = {}
         self.running = True
-        self.last_scan = {"at": None, "seconds": None}
+        self.last_scan: dict[str, float | None] = {"at": None, "seconds": None}
         self._wake_r, self._wake_w = socket.socketpair()
         self._results: list[tuple[Client, dict]] = []
         self._checksum_waiting: list[tuple[Client, object]] = []
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             rundir.clear_leftovers(run_dir)
         # A clean stop ends an shm pool; a crash keeps it for the next start, unless nobody can
         # start this one again (a temporary appliance).
-        if (clean and service.appliance.backing == "shm") or args.temporary_for is not None:
+        if (clean and service is not None and service.appliance.backing == "shm") or args.temporary_for is not None:
             rundir.discard_pool(run_dir)
         if args.temporary_for is not None:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -54,11 +54,11 @@ def host_ranges(topo: Topology, partitions: dict[str, int], slot: int | None) ->
     regions = {r.id: r for r in topo.regions}
     for p in address_map.dax_placements(topo):
         devices = regions[p.what].devices
-        if len(devices) == 1 and devices[0] in served and pool_offset(devices[0]) is not None:
-            out.append((p.base, p.size, pool_offset(devices[0])))
+        if len(devices) == 1 and devices[0] in served and (offset := pool_offset(devices[0])) is not None:
+            out.append((p.base, p.size, offset))
     for p in address_map.direct_placements(topo):
-        if p.what in served and pool_offset(p.what) is not None:
-            out.append((p.base, p.size, pool_offset(p.what)))
+        if p.what in served and (offset := pool_offset(p.what)) is not None:
+            out.append((p.base, p.size, offset))
     return out
 
 

@@ -173,8 +173,8 @@ class _Accesses:
     stamp: np.ndarray       # i64 ps
     jitter: np.ndarray      # i32 ps
     cache: tuple | None     # (slot, key, bits, slots) for HbmCache
-    reads: np.ndarray       # indices of the reads, of the writes
-    writes: np.ndarray
+    reads: np.ndarray | None    # indices of the reads, of the writes (None for the kernel, which needs none)
+    writes: np.ndarray | None
 
     def new_cache(self, order: np.ndarray | None, write: np.ndarray, bandwidth_mbs: int) -> HbmCache | None:
         """A cold cache over these accesses (reordered by `order`)."""
@@ -215,7 +215,8 @@ def _prepare(model: FabricModel, trace: np.ndarray, ns_per_insn: float, base_hpa
         ir, iw = np.flatnonzero(~write), np.flatnonzero(write)
         jitter = draw_jitter(model, write, seed, (ir, iw)) if jittery else np.zeros(n, np.int32)
     lines = model.cache_lines
-    slot = key = None
+    slot: np.ndarray | None = None
+    key: np.ndarray | None = None
     slots = model.modules * lines
     if lines and n:
         bits = ((LINE - 1 + int(size.max()) + LINE - 1) // LINE).bit_length()
@@ -229,7 +230,7 @@ def _prepare(model: FabricModel, trace: np.ndarray, ns_per_insn: float, base_hpa
         sl = slice(lo, min(lo + chunk, n))
         m, moff = locate(trace["hpa"][sl], base_hpa, granularity, model.modules)
         module[sl] = m
-        if slot is not None:
+        if slot is not None and key is not None:
             first, within = _divmod(moff, LINE)
             tag, line_set = _divmod(first, lines)
             slot[sl] = m.astype(np.int64) * lines + line_set
@@ -308,7 +309,7 @@ def _network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phases: bool
     complete += mem_w + resp_w
     complete += jitter
     ph = (np.stack([at_memory - issue, mem_done - at_memory, complete - mem_done], axis=1)
-          if phases else None)
+          if at_memory is not None and mem_done is not None else None)   # both made when phases
     return (*_trace_order(srt, complete, hit, ph), totals)
 
 
@@ -354,7 +355,8 @@ def _kernel_network(model: FabricModel, acc: _Accesses, issue: np.ndarray, phase
     if srt is not None:                                     # number accesses in issue order
         cols = [x[srt] for x in cols]
         cache = cache if cache is None else (cache[0][srt], cache[1][srt], *cache[2:])
-    complete, hit, totals, ph = fabric_kernel.network(model, *cols, cache, phases)
+    issue_, host, module, size, write, jitter = cols
+    complete, hit, totals, ph = fabric_kernel.network(model, issue_, host, module, size, write, jitter, cache, phases)
     if phases:
         at_memory, mem_done = ph
         ph = np.stack([at_memory - cols[0], mem_done - at_memory, complete - mem_done], axis=1)
@@ -412,6 +414,6 @@ def run(model: FabricModel, trace: np.ndarray, *, ns_per_insn: float = 1.0, depe
             raise RuntimeError(f"dependent issue did not settle in {max_iterations} rounds: too many "
                                "collisions between chasing vCPUs; shorten the trace or raise max_iterations")
     window = int(complete.max() - issue.min()) if n else 0
-    stages = {st.name: StageStats(st.name, st.bandwidth_mbs, *totals[st.name], window) for st in model.stages}
+    stages = {st.name: StageStats(st.name, st.bandwidth_mbs, totals[st.name][0], totals[st.name][1], window) for st in model.stages}
     complete -= issue                                       # the latencies, in place: no new pages
     return EngineResult(complete, issue, write, hit, stages, window, rounds, ph)

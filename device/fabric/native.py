@@ -68,8 +68,8 @@ class _Packed:
             for st, side in sides))
         (req_w, mem_w, resp_w), (req_r, mem_r, resp_r) = model.fixed_ps(True), model.fixed_ps(False)
         cached = cache is not None
-        self.state = np.full(cache[3] if cached else 1, -1, np.int64)
-        self.model = _Model(len(sides), model.modules, model.hosts_per_group, cache[2] if cached else 0,
+        self.state = np.full(cache[3] if cache is not None else 1, -1, np.int64)
+        self.model = _Model(len(sides), model.modules, model.hosts_per_group, cache[2] if cache is not None else 0,
                             self.stages, req_w, mem_w, resp_w, req_r, mem_r, resp_r,
                             model.fixed_ps(False, hit=True)[1] if cached else mem_r,
                             model.cache_bandwidth_mbs if cached else 0, self.state.ctypes.data_as(_I64))

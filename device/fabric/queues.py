@@ -107,7 +107,7 @@ class HbmCache:
 
 
 def serve(arrive: np.ndarray, queue: np.ndarray, n_queues: int, size: np.ndarray, bandwidth_mbs: int, *,
-          cache: HbmCache | None = None, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          cache: HbmCache | _Part | None = None, chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """FIFO queues `queue` (ids < n_queues) serving `size` bytes each at `bandwidth_mbs`, or at the
     cache's bandwidth for the accesses `cache` reports as hits. Overwrites `arrive` with each
     access's departure and returns it with the bytes and busy time (ps) per queue."""

@@ -50,9 +50,9 @@ def respace(records: np.ndarray, *, ns_per_insn: float = 1.0, load: float | None
             dilate: float | None = None) -> np.ndarray:
     """A copy of `records` with picosecond issue stamps for the offered `load` or the `dilate`
     factor (exactly one of them; see the module docstring). Order is kept."""
-    if (load is None) == (dilate is None):
-        raise ValueError("give exactly one of load and dilate")
     factor = load if load is not None else dilate
+    if factor is None or (load is not None and dilate is not None):
+        raise ValueError("give exactly one of load and dilate")
     if not factor > 0:
         raise ValueError(f"{'load' if load is not None else 'dilate'} {factor}: must be positive")
     out = records.copy()
@@ -64,7 +64,7 @@ def respace(records: np.ndarray, *, ns_per_insn: float = 1.0, load: float | None
         if dilate is not None:
             new[idx] = ts * dilate
             continue
-        ps_per_byte = 1e6 / (load * fc.PF_PORT_BANDWIDTH_MBS)
+        ps_per_byte = 1e6 / (factor * fc.PF_PORT_BANDWIDTH_MBS)   # the load: dilate is None
         size = np.maximum(records["size"][idx], 1).astype(np.float64)
         before_last = float(size.sum() - size[-1]) * ps_per_byte     # when the last one issues
         span = float(ts.max()) if len(ts) else 0.0

@@ -168,9 +168,9 @@ class Telemetry:
             keys.append(np.full(len(out), key, np.int64))
         if not parts:
             return None
-        merged, host, key = np.concatenate(parts), np.concatenate(hosts), np.concatenate(keys)
+        merged, host_ids, stream_keys = np.concatenate(parts), np.concatenate(hosts), np.concatenate(keys)
         order = np.argsort(merged["insn"], kind="stable")
-        return merged[order], host[order], key[order]
+        return merged[order], host_ids[order], stream_keys[order]
 
     def _vcpus(self, merged, key) -> tuple[np.ndarray, np.ndarray]:
         """Every (stream, vCPU) of the window once, and each record's index into them."""
@@ -270,7 +270,7 @@ class Telemetry:
             q = max(queues, key=lambda i: busy[i])
             out[st.name] = float(busy[q]) / span
         if out:
-            out["busiest"] = max(out, key=out.get)
+            out["busiest"] = max(out, key=lambda stage: out[stage])
         return out
 
     def _entry(self, kind: str, ident: int) -> dict:

@@ -11,7 +11,7 @@ from pfcxl.device.facts.cxl_spec import MAX_GRANULARITY
 
 from pfcxl.device.facts.qemu import NO_SERIAL
 
-from pfcxl.device.topology.model import Device, HostBridge, RootPort, Switch, Topology, Window
+from pfcxl.device.topology.model import Device, DownstreamPort, HostBridge, RootPort, Switch, Topology, Window
 from pfcxl.device.topology.reader import Problems
 from pfcxl.device.topology.units import GiB, MiB, human
 
@@ -38,7 +38,8 @@ VECTORS_PER_DEVICE = 5
 def check_ports(problems: Problems, bridges: list[HostBridge], root_ports: list[RootPort],
                 switches: list[Switch], devices: list[Device]) -> None:
     """Slot and chassis widths, ports per bus, serial numbers and bus number room."""
-    for p in [*root_ports, *(d for s in switches for d in s.downstream)]:
+    ports: list[RootPort | DownstreamPort] = [*root_ports, *(d for s in switches for d in s.downstream)]
+    for p in ports:
         kind = "root_port" if isinstance(p, RootPort) else "downstream port"
         if not 0 <= p.chassis <= MAX_CHASSIS:
             problems.add(f"{kind} '{p.id}'.chassis", f"{p.chassis} must be between 0 and {MAX_CHASSIS} "
@@ -129,7 +130,7 @@ def check_region_decoders(problems: Problems, where: str, topo: Topology, window
         if len(ports) > LINUX_MAX_PORT_WAYS:
             problems.add(f"{where}.devices", f"{name} would interleave {len(ports)} ways; Linux 6.12 "
                          f"programs at most {LINUX_MAX_PORT_WAYS} targets in a host bridge or switch decoder")
-        bridge = f"host bridge '{host_bridge_of_rp.get(switch_root_port.get(name), '')}'"
+        bridge = f"host bridge '{host_bridge_of_rp.get(switch_root_port.get(name, ''), '')}'"
         ways = len(used.get(bridge, ()))
         too_much = bridge_granularity * ways > LINUX_MAX_GRANULARITY
         if name in switch_root_port and too_much and bridge not in too_fine:

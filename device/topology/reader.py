@@ -93,8 +93,8 @@ def read_list(problems: Problems, doc: dict, key: str, fields: dict,
               build: Callable[[Table, str], Any]) -> list:
     out = []
     for i, raw in enumerate(entries(problems, doc, key)):
-        label = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else f"#{i}"
-        where = f"{key} '{label}'" if not label.startswith("#") else f"{key}[{i}]"
+        ident = raw.get("id") if isinstance(raw, dict) else None
+        where = f"{key} '{ident}'" if isinstance(ident, str) and not ident.startswith("#") else f"{key}[{i}]"
         t = Table(problems, where, raw, fields)
         if t.ok:
             item = build(t, where)

@@ -12,7 +12,8 @@ from pfcxl.device.facts.cxl_spec import (CFMWS_GRANULE, MAX_GRANULARITY, MAX_WIN
                                             RESTRICTION_MASK, VALID_WAYS)
 
 from pfcxl.device.topology import limits as topology_limits
-from pfcxl.device.topology.model import Device, Guest, HostBridge, Region, RootPort, Switch, Topology, Window, region_name
+from pfcxl.device.topology.model import (Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch, Topology,
+                                         Window, region_name)
 from pfcxl.device.topology.reader import Problems, Table
 from pfcxl.device.topology.units import KiB, MiB, human
 
@@ -72,7 +73,8 @@ def check(problems: Problems, bridges: list[HostBridge], root_ports: list[RootPo
 
     # PCIe slots are named by (chassis, slot) across all root and downstream ports.
     slot_owner: dict[tuple[int, int], str] = {}
-    for p in [*root_ports, *downstream]:
+    ports: list[RootPort | DownstreamPort] = [*root_ports, *downstream]
+    for p in ports:
         kind = "root_port" if isinstance(p, RootPort) else "downstream port"
         if (p.chassis, p.slot) in slot_owner:
             problems.add(f"{kind} '{p.id}'", f"chassis {p.chassis} slot {p.slot} collides with "

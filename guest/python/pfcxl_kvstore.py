@@ -91,7 +91,7 @@ class Store:
             self._stop.set()
             self._beater.join()
             self._beater = None
-        if self.lease and self._header(self.host)["lease"] == self.lease:
+        if self.lease and self._header(self._me)["lease"] == self.lease:   # a lease: opened with a host
             self._set_header(lease=0)
             fence()
         self.lease = 0
@@ -104,6 +104,20 @@ class Store:
         self.close()
 
     # ------------------------------------------------------------ addresses
+    @property
+    def _me(self) -> int:
+        """Our host: what writing, and reading our segment alone, need."""
+        if self.host is None:
+            raise KVError("this store was opened without a host: it can only read every host's segment")
+        return self.host
+
+    @property
+    def _gaps(self) -> Arena:
+        """Our arena's free gaps (known once _recover has run, for a store opened with a host)."""
+        if self.space is None:
+            raise KVError("this store was opened without a host: it has no arena to write")
+        return self.space
+
     @property
     def chunk_tokens(self) -> int:
         return self.sb["chunk_tokens"]
@@ -125,7 +139,7 @@ class Store:
     _header = header
 
     def _set_header(self, **fields) -> None:
-        at = self._header_at(self.host)
+        at = self._header_at(self._me)
         for name, value in fields.items():      # counters wrap as u64 (a corrupt one must not stop us)
             struct.pack_into("<Q", self.m.mem, at + HEADER.offset[name], value & U64)
 
@@ -133,23 +147,23 @@ class Store:
         return struct.unpack_from("<Q", self.m.mem, self._slot_at(host, slot))[0]
 
     def _set_state(self, slot: int, value: int) -> None:
-        struct.pack_into("<Q", self.m.mem, self._slot_at(self.host, slot), value)
+        struct.pack_into("<Q", self.m.mem, self._slot_at(self._me, slot), value)
         fence()
 
     def _beat(self) -> None:
-        self._set_header(heartbeat=self._header(self.host)["heartbeat"] + 1)
+        self._set_header(heartbeat=self._header(self._me)["heartbeat"] + 1)
 
     # ------------------------------------------------------------ the host's lease: one writer per host
     def _take_lease(self) -> int:
         """Become the host's one writer: a lease held by a live process (its heartbeat moves within
         stale_s) refuses us; a dead holder's expires after stale_s, as its claims do. Then our
         nonce must stand for SETTLE_S: of two openers at once, a later writer of the word wins."""
-        hdr = self._header(self.host)
+        hdr = self._header(self._me)
         if hdr["lease"]:
             since = time.monotonic()
             while time.monotonic() - since < self.stale_s:
                 time.sleep(min(0.01, self.stale_s / 8))
-                now = self._header(self.host)
+                now = self._header(self._me)
                 if now["lease"] == 0:
                     break                                    # closed meanwhile
                 if now["heartbeat"] != hdr["heartbeat"] or now["lease"] != hdr["lease"]:
@@ -159,7 +173,7 @@ class Store:
         self._set_header(lease=mine)
         fence()
         time.sleep(SETTLE_S)
-        if self._header(self.host)["lease"] != mine:
+        if self._header(self._me)["lease"] != mine:
             raise KVError(f"host {self.host} was opened for writing by another process at the same time; "
                           "it holds the host's lease now")
         self._beat()
@@ -169,13 +183,13 @@ class Store:
         """Beat while the store is open, so that an idle holder is not taken for dead; stop (and
         refuse further puts) if another process took the lease."""
         while not self._stop.wait(min(self.stale_s / 4, BEAT_S)):
-            if self._header(self.host)["lease"] != self.lease:
+            if self._header(self._me)["lease"] != self.lease:
                 self._lost = True
                 return
             self._beat()
 
     def _own_lease(self) -> None:
-        if self._lost or self._header(self.host)["lease"] != self.lease:
+        if self._lost or self._header(self._me)["lease"] != self.lease:
             self._lost = True
             raise KVError(f"host {self.host}'s lease was taken by another process: this store no longer writes")
 
@@ -225,7 +239,7 @@ class Store:
         """Every published, well-formed record of `key`: (host, slot, record); alone: in our own
         segment only (a host that uses the store as a private cache)."""
         d = key_digest(key)
-        return [(h, s, rec) for h in ((self.host,) if alone else range(self.hosts)) for s in self._slots_keyed(h, d)
+        return [(h, s, rec) for h in ((self._me,) if alone else range(self.hosts)) for s in self._slots_keyed(h, d)
                 if (rec := self._valid(h, s, d)) is not None]
 
     def read_block(self, host: int, slot: int, rec: dict):
@@ -277,19 +291,19 @@ class Store:
     def _recover(self) -> None:
         """Claims left by a crash of this host are withdrawn; the published records are ours."""
         for s in range(self.slots):
-            rec = self._valid(self.host, s)
+            rec = self._valid(self._me, s)
             if rec is not None:
                 self.own[s] = rec
-            elif self._state(self.host, s):          # a claim, or a record that fails its check
+            elif self._state(self._me, s):          # a claim, or a record that fails its check
                 self._set_state(s, 0)
         for s in sorted(self.own, key=lambda s: self.own[s]["last_use"]):
             self.lru[s] = None
-        self.space = Arena(*self.arena(self.host), ((r["offset"], r["length"]) for r in self.own.values()))
+        self.space = Arena(*self.arena(self._me), ((r["offset"], r["length"]) for r in self.own.values()))
 
     def _touch(self, slot: int) -> None:
-        clock = self._header(self.host)["clock"] + 1
+        clock = self._header(self._me)["clock"] + 1
         self._set_header(clock=clock)
-        struct.pack_into("<Q", self.m.mem, self._slot_at(self.host, slot) + RECORD.offset["last_use"], clock)
+        struct.pack_into("<Q", self.m.mem, self._slot_at(self._me, slot) + RECORD.offset["last_use"], clock)
         self.own[slot]["last_use"] = clock
         self.lru.move_to_end(slot)
 
@@ -297,25 +311,25 @@ class Store:
         self._set_state(slot, 0)        # before its space is reused: readers re-check the state
         rec = self.own.pop(slot)
         del self.lru[slot]
-        self.space.give(rec["offset"], rec["length"])
+        self._gaps.give(rec["offset"], rec["length"])
 
     def _evict(self, slot: int) -> None:
         self._withdraw(slot)
-        self._set_header(evictions=self._header(self.host)["evictions"] + 1)
+        self._set_header(evictions=self._header(self._me)["evictions"] + 1)
 
     def _place(self, length: int, digest: bytes) -> tuple[int, int]:
         """A free slot in `digest`'s window (else the window's least recently used record is
         evicted) and a free extent of `length` bytes in our arena (evicting least recently used
         records until one exists)."""
-        lo, hi = self.arena(self.host)
+        lo, hi = self.arena(self._me)
         if length > hi - lo:
             raise KVError(f"block of {length} bytes does not fit in an arena of {hi - lo} bytes")
         slots = self.window(digest)
-        free = next((s for s in slots if s not in self.own and self._state(self.host, s) == 0), None)
+        free = next((s for s in slots if s not in self.own and self._state(self._me, s) == 0), None)
         if free is None:
             free = min((s for s in slots if s in self.own), key=lambda s: self.own[s]["last_use"])
             self._evict(free)
-        while (at := self.space.take(length)) is None:
+        while (at := self._gaps.take(length)) is None:
             if not self.own:
                 raise KVError(f"host {self.host} has no room for {length} bytes and no block of its own to evict")
             self._evict(next(iter(self.lru)))
@@ -325,11 +339,12 @@ class Store:
         """After our claim: may we write? No if the key is published anywhere, or a lower host
         claims it and is alive; wait on higher hosts' claims until they publish (we lose), drop
         them, or stop beating for stale_s (we go on). docs/kvstore.md has the argument."""
+        me = self._me
         watched: dict[tuple[int, int], tuple[int, float]] = {}
         while True:
             pending = False
             for h in range(self.hosts):
-                if h == self.host:
+                if h == me:
                     continue
                 for s in self._slots_keyed(h, digest):
                     st = self._state(h, s)
@@ -344,7 +359,7 @@ class Store:
                     now = time.monotonic()
                     if seen != beat:
                         watched[(h, s)] = (beat, now)
-                        if seen is not None and h < self.host:
+                        if seen is not None and h < me:
                             return False        # a live lower claimant wins
                         pending = True
                     elif now - since < self.stale_s:
@@ -358,23 +373,22 @@ class Store:
         """Store `data` under `key` in our arena. False if the key is already stored (by anyone)
         or another host won the race for it: blocks are content-addressed, so theirs is ours.
         alone: a private cache's put: only our segment is looked at, no rendezvous with others."""
-        if self.host is None:
-            raise KVError("this store was opened without a host: it can only read")
+        me = self._me
         data = bytes(data)
         digest = key_digest(key)
         self._own_lease()
         if self.find(key, alone):
             return False
         slot, offset = self._place(len(data), digest)
-        header = self._header(self.host)
+        header = self._header(me)
         seq = header["next_seq"] + 1
         self._set_header(next_seq=seq)
-        at = self._slot_at(self.host, slot)
+        at = self._slot_at(me, slot)
         struct.pack_into("<Q16s", self.m.mem, at, seq * 2 + 1, digest)     # the claim
         fence()
         if not alone and not self._contend(digest):
             self._set_state(slot, 0)
-            self.space.give(offset, len(data))
+            self._gaps.give(offset, len(data))
             return False
         for start in range(0, len(data), 1 << 20):
             piece = data[start:start + (1 << 20)]

@@ -72,7 +72,7 @@ def bandwidth_row(topo: Topology, records: np.ndarray) -> dict:
     base, granularity = model_runs.placement(topo)
     records = bench_stream(records)
     nbytes = int(records["size"].sum())
-    out = {"requests": int(len(records)), "bytes": nbytes, "load": HOST_LINK_LOAD,
+    out: dict[str, object] = {"requests": int(len(records)), "bytes": nbytes, "load": HOST_LINK_LOAD,
            "offered_gbs": HOST_LINK_GBS}
     for system, model in _models(topo).items():
         r = fabric_replay.replay(model, records, base_hpa=base, granularity=granularity,
@@ -112,7 +112,7 @@ def loaded_row(topo: Topology, data: dict, row: dict, records: np.ndarray) -> di
     # each traffic access alone in its chain (issues at its stamp); the chase is one chain
     chains = np.r_[np.arange(len(traffic)), np.full(len(chase), len(traffic))]
     traffic_bytes = int(np.maximum(traffic["size"], 1).sum())
-    out = {"requests": int(len(records)), "traffic_requests": int(len(traffic)), "chase_requests": int(len(chase)),
+    out: dict[str, object] = {"requests": int(len(records)), "traffic_requests": int(len(traffic)), "chase_requests": int(len(chase)),
            "load": load, "offered_gbs": load * fc.PF_PORT_BANDWIDTH_MBS / 1000}
     for system, model in _models(topo).items():
         r = fabric_engine.run(model, trace, ns_per_insn=fabric_replay.PS_PER_STAMP, dependent=True,
@@ -138,7 +138,7 @@ def model_run(topo: Topology, tool: str, data: dict, pieces: list[np.ndarray]) -
     if rows is None or len(rows) != len(pieces):
         return {"rows_error": f"{len(pieces)} captured phases for {len(rows or [])} rows"}
     if tool == "bandwidth":
-        out = {"rows": [bandwidth_row(topo, p) for p in pieces]}
+        out: dict[str, object] = {"rows": [bandwidth_row(topo, p) for p in pieces]}
         reads = [p for row, p in zip(rows, pieces) if row.get("op") == "read"] or pieces
         whole = bench_stream(np.concatenate(reads))
         if len(whole):

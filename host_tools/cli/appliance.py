@@ -47,6 +47,7 @@ def cmd_start(args) -> int:
     pid = service.serve()
     topo, run_dir = service.topology, service.directory
     a = topo.appliance
+    assert a is not None                    # appliance.start() refuses a topology without one
     out.print(f"appliance '{topo.name}' running (pid {pid}): {a.modules} modules x {human(a.module_capacity)}, "
               f"{a.ports} ports, shared {human(a.shared)}, private {human(a.private)} per host, {a.backing}"
               + (f"; timing every host's traffic on the {args.timing} model ({args.issue} issue)"

@@ -229,14 +229,15 @@ def cmd_retrieval(args, host, cal_tflops: float) -> int:
             raise ServingError(f"{name} on {gpus} x {gpu_name}: no batch of 1K tokens fits the GPUs' HBM")
         host_range = (min(p.host_speedup for p in pts), max(p.host_speedup for p in pts))
         disk_range = (min(p.disk_speedup for p in pts), max(p.disk_speedup for p in pts))
-        row = {"model": name, "gpu": gpu_name, "gpus": gpus, "max_context": max(p.context for p in pts),
+        max_context = max(p.context for p in pts)
+        row = {"model": name, "gpu": gpu_name, "gpus": gpus, "max_context": max_context,
                "host": host_range, "paper_host": paper_host, "disk": disk_range, "paper_disk": paper_disk}
         rows.append(row)
 
         def cells(mine, paper):
             ratio = f"{mine[0] / paper[0]:.2f} / {mine[1] / paper[1]:.2f}" if paper else "-"
             return [f"{mine[0]:.1f}x-{mine[1]:.1f}x", f"{paper[0]:g}x-{paper[1]:g}x" if paper else "-", ratio]
-        t.add_row(name, f"{gpus} x {gpu_name}", f"1K-{row['max_context'] // 1024:,}K",
+        t.add_row(name, f"{gpus} x {gpu_name}", f"1K-{max_context // 1024:,}K",
                   *cells(host_range, paper_host), *cells(disk_range, paper_disk))
     out.print(t)
     if args.out:

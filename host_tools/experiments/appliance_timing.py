@@ -66,6 +66,7 @@ def run(hosts: int, command: str, fabric: str = "pf", topo_name: str = "pf-appli
     with Appliance(path, run_dir=tempfile.mkdtemp(prefix="pfcxl-bench-timing-"), timing=fabric, scan_interval=3600,
                    temporary=True) as service:
         pid, run_dir = service.pid, service.directory
+        assert pid is not None                          # started by `with`
         app0, kids0, wall0 = cpu_seconds(pid), children_seconds(), time.monotonic()
         figures: dict = {}
         marks: dict[str, tuple[float, float]] = {}     # multihost's step -> (appliance, guests) CPU s

@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 from pfcxl.machine import Machine
@@ -68,7 +69,9 @@ def boot_once(topology: str, lean: bool, run_dir: Path, timing=None) -> dict:
         t2 = time.monotonic()
         machine.wait_ready()
         t3 = time.monotonic()
-        qemu_cpu = cpu_seconds(machine.vm.pid)
+        pid = machine.pid
+        assert pid is not None                  # wait_ready() returned: QEMU runs
+        qemu_cpu = cpu_seconds(pid)
         uptime = float(machine.check("cat /proc/uptime").split()[0])
         t4 = time.monotonic()
         dmesg = machine.check("dmesg")
@@ -133,7 +136,8 @@ def bench_multihost(hosts: int) -> dict:
     topo = topology_mod.load(path)
     seconds: dict = {}
     cpus = len(os.sched_getaffinity(0))
-    for label, options in (("before", dict(parallel_boots=hosts, lean=False)), ("after", {})):
+    runs: tuple[tuple[str, dict[str, Any]], ...] = (("before", dict(parallel_boots=hosts, lean=False)), ("after", {}))
+    for label, options in runs:
         start = time.monotonic()
         results = multihost.run(topo, path, hosts, "true", **options)
         seconds[label] = round(time.monotonic() - start, 2)

@@ -37,7 +37,9 @@ def capture_seconds(machine: Machine, size: int, serial: bool, timeout: float) -
     """Host wall time of one command that prints `size` bytes; raises if a byte is off."""
     command = f"cat {OUTPUT}"
     started = time.monotonic()
-    result = machine.vm.run(command, timeout, serial=serial)
+    vm = machine.vm
+    assert vm is not None                       # measure() boots it with `with`
+    result = vm.run(command, timeout, serial=serial)
     seconds = time.monotonic() - started
     if result.status != 0 or result.data != expected(size):
         raise PfcxlError(f"{'serial' if serial else 'port'} capture of {size} bytes came back wrong "
@@ -50,9 +52,9 @@ def measure(topology: str, mib: float, rounds: int, timeout: float) -> dict:
     times: dict[str, list[float]] = {"serial": [], "port": []}
     with tempfile.TemporaryDirectory(prefix="pfcxl-bench-console-") as run_dir, \
             Machine(topology, run_dir=Path(run_dir)) as machine:
-        if machine.vm.ready_info.get("output") != "port":
+        if machine.ready.get("output") != "port":
             raise PfcxlError("the guest opened no virtio-serial output port (PFCXL-READY says "
-                             f"output={machine.vm.ready_info.get('output')!r})")
+                             f"output={machine.ready.get('output')!r})")
         machine.check(f"yes '{LINE.decode().strip()}' | head -c {size} > {OUTPUT}", timeout)
         for _ in range(rounds):
             for channel in ("serial", "port"):

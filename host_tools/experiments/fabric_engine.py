@@ -18,10 +18,11 @@ import time
 
 import numpy as np
 
+from pfcxl.device import topology
 from pfcxl.device.fabric import engine as fabric_engine
 from pfcxl.device.fabric import model as fabric_model
 from pfcxl.device.fabric import workloads as fabric_workloads
-from pfcxl.device import topology
+from pfcxl.errors import PfcxlError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-gbs", type=float, default=40.0, help="offered load per host (GB/s)")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
-    app = topology.load(topology.resolve("pf-appliance")).appliance
+    topo = topology.load(topology.resolve("pf-appliance"))
+    app = topo.appliance
+    if app is None:
+        raise PfcxlError(f"topology '{topo.name}' has no [appliance] section")
     t0 = time.perf_counter()
     trace = fabric_workloads.mixed(app, args.accesses, seed=args.seed, host_gbs=args.host_gbs)
     print(f"trace: {len(trace):,} accesses, 16 hosts, 32 B-1 KB, linear and random, "

@@ -57,10 +57,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def measure(blocks: int, size: int, say) -> dict:
     rows = []
     with pfcxl.Appliance("pf-appliance") as app:
+        assert app.run_dir is not None      # started by `with`
         pool = str(appliance_rundir.shm_dir(app.run_dir) / "shared.pool")
-        done = _cli("kv", "format", "--pool", pool)
-        if done.returncode:
-            raise SystemExit(done.stderr.strip())
+        formatted = _cli("kv", "format", "--pool", pool)
+        if formatted.returncode:
+            raise SystemExit(formatted.stderr.strip())
         say("booting a Debian guest with --data-path both")
         with app.machine(host=0, image="debian", data_path="both", ready_timeout=1800, progress=say) as vm:
             paths = {"cxl": next(d["path"] for d in vm.ready["dax"] if d.get("region") == "region0"),
@@ -84,11 +85,11 @@ def measure(blocks: int, size: int, say) -> dict:
                     raise SystemExit(f"the Python bench on {dev} stored {got['stored']}, loaded {got['loaded']}")
                 rows.append(row(path, "guest Python", blocks, size, got["store_s"], got["load_s"], got["base"]))
         say("pfcxl kv bench on the host (pool file)")
-        done = _cli("kv", "bench", "--pool", pool, "--host", "1", "--blocks", str(blocks), "--size", str(size),
-                    "--json")
-        if done.returncode:
-            raise SystemExit(done.stderr.strip())
-        m = json.loads(done.stdout)["measured"]
+        benched = _cli("kv", "bench", "--pool", pool, "--host", "1", "--blocks", str(blocks), "--size", str(size),
+                       "--json")
+        if benched.returncode:
+            raise SystemExit(benched.stderr.strip())
+        m = json.loads(benched.stdout)["measured"]
         rows.append(dict(path="host pool file", tool="host Python", base=None, blocks=blocks, block_bytes=size,
                          store_blocks_s=m["store_blocks_s"], store_GBps=m["store_gbs"],
                          load_blocks_s=m["load_blocks_s"], load_GBps=m["load_gbs"]))

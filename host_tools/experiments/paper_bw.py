@@ -66,6 +66,7 @@ def capture(topo, out: Path, *, sizes: str, nbytes: str, span: str, image_kind: 
         if done.status != 0 or data is None:
             raise PfcxlError(f"{command} exited with status {done.status}: {done.output.strip()[-300:]}")
         records, pieces = traced.records, traced.rows(len(data["results"]))
+    assert records is not None                            # timing="trace" keeps them
     rows = [{k: r[k] for k in ("pattern", "op", "size")} | {"records": len(p)} for r, p in zip(data["results"], pieces)]
     return records, rows
 
@@ -127,7 +128,7 @@ def replay_streams(streams: dict[str, np.ndarray], topo, load: float, full_load:
     app = fabric_systems.appliance_for(topo)
     models = {"pf": fabric_model.pf_appliance(app, cache=False),
               "electrical": fabric_model.electrical_pool(app.ports, app.modules)}
-    out = {}
+    out: dict[str, dict] = {}
     for layout, at in (("own_module", load), ("all_to_all", load), ("all_to_all_full", full_load)):
         tr = streams["own_module" if layout == "own_module" else "all_to_all"]
         out[layout] = {}

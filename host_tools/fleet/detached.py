@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeGuard
 
 from pfcxl.device.appliance.protocol import IDLE_TIMEOUT, MAX_LINE
 from pfcxl.errors import PfcxlError, VMError
@@ -45,6 +46,9 @@ from pfcxl.errors import PfcxlError, VMError
 from pfcxl import cache
 
 from pfcxl.host_tools.vm.boot_options import BootOptions
+
+if TYPE_CHECKING:                        # imported by the daemon alone at run time (serve)
+    from pfcxl.machine import Machine
 
 SOCKET, REQUEST, DAEMON, ERROR, LOG = "control.sock", "request.json", "daemon.json", "error", "daemon.log"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")   # fullmatch: `$` lets "x\n" through
@@ -67,7 +71,7 @@ def machine_dir(name: str) -> Path:
     return machines_dir() / name
 
 
-def _alive(pid: int | None) -> bool:
+def _alive(pid: int | None) -> TypeGuard[int]:
     """A process that exists and is not a zombie."""
     if not pid:
         return False
@@ -253,7 +257,7 @@ class Daemon:
         self.where = where
         self.request = _read_json(where / REQUEST)
         self.state = "booting"
-        self.machine = None
+        self.machine: Machine | None = None
         self.lock = threading.Lock()          # one command at a time on the console
         self.stopping = threading.Event()
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -262,10 +266,10 @@ class Daemon:
         machine = self.machine
         state = self.state
         qemu_pid = machine.pid if machine is not None else None
-        if state == "ready" and not _alive(qemu_pid):
+        if state == "ready" and machine is not None and machine.vm is not None and not _alive(qemu_pid):
             state = "crashed (QEMU exited; its log: " + str(machine.vm.qemu_log) + ")"
         return {"state": state, "qemu_pid": qemu_pid, "daemon_pid": os.getpid(),
-                "regions": (machine.ready.get("regions", []) if self.state == "ready" else [])}
+                "regions": (machine.ready.get("regions", []) if self.state == "ready" and machine is not None else [])}
 
     def handle(self, conn: socket.socket) -> None:
         """One connection, in its own thread, holding one of the slots."""
@@ -318,11 +322,11 @@ class Daemon:
         if not self.lock.acquire(timeout=timeout):
             return {"error": f"another command held the console for all of this one's {timeout:g}s"}
         try:
-            state = self.status()["state"]
-            if state != "ready":
+            machine, state = self.machine, self.status()["state"]
+            if state != "ready" or machine is None:
                 return {"error": f"the guest is {state}"}
             try:
-                result = self.machine.run(request["command"], timeout=timeout)
+                result = machine.run(request["command"], timeout=timeout)
             except PfcxlError as exc:
                 return {"error": str(exc).splitlines()[0], "state": self.status()["state"]}
             return {"status": result.status, "output": base64.b64encode(result.data).decode()}
@@ -343,10 +347,11 @@ class Daemon:
         if not self.lock.acquire(timeout=INJECT_TIMEOUT):
             return {"error": f"another command held the console for all of {INJECT_TIMEOUT}s"}
         try:
-            if self.status()["state"] != "ready":
-                return {"error": f"the guest is {self.status()['state']}"}
+            machine, state = self.machine, self.status()["state"]
+            if state != "ready" or machine is None:
+                return {"error": f"the guest is {state}"}
             try:
-                return {"injected": self.machine.inject(**request["inject"])}
+                return {"injected": machine.inject(**request["inject"])}
             except PfcxlError as exc:
                 return {"error": str(exc).splitlines()[0]}
         finally:

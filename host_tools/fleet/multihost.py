@@ -98,7 +98,10 @@ def check_incarnation(topo_path: Path, where: Path, att: appliance.Attachment,
 
 def _phases(vm: Machine) -> list[dict]:
     """The plugin's finished phases of one host, from its log."""
-    return [e for e in plugin_events(plugin_log(vm.run_dir or vm.run_dir_arg, vm.name)) if e.get("event") == "phase"]
+    where = vm.run_dir or vm.run_dir_arg
+    if where is None:                          # never started: no log
+        return []
+    return [e for e in plugin_events(plugin_log(where, vm.name)) if e.get("event") == "phase"]
 
 
 def boot_slots() -> int:
@@ -143,7 +146,10 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
                 stack.enter_context(tempfile.TemporaryDirectory(prefix="pfcxl-multihost-")))
         machines: dict[int, Machine] = {}
         if capture is not None:   # runs once every guest is closed (their logs complete), before the appliance stops
-            stack.callback(lambda: [trace_capture.write_phases(capture, h, _phases(vm)) for h, vm in machines.items()])
+            def write_captured_phases() -> None:
+                for h, vm in machines.items():
+                    trace_capture.write_phases(capture, h, _phases(vm))
+            stack.callback(write_captured_phases)
         slots = parallel_boots or boot_slots()
         say(f"booting {hosts} guests, {min(slots, hosts)} at a time")
         boots_started = time.monotonic()
@@ -160,6 +166,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
                 machines[h] = vm
                 vm.launch()
                 prebuilt, last = vm.boot_image(), vm
+                assert vm.attachment is not None       # its devices are the appliance's (checked above)
                 booting.append((h, vm, time.monotonic(), vm.attachment.port))
             b, vm, started, port = booting.pop(0)      # boots take alike, so the oldest is ready first
             try:
@@ -198,7 +205,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         if timing is not None and ready:
             say("modelling what is left in the hosts' trace rings")
             telemetry(ready[0][1].appliance_stats(sync=True))
-        if last is not None:
+        if last is not None and last.attachment is not None:
             lost = check_incarnation(topo_path, where, last.attachment, say)
             for r in results.values():
                 r.error = r.error or lost

@@ -77,7 +77,8 @@ def gzipped(data: bytes) -> bytes:
 
 def read(data: bytes) -> list[Entry]:
     """Parse a newc archive (used by tests and `pfcxl image list`)."""
-    entries, pos = [], 0
+    entries: list[Entry] = []
+    pos = 0
     while True:
         if data[pos:pos + 6] != _MAGIC:
             raise ValueError(f"not a newc cpio header at offset {pos}")

@@ -70,7 +70,9 @@ def rootfs_entries(tar_path: Path) -> list[cpio.Entry]:
                 target = str(PurePosixPath(m.linkname.lstrip("./")))
                 entries.append(cpio.Entry.file(path, data_of.get(target, b""), perm))
             elif m.isreg():
-                data = tar.extractfile(m).read()
+                member = tar.extractfile(m)
+                assert member is not None               # a regular file's is always there
+                data = member.read()
                 data_of[path] = data
                 entries.append(cpio.Entry.file(path, data, perm))
     return entries

@@ -40,7 +40,8 @@ def installed_in(tar_path: Path) -> set[str]:
     """The packages dpkg installed in a rootfs tarball (its var/lib/dpkg/status)."""
     with tarfile.open(tar_path) as tar:
         member = next((m for m in tar.getmembers() if m.name.lstrip("./") == "var/lib/dpkg/status"), None)
-        text = tar.extractfile(member).read().decode(errors="replace") if member else ""
+        status = tar.extractfile(member) if member else None
+        text = status.read().decode(errors="replace") if status else ""
     names = set()
     for stanza in text.split("\n\n"):
         fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line)

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
+from elftools.elf.segments import InterpSegment
 
 from pfcxl.errors import ImageError
 
@@ -188,16 +189,17 @@ def _dynamic_info(path: Path) -> tuple[str | None, list[str], list[str]]:
             elf = ELFFile(f)
             interp = None
             for seg in elf.iter_segments():
-                if seg["p_type"] == "PT_INTERP":
+                if isinstance(seg, InterpSegment):          # PT_INTERP
                     interp = seg.get_interp_name()
             needed, runpath = [], []
             for section in elf.iter_sections():
                 if isinstance(section, DynamicSection):
                     for tag in section.iter_tags():
                         if tag.entry.d_tag == "DT_NEEDED":
-                            needed.append(tag.needed)
+                            # pyelftools sets a string tag's value as an attribute named after it (setattr)
+                            needed.append(tag.needed)  # type: ignore[attr-defined]
                         elif tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
-                            value = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath
+                            value = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath  # type: ignore[attr-defined]
                             runpath.extend(value.split(":"))
             return interp, needed, runpath
     except (ELFError, OSError) as exc:

@@ -45,7 +45,7 @@ class KernelPackage:
     @property
     def upstream(self) -> str:
         """The kernel.org version, e.g. 6.17.13."""
-        return re.match(r"[0-9.]+", self.release).group(0).rstrip(".")
+        return re.sub(r"[^0-9.].*", "", self.release).rstrip(".")
 
     def sort_key(self) -> tuple:
         return tuple(int(n) for n in self.upstream.split(".")), SUITES.index(self.suite), self.version
@@ -176,6 +176,9 @@ def resolve(spec: str, progress: Callable[[str], None] = lambda message: None) -
 def kernel(spec: str, progress: Callable[[str], None] = lambda message: None) -> own_kernel.Kernel:
     """What the image builder and the VM boot for --kernel-package `spec`."""
     k, root = resolve(spec, progress)
-    booted = own_kernel.own(vmlinuz_of(root, k.release), root)
+    vmlinuz = vmlinuz_of(root, k.release)
+    if vmlinuz is None:                  # resolve() checked it: removed since
+        raise SetupError(f"--kernel-package {spec}: {root} holds no vmlinuz-{k.release} any more")
+    booted = own_kernel.own(vmlinuz, root)
     return dataclasses.replace(booted, origin=f"Debian {k.package} {k.version} from {k.suite} "
                                               f"(--kernel-package {spec})")

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
+from elftools.elf.segments import NoteSegment
 from elftools.common.exceptions import ELFError
 
 from pfcxl.errors import ImageError, SetupError
@@ -27,7 +28,7 @@ PVH_ENTRY_NOTE = 18          # XEN_ELFNOTE_PHYS32_ENTRY, in the "Xen" note names
 def has_pvh_entry(elf: bytes) -> bool:
     try:
         notes = [n for seg in ELFFile(io.BytesIO(elf)).iter_segments()
-                 if seg.header.p_type == "PT_NOTE" for n in seg.iter_notes()]
+                 if isinstance(seg, NoteSegment) for n in seg.iter_notes()]     # PT_NOTE
     except ELFError:
         return False
     return any(n["n_name"] == "Xen" and n["n_type"] in (PVH_ENTRY_NOTE, "XEN_ELFNOTE_PHYS32_ENTRY") for n in notes)

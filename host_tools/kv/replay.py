@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
-import os
-import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from pfcxl.errors import PfcxlError
 from pfcxl.serving.routing import ROUTINGS, Router, batches, held_depths
@@ -162,8 +161,9 @@ class Processes:
     def ready(self, pending: set[int], timeout: float | None) -> list[int]:
         """The pending hosts that finished their batch, waiting at most `timeout` seconds."""
         done = []
-        for c in multiprocessing.connection.wait([self.conns[h] for h in pending], timeout):
-            h = self.conns.index(c)
+        waited = multiprocessing.connection.wait([self.conns[h] for h in pending], timeout)
+        for h in [h for h in pending if self.conns[h] in waited]:
+            c = self.conns[h]
             try:
                 c.recv()
             except EOFError as exc:
@@ -172,7 +172,7 @@ class Processes:
         return done
 
     def kill(self, h: int) -> None:
-        os.kill(self.procs[h].pid, signal.SIGKILL)
+        self.procs[h].kill()                     # SIGKILL
         self.procs[h].join()
 
     def results(self) -> list[dict | None]:
@@ -224,7 +224,7 @@ def drive(setup: Setup, requests, mode, reader, crew) -> dict:
     live = list(range(setup.hosts))
     router = Router(setup.routing, setup.hosts, requests, held_prefixes(reader))
     host_of: list[int | None] = [None] * len(requests)
-    killed = None
+    killed: dict[str, Any] | None = None
     t0 = time.monotonic()
     for batch in batches(requests, setup.window_ms):
         if not live:
@@ -239,7 +239,7 @@ def drive(setup: Setup, requests, mode, reader, crew) -> dict:
         while pending:
             due = None if killed or setup.kill_host is None else t0 + setup.kill_at - time.monotonic()
             done = crew.ready(pending, None if due is None else max(due, 0))
-            if due is not None and t0 + setup.kill_at <= time.monotonic():
+            if due is not None and setup.kill_host is not None and t0 + setup.kill_at <= time.monotonic():
                 h = setup.kill_host
                 crew.kill(h)
                 killed = dict(host=h, at_s=round(time.monotonic() - t0, 3))
@@ -253,7 +253,7 @@ def drive(setup: Setup, requests, mode, reader, crew) -> dict:
     for h in range(setup.hosts):
         mine = [i for i in range(len(requests)) if host_of[i] == h]
         row = dict(host=h, requests=sum(results[i] is not None for i in mine),
-                   **{k: sum(results[i][k] for i in mine if results[i] is not None) for k in COUNTS},
+                   **{k: sum(r[k] for i in mine if (r := results[i]) is not None) for k in COUNTS},
                    evictions=stats[h]["evictions"])
         hosts.append(row)
     if killed is not None:

@@ -86,7 +86,8 @@ def c_on_host(setup: kv_replay.Setup, tool: Path, mailbox: int):
 
     def gone() -> str | None:
         ended = [(h, p) for h, p in enumerate(procs) if p.poll() is not None]
-        return "; ".join(f"host {h} exit {p.returncode}: {p.stderr.read().decode().strip()}" for h, p in ended) or None
+        return "; ".join(f"host {h} exit {p.returncode}: {p.stderr.read().decode().strip() if p.stderr else ''}"
+                         for h, p in ended) or None
     try:
         yield gone
     finally:
@@ -96,8 +97,9 @@ def c_on_host(setup: kv_replay.Setup, tool: Path, mailbox: int):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-            p.stdout.close()
-            p.stderr.close()
+            for pipe in (p.stdout, p.stderr):
+                if pipe is not None:
+                    pipe.close()
 
 
 def device(path: str) -> str:
@@ -177,7 +179,7 @@ def run_on_guests(topo, topo_path, setup: kv_replay.Setup, requests: list[Reques
         last = [snapshot(where)] if timing else None
 
         def after_mode(mode: str):
-            if not timing:
+            if not timing or last is None:       # last: kept when timing
                 return None
             now = snapshot(where)
             out = figures(last[0], now, timing, setup.hosts)

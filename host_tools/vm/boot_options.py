@@ -109,7 +109,7 @@ class BootOptions:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["qemu_args"] = list(self.qemu_args)
         values["packages"] = list(self.packages)
-        if dataclasses.is_dataclass(self.timing):
+        if dataclasses.is_dataclass(self.timing) and not isinstance(self.timing, type):   # a TimingConfig
             values["timing"] = dataclasses.asdict(self.timing)
         if _is_appliance(self.appliance):
             values["appliance"] = str(self.appliance.run_dir)

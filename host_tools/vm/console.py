@@ -66,9 +66,9 @@ class Console:
     """pexpect over the console socket (QEMU's end is the guest's serial port). The socket stays
     the caller's to close: pexpect never closes it."""
 
-    def __init__(self, sock: socket.socket, log: BinaryIO) -> None:
+    def __init__(self, sock: socket.socket, log: BinaryIO | None) -> None:
         self._sock = sock
-        self._child = fdpexpect.fdspawn(sock.fileno(), timeout=None, maxread=READ, use_poll=True)
+        self._child: fdpexpect.fdspawn[bytes] = fdpexpect.fdspawn(sock.fileno(), timeout=None, maxread=READ, use_poll=True)
         self._child.delayafterread = None
         self._child.logfile_read = log
 
@@ -84,7 +84,7 @@ class Console:
             raise ConsoleTimeout from exc
         except pexpect.EOF as exc:
             raise ConsoleClosed from exc
-        return index, self._child.before
+        return index, self._child.before or b""          # None only before the first match
 
     def line(self, timeout: float) -> bytes:
         """The rest of the current line (without its CR LF)."""

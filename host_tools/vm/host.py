@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import BinaryIO, NoReturn, Sequence, TypeVar
 
 from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
@@ -42,6 +42,7 @@ READY_MARKERS = [b"PFCXL-READY {", b"PFCXL-FAILED {", b"Kernel panic - not synci
 PANIC_RE = re.compile(r"Kernel panic - not syncing:[^\n]*")
 STAGE_RE = re.compile(r"PFCXL-STAGE (\w+)")   # guest/init announces each stage it enters
 CONSOLE_TAIL_LINES = 25
+_Part = TypeVar("_Part")     # VM._made: what launch() makes
 # The ready timeout counts the time QEMU ran or could have run: time it waited for a CPU that a
 # loaded host gave to others does not count (two guests booting on two busy cores took over 300 s
 # of wall time). READY_WALL_FACTOR times the timeout of wall time ends even a starved boot.
@@ -112,7 +113,7 @@ class VM:
         self._output: Console | None = None
         self._serial_commands: CommandRunner | None = None  # output over the serial line
         self._qmp: QEMUMonitorProtocol | None = None
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -185,9 +186,10 @@ class VM:
         `timeout` is of QEMU's own time: what it spent waiting for a busy host's CPUs is added
         (READY_WALL_FACTOR)."""
         self._require(VMState.BOOTING)
+        console = self._made(self._console)
         try:
             kind = self._expect_ready(timeout)
-            rest = self._console.line(timeout).decode(errors="replace")
+            rest = console.line(timeout).decode(errors="replace")
         except ConsoleTimeout:
             self._fail(f"guest did not become ready within {timeout:.0f}s, {self._stage()}")
         except ConsoleClosed:
@@ -199,8 +201,8 @@ class VM:
             self._fail(f"guest init failed at stage '{info.get('stage')}': {info.get('error')}")
         self.ready_info = info
         # init opened the output port when the kernel has virtio_console (its "output" key)
-        self._serial_commands = CommandRunner(self._console)
-        self._commands = CommandRunner(self._console, self._output if info.get("output") == "port" else None)
+        self._serial_commands = CommandRunner(console)
+        self._commands = CommandRunner(console, self._output if info.get("output") == "port" else None)
         self.state = VMState.READY
         return info
 
@@ -218,7 +220,7 @@ class VM:
                            f"{starved:.0f}s of which QEMU waited for a CPU the host gave to other processes, "
                            f"{self._stage()}")
             try:
-                return self._console.expect_exact(READY_MARKERS, min(left, READY_POLL))[0]
+                return self._made(self._console).expect_exact(READY_MARKERS, min(left, READY_POLL))[0]
             except ConsoleTimeout:
                 continue
 
@@ -272,7 +274,7 @@ class VM:
         the guest kills it once it has run `timeout` seconds."""
         self._require(VMState.READY)
         command = shell_command(command)
-        runner = self._serial_commands if serial else self._commands
+        runner = self._made(self._serial_commands if serial else self._commands)
         try:
             return runner.start(command, timeout), command, timeout, runner
         except ConsoleTimeout:
@@ -316,7 +318,7 @@ class VM:
     @property
     def console_fd(self) -> int:
         self._require(VMState.BOOTING, VMState.READY)
-        return self._console_sock.fileno()
+        return self._made(self._console_sock).fileno()
 
     def console_tail(self, lines: int = CONSOLE_TAIL_LINES) -> str:
         text = self._console_text()
@@ -327,6 +329,12 @@ class VM:
     def _require(self, *states: VMState) -> None:
         if self.state not in states:
             raise VMError(f"{self.name}: not possible in state {self.state.value}")
+
+    def _made(self, part: _Part | None) -> _Part:
+        """A part launch() makes (console, command runner, socket), which a stopped VM lacks."""
+        if part is None:
+            raise VMError(f"{self.name}: not possible in state {self.state.value}")
+        return part
 
     def _console_text(self) -> str:
         if self._log_file is not None:
@@ -364,7 +372,7 @@ class VM:
                 f"\nconsole log: {self.console_log}\nQEMU log: {self.qemu_log}\n"
                 f"command line: {qemu.show(self.argv)}")
 
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str) -> NoReturn:
         message = self._failure(reason)
         self.state = VMState.FAILED
         self.shutdown()

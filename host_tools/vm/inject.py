@@ -205,9 +205,10 @@ def inject_into(machine, kind: str, device: str, *, expect: bool = False, timeou
     done = {"kind": kind, "device": device, "serial": injection.serial, "qmp": injection.command,
             "arguments": injection.arguments}
     if expect:
-        done["guest"] = guest_record(run, injection, seen, timeout)
+        guest = guest_record(run, injection, seen, timeout)
         if bdf is not None:
-            done["guest"] += aer_messages(run, bdf)
+            guest += aer_messages(run, bdf)
+        done["guest"] = guest
     return done
 
 

@@ -80,7 +80,10 @@ class Prediction:
 
 def kernel_version(release: str) -> tuple[int, ...]:
     """The numbers a kernel release starts with: '6.12.117+deb13-amd64' -> (6, 12, 117), '7.0-rc2' -> (7, 0)."""
-    return tuple(int(n) for n in re.match(r"\d+(?:\.\d+)*", release).group(0).split("."))
+    numbers = re.match(r"\d+(?:\.\d+)*", release)
+    if numbers is None:
+        raise ValueError(f"kernel release {release!r} does not start with its version")
+    return tuple(int(n) for n in numbers.group(0).split("."))
 
 
 def _ns(ps: float) -> int:

@@ -55,6 +55,21 @@ def test_chunk_keys_are_prefix_hashes_of_whole_chunks():
     assert c[0] != a[0] and c[1] != a[1]                 # a changed first token changes every later key
 
 
+def test_a_store_opened_without_a_host_refuses_what_needs_one_in_one_line(tmp_path):
+    """Writing, and looking in our own segment alone, need a host: without one each is a KVError
+    (alone used to reach `None * slots`, a TypeError), and what reads every segment still works."""
+    path = pool(tmp_path, hosts=2)
+    with kv.Store.open(path, host=1) as w:
+        assert w.put(b"k", b"v" * 100)
+    with kv.Store.open(path) as r:
+        needs_a_host = [lambda: r.put(b"x", b"y"), lambda: r.find(b"k", alone=True),
+                        lambda: r.load(b"k", alone=True), lambda: r.exists(b"k", alone=True)]
+        for call in needs_a_host:
+            with pytest.raises(kv.KVError, match="^this store was opened without a host: it can only read"):
+                call()
+        assert r.load(b"k") == (b"v" * 100, 1, 0) and r.exists(b"k") and r.get(b"missing") is None
+
+
 def test_a_store_that_is_not_formatted_is_one_clear_error(tmp_path):
     path = tmp_path / "blank"
     path.write_bytes(bytes(4 << 20))

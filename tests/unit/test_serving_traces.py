@@ -70,6 +70,8 @@ def field(**change):
 # (line 2's text, the field or words the message must name)
 BAD = [
     ("{not json", "not JSON"),
+    ('{"timestamp": ' + "1" * 5000 + "}", "not JSON"),   # past Python's digit limit: a ValueError without .msg
+    ("[" * 100_000, "not JSON"),                          # nested too deep: a RecursionError
     ("[1, 2]", "not a JSON object"),
     ("", None),                                     # blank: skipped, not an error
     *[(field(**{f: KeyError}), f"{f}: missing") for f in traces.FIELDS],
