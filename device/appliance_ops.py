@@ -29,11 +29,13 @@ MAX_SYNC_WAITING = 64            # synced stats requests one connection may have
 
 
 @dataclass
-class Attachment:
+class AttachedHost:
+    """The service's record of one attached host (host_tools/appliance.py's Attachment is the host's)."""
+
     host: int
     port: int
     slot: int | None
-    client: object           # the Client (appliance_service.py) whose connection holds it
+    client: object           # the Connection (appliance_service.py) that holds it
     since: float
 
 
@@ -104,7 +106,7 @@ class Operations:
                                          f"{', '.join(map(str, sorted(used.values())))}): detach one first")
             port = free[0]
         slot = self._slot_for(host) if a.private else None
-        self.attached[host] = Attachment(host, port, slot, client, time.time())
+        self.attached[host] = AttachedHost(host, port, slot, client, time.time())
         client.hosts.add(host)
         self._save_attachments()
         regions = [self._region_info("shared")] + ([self._region_info(f"private/{slot}")] if slot is not None else [])

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from . import fabric_constants as fc
-from .topology_model import Appliance
+from .topology_model import ApplianceSpec
 
 PS_PER_NS = 1000
 Key = Literal["host", "path", "module", "group"]
@@ -135,7 +135,7 @@ class FabricModel:
         return replace(self, cache_lines=0)
 
 
-def pf_appliance(appliance: Appliance, *, cache: bool = True, jitter: bool = True) -> FabricModel:
+def pf_appliance(appliance: ApplianceSpec, *, cache: bool = True, jitter: bool = True) -> FabricModel:
     """The photonic-fabric appliance: every host has a 128 GB/s link (per direction) to its PF-NIC
     and a dedicated optical path (its "port", 25.6 GB/s effective per direction) to every module,
     so hosts never arbitrate with each other on the fabric; they meet only at a module's memory.
@@ -218,7 +218,7 @@ class Row:
     source: str
 
 
-def context_table(appliance: Appliance) -> list[Row]:
+def context_table(appliance: ApplianceSpec) -> list[Row]:
     """Idle 64-B latencies and per-host bandwidth of every model, for a comparison table."""
     pf, el = pf_appliance(appliance), electrical_pool(appliance.ports, appliance.modules)
     pf_host = min(fc.PF_PORT_BANDWIDTH_MBS * appliance.modules, fc.PF_HOST_BANDWIDTH_MBS) / 1000

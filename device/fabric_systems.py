@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from . import fabric_model, topology
 from .topology import Topology
-from .topology_model import Appliance
+from .topology_model import ApplianceSpec
 
 SYSTEMS = ("pf", "pf_hbm", "electrical", "local")
 LABELS = {"pf": "modelled PF appliance (DDR5 path)", "pf_hbm": "modelled PF + HBM3E cache",
@@ -15,7 +15,7 @@ LABELS = {"pf": "modelled PF appliance (DDR5 path)", "pf_hbm": "modelled PF + HB
           "emulator": "measured in emulator (TCG overhead)"}
 
 
-def appliance_for(topo: Topology) -> Appliance:
+def appliance_for(topo: Topology) -> ApplianceSpec:
     """The appliance whose modules serve the trace: the topology's, else the shipped pf-appliance's."""
     if topo.appliance is not None:
         return topo.appliance

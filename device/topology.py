@@ -30,10 +30,10 @@ from pathlib import Path
 from pfcxl.errors import TopologyError
 
 from . import data_path, fabric_constants, qemu_facts, topology_limits
-from .topology_model import (Appliance, Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch,
+from .topology_model import (ApplianceSpec, Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch,
                              Topology, Window)
 from .topology_appliance import check_appliance_devices, read_appliance
-from .topology_reader import REQUIRED, Problems, Table, entries, read_list, string_list
+from .topology_reader import REQUIRED, Problems, TomlTable, entries, read_list, string_list
 from .topology_rules import (BACKEND_PREFIX, DIRECT_PREFIX, LSA_PREFIX, MAX_GRANULARITY, MAX_RESTRICTIONS, MAX_WINDOW_TARGETS,
                              MIN_GRANULARITY, REGION_ALIGN, REGION_MODES, VALID_WAYS, WINDOW_ARITHMETIC,
                              check)
@@ -45,7 +45,7 @@ DEFAULT_TOPOLOGY = "pf-nic"
 __all__ = [
     "BACKEND_PREFIX", "DEFAULT_TOPOLOGY", "DIRECT_PREFIX", "LSA_PREFIX", "MAX_GRANULARITY", "MAX_RESTRICTIONS", "MAX_WINDOW_TARGETS",
     "MIN_GRANULARITY", "REGION_ALIGN", "REGION_MODES", "TOPOLOGY_DIR", "VALID_WAYS", "WINDOW_ARITHMETIC",
-    "Appliance", "Device", "DownstreamPort", "Guest", "HostBridge", "Region", "RootPort", "Switch", "Topology",
+    "ApplianceSpec", "Device", "DownstreamPort", "Guest", "HostBridge", "Region", "RootPort", "Switch", "Topology",
     "TopologyError", "Window", "from_dict", "load", "resolve", "shipped_topologies",
 ]
 
@@ -54,7 +54,7 @@ _SECTIONS = ("guest", "host_bridge", "root_port", "switch", "device", "window", 
 
 
 def _read_guest(problems: Problems, doc: dict) -> Guest | None:
-    t = Table(problems, "guest", doc.get("guest", {}), {
+    t = TomlTable(problems, "guest", doc.get("guest", {}), {
         "memory": ("size", 1 * GiB), "maxmem": ("size", 2 * GiB), "slots": (int, 4),
         "cpus": (int, 1), "cmdline": (str, ""), "data_path": (str, "cxl"),
     })
@@ -123,7 +123,7 @@ def shipped_topologies() -> list[Path]:
 
 def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "topology") -> Topology:
     problems = Problems(source)
-    top = Table(problems, "top level", {k: v for k, v in doc.items() if not isinstance(v, (list, dict))
+    top = TomlTable(problems, "top level", {k: v for k, v in doc.items() if not isinstance(v, (list, dict))
                                         or k in ("name", "description", "timing")},
                 {"name": (str, default_name), "description": (str, ""), "timing": (str, None)})
     if top.ok and not _NAME.fullmatch(top["name"]):
@@ -146,20 +146,20 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     root_ports = read_list(problems, doc, "root_port", {**port_fields, "host_bridge": (str, REQUIRED)},
                            lambda t, w: RootPort(t["id"], t["host_bridge"], t["port"], t["chassis"], t["slot"]))
 
-    def build_switch(t: Table, where: str) -> Switch | None:
+    def build_switch(t: TomlTable, where: str) -> Switch | None:
         ports = []
         if not isinstance(t["downstream"], list):
             problems.add(f"{where}.downstream", "must be a list of tables {id, port, chassis, slot}")
             return None
         for j, raw in enumerate(t["downstream"]):
-            pt = Table(problems, f"{where}.downstream[{j}]", raw, port_fields)
+            pt = TomlTable(problems, f"{where}.downstream[{j}]", raw, port_fields)
             if pt.ok:
                 ports.append(DownstreamPort(pt["id"], t["id"], pt["port"], pt["chassis"], pt["slot"]))
         return Switch(t["id"], t["root_port"], tuple(ports))
 
     switches = read_list(problems, doc, "switch", {"id": (str, REQUIRED), "root_port": (str, REQUIRED),
                                                    "downstream": (list, REQUIRED)}, build_switch)
-    def build_device(t: Table, where: str) -> Device | None:
+    def build_device(t: TomlTable, where: str) -> Device | None:
         volatile, persistent, lsa = t["volatile"], t["persistent"], t["lsa"]
         if (volatile is None) == (persistent is None):
             problems.add(where, "give exactly one of 'volatile' and 'persistent' (the device's memory "
@@ -186,7 +186,7 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     appliance = read_appliance(problems, doc)
     check_appliance_devices(problems, appliance, devices)
 
-    def build_window(t: Table, where: str) -> Window | None:
+    def build_window(t: TomlTable, where: str) -> Window | None:
         targets = string_list(problems, f"{where}.targets", t["targets"])
         return None if targets is None else Window(t["id"], t["size"], targets, t["granularity"],
                                                    t["arithmetic"], t["restrictions"], t["qtg_id"])
@@ -200,7 +200,7 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     raw_regions = entries(problems, doc, "region")
     regions = []
     for i, raw in enumerate(raw_regions):
-        t = Table(problems, f"region[{i}]", raw, {
+        t = TomlTable(problems, f"region[{i}]", raw, {
             "window": (str, REQUIRED), "devices": (list, REQUIRED), "size": ("size", None),
             "granularity": ("size", None), "mode": (str, "devdax")})
         if not t.ok:

@@ -13,7 +13,7 @@ from pfcxl.firmware_tables.cxl_spec import (CFMWS_GRANULE, MAX_GRANULARITY, MAX_
 
 from . import topology_limits
 from .topology_model import Device, Guest, HostBridge, Region, RootPort, Switch, Topology, Window, region_name
-from .topology_reader import Problems, Table
+from .topology_reader import Problems, TomlTable
 from .units import KiB, MiB, human
 
 REGION_ALIGN = CFMWS_GRANULE                # HDM decoder and CFMWS size/base unit
@@ -37,7 +37,7 @@ def _is_pow2(n: int) -> bool:
 
 
 # A region entry that read well: its index in the file, its table and its device ids.
-RawRegion = tuple[int, Table, tuple[str, ...]]
+RawRegion = tuple[int, TomlTable, tuple[str, ...]]
 
 
 def check(problems: Problems, bridges: list[HostBridge], root_ports: list[RootPort], switches: list[Switch],

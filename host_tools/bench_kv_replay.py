@@ -74,7 +74,7 @@ def replay(where: str, trace: str, hosts: int, capacity: int, routing: str, bloc
     path = _pool(where, size, store_hosts, 64)
     rows = []
     try:
-        setup = kv_replay.Setup(path, None, hosts, capacity, block_bytes, routing=routing)
+        setup = kv_replay.ReplaySetup(path, None, hosts, capacity, block_bytes, routing=routing)
         for mode in kv_replay.MODES:
             cpu0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
             t0 = time.perf_counter()

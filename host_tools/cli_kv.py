@@ -170,7 +170,7 @@ def cmd_replay(args) -> int:
     from . import kv_replay, kv_replay_report
     from .cli_serving_trace import load_trace
     requests = list(load_trace(args).requests)
-    setup = kv_replay.Setup(path=str(pool_file(args)), base=args.base, hosts=args.hosts, capacity=args.capacity,
+    setup = kv_replay.ReplaySetup(path=str(pool_file(args)), base=args.base, hosts=args.hosts, capacity=args.capacity,
                             block_bytes=args.block_bytes, block_tokens=args.block_tokens, routing=args.routing,
                             window_ms=args.window, stale_s=args.stale, kill_host=args.kill_host, kill_at=args.at)
     kv_replay.check(setup, requests)

@@ -32,7 +32,7 @@ MODES = ("local", "shared")
 
 
 @dataclass(frozen=True)
-class Setup:
+class ReplaySetup:
     path: str
     base: int | None
     hosts: int
@@ -56,7 +56,7 @@ def region_bytes(store_hosts: int, capacity: int, block_bytes: int) -> int:
     return arena_off + store_hosts * kv.up(capacity * kv.up(block_bytes, kv.LINE), kv.PAGE)
 
 
-def check(setup: Setup, requests: list[Request]) -> int:
+def check(setup: ReplaySetup, requests: list[Request]) -> int:
     """Every input against the store that is there; the region size to format. Writes nothing."""
     if setup.routing not in ROUTINGS:
         raise PfcxlError(f"routing {setup.routing!r} is not one of {', '.join(ROUTINGS)}")
@@ -157,7 +157,7 @@ def final_check(reader, requests: list[Request], size: int) -> dict:
     return dict(good=good, bad=bad, claims=claims)
 
 
-def run(setup: Setup, requests: list[Request], mode: str) -> dict:
+def run(setup: ReplaySetup, requests: list[Request], mode: str) -> dict:
     """One mode's replay on a freshly formatted store: per-request results and per-host totals."""
     local = mode == "local"
     need = check(setup, requests)
@@ -200,7 +200,7 @@ def run(setup: Setup, requests: list[Request], mode: str) -> dict:
         reader.close()
 
 
-def _drive(setup: Setup, requests, mode, reader, conns, procs, table) -> dict:
+def _drive(setup: ReplaySetup, requests, mode, reader, conns, procs, table) -> dict:
     live = list(range(setup.hosts))
     router = Router(setup.routing, setup.hosts, requests, held_prefixes(reader))
     host_of: list[int | None] = [None] * len(requests)
