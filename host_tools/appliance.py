@@ -43,7 +43,7 @@ def default_dir(topo: Topology) -> Path:
 
 
 @dataclass
-class Region:
+class PoolRegion:
     name: str            # shared | private
     partition: str       # shared | private/<slot>
     size: int
@@ -55,13 +55,13 @@ class Region:
 class Attachment:
     host: int
     port: int
-    regions: list[Region]
+    regions: list[PoolRegion]
     incarnation: str | None = None      # of the service that attached it
     pool_id: str | None = None          # of the memory it handed out
     ring_fd: int | None = None          # a timed appliance's trace ring for this host's plugin
     ring: dict | None = None            # its capacity, and the system and issue it is modelled with
 
-    def region(self, name: str) -> Region:
+    def region(self, name: str) -> PoolRegion:
         return next(r for r in self.regions if r.name == name)
 
     def close(self) -> None:
@@ -163,7 +163,7 @@ class Client:
         if not reply.get("ok"):
             _close_all(fds)
             raise ApplianceError(f"appliance refused host {host}: {reply.get('error')}")
-        regions = [Region(r["name"], r["partition"], r["size"], r["pool_offset"], fd)
+        regions = [PoolRegion(r["name"], r["partition"], r["size"], r["pool_offset"], fd)
                    for r, fd in zip(reply["regions"], fds)]
         extra = fds[len(regions):]
         ring_fd = extra.pop(0) if "ring" in reply and extra else None
@@ -197,12 +197,12 @@ def _alive(pid: int) -> bool:
     except ChildProcessError:
         pass
     try:      # a zombie some other process has still to reap has exited too ...
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        if process.is_running(pid):
             return True
         # ... unless it is a zombie thread-group leader whose other threads are still exiting:
         # until the last one has gone, the process's files (its run-directory lock) stay open.
         return len(os.listdir(f"/proc/{pid}/task")) > 1
-    except (OSError, IndexError):
+    except (OSError, ValueError):
         return False
 
 

@@ -21,6 +21,7 @@ from pfcxl import __version__
 from pfcxl.device import data_path
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
+from pfcxl.guest.tool_output import json_lines
 
 from pfcxl import cache
 
@@ -133,13 +134,9 @@ CAPTURE = ("the TCG plugin captures every CXL access of each run (trace mode, al
 
 
 def parse_output(output: str) -> dict | None:
-    for line in output.splitlines():
-        if line.startswith('{"tool":'):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                return None
-    return None
+    """A run's result line; None (the run is reported failed, the suite goes on) if none parses."""
+    found = json_lines(output, '{"tool":', bad="skip")
+    return found[0] if found else None
 
 
 class Results:

@@ -25,6 +25,7 @@ import numpy as np
 from pfcxl.device import fabric_systems, trace_capture
 from pfcxl.device.address_map import interleave
 from pfcxl.errors import PfcxlError
+from pfcxl.guest.tool_output import json_lines, tool_prefix
 
 from . import bench_model, model_runs, multihost
 
@@ -43,13 +44,7 @@ def command(app, *, sizes: str, nbytes: str, span: str) -> str:
 
 def _rows(output: str, host: int) -> list[dict]:
     """The two bandwidth runs' rows of one host, own-module first."""
-    runs = []
-    for line in output.splitlines():
-        if line.startswith('{"tool":"bandwidth"'):
-            try:
-                runs.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise PfcxlError(f"host {host}: a bandwidth output line is not JSON ({exc})") from exc
+    runs = json_lines(output, tool_prefix("bandwidth"), what=f"host {host}'s bandwidth output")
     if len(runs) != 2:
         raise PfcxlError(f"host {host}: {len(runs)} bandwidth outputs, expected 2: {output.strip()[-300:]}")
     return [{k: r[k] for k in ("pattern", "op", "size")} | {"layout": layout}

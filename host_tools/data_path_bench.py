@@ -25,9 +25,9 @@ from pathlib import Path
 from pfcxl.device import address_map, data_path, topology
 from pfcxl.device.units import MiB
 from pfcxl.machine import Machine
+from pfcxl.guest.tool_output import tool_json
 
 from . import multihost
-from .calibration import guest_json
 
 BANDWIDTH = "bandwidth --target {target} --pattern seq,random --op read,write --sizes 64,1024 " \
             "--threads {threads} --bytes {bytes} --span 64M"
@@ -48,7 +48,7 @@ def bandwidth(cpus: int, say) -> dict:
         for path in ("cxl", "direct", "local"):
             say(f"{cpus} vCPU(s): bandwidth on {path} ({targets[path]})")
             done = vm.run(BANDWIDTH.format(target=targets[path], threads=cpus, bytes=ROW_BYTES[path]), timeout=3600)
-            rows[path] = guest_json(done.output, "bandwidth")["results"]
+            rows[path] = tool_json(done.output, "bandwidth")["results"]
     table = []
     for i, row in enumerate(rows["cxl"]):
         mbps = {path: rows[path][i]["MBps"] for path in rows}
@@ -89,7 +89,7 @@ def cross_verify(path: str, say) -> dict:
     bad = [r for r in results if r.error or r.status]
     if bad:
         raise SystemExit(f"{path}: hosts {[r.host for r in bad]} failed: {bad[0].error or bad[0].output[-500:]}")
-    guests = [guest_json(r.output, "slices") for r in results]
+    guests = [tool_json(r.output, "slices") for r in results]
     assert all(g["mismatches"] == 0 for g in guests)
     return {"path": path, "hosts": HOSTS, "slice_bytes": SLICE, "wall_seconds": marks["end"] - marks["start"],
             "slowest_guest_seconds": max(g["fill_ns"] + g["wait_ns"] + g["verify_ns"] for g in guests) / 1e9,

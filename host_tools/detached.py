@@ -42,7 +42,7 @@ from pathlib import Path
 from pfcxl.device.appliance_protocol import IDLE_TIMEOUT, MAX_LINE
 from pfcxl.errors import PfcxlError, VMError
 
-from pfcxl import cache
+from pfcxl import cache, process
 
 from .boot_options import BootOptions
 
@@ -69,13 +69,7 @@ def machine_dir(name: str) -> Path:
 
 def _alive(pid: int | None) -> bool:
     """A process that exists and is not a zombie."""
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+    return process.is_running(pid)
 
 
 def _read_json(path: Path) -> dict:

@@ -23,7 +23,6 @@ then carry the direct window's guest physical address.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 from pfcxl.device import address_map, data_path
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TimingError
+from pfcxl.guest.tool_output import json_lines
 
 from .timing_plugin import build_plugin, doorbell_hpa, doorbell_hpas
 from pfcxl.device.trace_ring import DEFAULT_CAPACITY, Drainer, Ring
@@ -90,15 +90,7 @@ def plugin_events(log: Path) -> list[dict]:
         text = Path(log).read_text(errors="replace")
     except FileNotFoundError:
         return []
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{\"event\""):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass   # a line still being written
-    return out
+    return json_lines(text, '{"event"', bad="skip")     # skip: the last line may be still being written
 
 
 def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfig, name: str = "guest",

@@ -17,6 +17,7 @@ import pytest
 
 from pfcxl.device import address_map, fabric_model, topology
 from pfcxl.host_tools import calibration, timing, timing_plugin
+from pfcxl.guest.tool_output import tool_json
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,7 @@ def timed(boot):
 def guest(vm, command: str, tool: str) -> dict:
     result = vm.run(command, timeout=900)
     assert result.status == 0, f"{command}: status {result.status}\n{result.output}"
-    return calibration.guest_json(result.output, tool)
+    return tool_json(result.output, tool)
 
 
 def test_trace_has_exactly_the_guests_accesses(timed):
