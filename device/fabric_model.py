@@ -161,12 +161,12 @@ def _pf(hosts: int, modules: int, cache_lines: int, jitter: bool) -> FabricModel
 
 
 def idle_ns(profile: str, write: bool) -> int:
-    """The idle latency of one 64-B access under a timing profile ("pf": the appliance's DDR5
+    """The idle latency of one 64-B access under a fabric profile ("pf": the appliance's DDR5
     path; "electrical": the switched pool): the one formula, the model's own. Sizes and caches
     do not enter it."""
     models = {"pf": lambda: _pf(1, 1, 0, False), "electrical": lambda: electrical_pool(1, 1, jitter=False)}
     if profile not in models:
-        raise ValueError(f"timing profile '{profile}' is not one of {', '.join(models)}")
+        raise ValueError(f"fabric profile '{profile}' is not one of {', '.join(models)}")
     return models[profile]().idle_ns(write)
 
 

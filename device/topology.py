@@ -7,7 +7,8 @@ File shape (see device/topologies/*.toml for complete examples):
 
     name = "pf-nic"                      # optional, defaults to the file's stem
     description = "..."
-    timing = "pf"                        # optional: CDAT/HMAT timing profile (fabric_constants)
+    profile = "pf"                       # optional: the fabric_constants profile the CDAT and HMAT
+                                         # carry (its old name `timing` is read with a notice)
     [guest]       memory, maxmem, slots, cpus, cmdline, data_path (cxl, direct or both)
     [[host_bridge]]  id, bus_nr
     [[root_port]]    id, host_bridge, port, chassis, slot
@@ -23,6 +24,7 @@ across entries in topology_rules; import them all from here.
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 import tomllib
 from pathlib import Path
@@ -49,6 +51,7 @@ __all__ = [
     "TopologyError", "Window", "from_dict", "load", "resolve", "shipped_topologies",
 ]
 
+log = logging.getLogger("pfcxl.topology")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SECTIONS = ("guest", "host_bridge", "root_port", "switch", "device", "window", "region", "appliance")
 
@@ -121,18 +124,41 @@ def shipped_topologies() -> list[Path]:
     return sorted(TOPOLOGY_DIR.glob("*.toml"))
 
 
+# Keys renamed since topologies were first written: old -> new. The old key is still read (a
+# user's file keeps working), with one notice per file saying what to write instead.
+OLD_KEYS = {"timing": "profile"}
+_noticed: set[tuple[str, str]] = set()
+
+
+def _old_names(problems: Problems, doc: dict, source: str) -> dict:
+    renamed = dict(doc)
+    for old, new in OLD_KEYS.items():
+        if old not in doc:
+            continue
+        if new in doc:
+            problems.add(old, f"'{old}' is the old name of '{new}': give '{new}' only")
+            continue
+        renamed[new] = renamed.pop(old)
+        if (source, old) not in _noticed:
+            _noticed.add((source, old))
+            log.warning("pfcxl: notice: %s: the topology key '%s' is now '%s' (the old name still works)",
+                        source, old, new)
+    return renamed
+
+
 def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "topology") -> Topology:
     problems = Problems(source)
+    doc = _old_names(problems, doc, source)
     top = TomlTable(problems, "top level", {k: v for k, v in doc.items() if not isinstance(v, (list, dict))
-                                        or k in ("name", "description", "timing")},
-                {"name": (str, default_name), "description": (str, ""), "timing": (str, None)})
+                                            or k in ("name", "description", "profile")},
+                    {"name": (str, default_name), "description": (str, ""), "profile": (str, None)})
     if top.ok and not _NAME.fullmatch(top["name"]):
         # The name becomes a directory and file name (appliance run directory, tables output).
         problems.add("name" if "name" in doc else "name (the file's stem)",
                      f"{top['name']!r} must be 1 to 64 letters, digits, '.', '-' or '_', starting with a "
                      "letter or digit (it is used in file names)")
-    if top.ok and top["timing"] is not None and top["timing"] not in fabric_constants.PROFILES:
-        problems.add("timing", f"'{top['timing']}' is not a timing profile "
+    if top.ok and top["profile"] is not None and top["profile"] not in fabric_constants.PROFILES:
+        problems.add("profile", f"'{top['profile']}' is not a fabric profile "
                      f"(known: {', '.join(fabric_constants.PROFILES)})")
     for key, value in doc.items():
         if isinstance(value, (list, dict)) and key not in _SECTIONS:
@@ -214,7 +240,7 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     topo_regions = check(problems, bridges, root_ports, switches, devices, windows, regions)
     problems.raise_if_any()
     topo = Topology(top["name"], top["description"], source, guest, tuple(bridges), tuple(root_ports),
-                    tuple(switches), tuple(devices), tuple(windows), tuple(topo_regions), top["timing"],
+                    tuple(switches), tuple(devices), tuple(windows), tuple(topo_regions), top["profile"],
                     appliance)
     topology_limits.check_address_space(problems, topo)
     topology_limits.check_interrupt_vectors(problems, topo)

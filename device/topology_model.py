@@ -157,7 +157,7 @@ class Topology:
     devices: tuple[Device, ...]
     windows: tuple[Window, ...]
     regions: tuple[Region, ...]
-    timing: str | None = None       # fabric_constants profile for CDAT and HMAT, or QEMU's defaults
+    profile: str | None = None      # fabric_constants profile for CDAT and HMAT, or QEMU's defaults
     appliance: ApplianceSpec | None = None
 
     @property

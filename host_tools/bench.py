@@ -122,7 +122,7 @@ def environment(topo: Topology, *, suite: str, image: str, timing: str | None) -
     except (OSError, StopIteration):
         pass
     return {"pfcxl": __version__, "qemu": manifest.get("qemu_version"), "kernel": manifest.get("kernel_release"),
-            "ndctl": manifest.get("ndctl_version"), "topology": topo.name, "timing_profile": topo.timing,
+            "ndctl": manifest.get("ndctl_version"), "topology": topo.name, "timing_profile": topo.profile,
             "timing_mode": timing or "none", "capture": CAPTURE, "data_path": topo.guest.data_path, "suite": suite, "image": image, "host_cpu": cpu,
             "host_cpus": os.cpu_count(), "host": platform.node(), "guest_cpus": topo.guest.cpus,
             "accelerator": "tcg",
