@@ -183,8 +183,8 @@ class Operations:
         """The fabric telemetry (appliance_timing.py); with "sync", once the rings' records of
         this moment are modelled (answered from the timing thread)."""
         if self.timing is None:
-            raise proto.RequestError("this appliance models no traffic: it was started without --timing "
-                                     "(pfcxl appliance start --timing pf|electrical)")
+            raise proto.RequestError("this appliance models no traffic: it was started without --fabric "
+                                     "(pfcxl appliance start --fabric pf|electrical)")
         if not request.get("sync"):
             return self._stats(), None
         if client.waiting >= MAX_SYNC_WAITING:

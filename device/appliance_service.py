@@ -65,7 +65,7 @@ class Connection:
 
 class Service(Operations):
     def __init__(self, topo: topology.Topology, run_dir: Path, socket_path: Path, scan_interval: float,
-                 idle_timeout: float = proto.IDLE_TIMEOUT, timing: str | None = None, issue: str = "dependent",
+                 idle_timeout: float = proto.IDLE_TIMEOUT, fabric: str | None = None, issue: str = "dependent",
                  capture: Path | None = None) -> None:
         if topo.appliance is None:
             raise PfcxlError(f"topology '{topo.name}' has no [appliance] section")
@@ -87,10 +87,11 @@ class Service(Operations):
         self._checksum_worker: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        # --timing: one fabric model over every attached host's trace ring (appliance_timing.py)
-        if capture is not None and not timing:
-            raise PfcxlError("--capture keeps what the timing drains: it needs --timing pf|electrical")
-        self.timing = ApplianceTiming(topo, timing, issue, capture=capture).start() if timing else None
+        # --fabric: the appliance's timing, one model of that fabric system over every attached
+        # host's trace ring (appliance_timing.py)
+        if capture is not None and not fabric:
+            raise PfcxlError("--capture keeps what the timing drains: it needs --fabric pf|electrical")
+        self.timing = ApplianceTiming(topo, fabric, issue, capture=capture).start() if fabric else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -351,9 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--scan-interval", type=float, default=5.0)
     ap.add_argument("--idle-timeout", type=float, default=proto.IDLE_TIMEOUT)
-    ap.add_argument("--timing", choices=tuple(SYSTEMS), help="model every host's traffic on this fabric")
+    ap.add_argument("--fabric", "--timing", choices=tuple(SYSTEMS),        # --timing: its old spelling
+                    help="model every host's traffic on this fabric system")
     ap.add_argument("--issue", choices=ISSUES, default="dependent")
-    ap.add_argument("--capture", type=Path, help="with --timing: keep every host's drained records here")
+    ap.add_argument("--capture", type=Path, help="with --fabric: keep every host's drained records here")
     ap.add_argument("--temporary-for", type=int, metavar="PID",
                     help="a temporary appliance of process PID, its parent (which has it signalled when it "
                     "dies): remove the run directory at exit")
@@ -376,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         if removed:
             log.warning("took over %s from a service that died", " and ".join(removed))
         service = Service(topology.load(topology.resolve(args.topology)), run_dir, run_dir / rundir.SOCKET,
-                          args.scan_interval, args.idle_timeout, args.timing, args.issue, args.capture)
+                          args.scan_interval, args.idle_timeout, args.fabric, args.issue, args.capture)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, service.stop)
         (run_dir / rundir.PID).write_text(f"{os.getpid()}\n")

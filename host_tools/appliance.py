@@ -223,7 +223,7 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
         raise ApplianceError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
     if capture is not None:
         if timing is None:
-            raise ApplianceError("--capture keeps what the appliance's timing drains: give --timing pf|electrical too")
+            raise ApplianceError("--capture keeps what the appliance's timing drains: give --fabric pf|electrical too")
         capture = trace_capture.check_dir(capture)
     if idle_timeout is not None and not idle_timeout > 0:
         raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
@@ -246,7 +246,7 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
     if temporary:
         argv += ["--temporary-for", str(os.getpid())]
     if timing is not None:
-        argv += ["--timing", timing, "--issue", issue]
+        argv += ["--fabric", timing, "--issue", issue]
     if capture is not None:
         argv += ["--capture", str(capture)]
     if foreground:

@@ -1,7 +1,7 @@
 """The paper's bandwidth experiment from N real guests: `bench_paper_bw --hosts N`.
 
 Capture: `multihost` boots N guests on a temporary pf-appliance whose service times every host
-(`--timing pf`) and keeps what it drains (`--capture`, device/trace_capture.py). Each guest runs
+(`--fabric pf`) and keeps what it drains (`--capture`, device/trace_capture.py). Each guest runs
 the `bandwidth` benchmark twice on the shared pool's DAX device with `--mark-rows 1` (each row one
 plugin phase; the phase events cut each host's records into rows):
   own module  `--stripe G,N,h`: only granule h of every N granules of the pool's interleave (G

@@ -72,7 +72,7 @@ def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, s
                 timed = c.call("hello")["appliance"].get("timing")
             if timed is None:
                 raise PfcxlError(f"the appliance running in {where} models no traffic: stop it, or start it with "
-                                 f"'pfcxl appliance start --timing {timing}'")
+                                 f"'pfcxl appliance start --fabric {timing}'")
             if capture is not None and timed.get("capture") != str(Path(capture).absolute()):
                 raise PfcxlError(f"the appliance running in {where} captures into {timed.get('capture')}, not "
                                  f"{capture}: stop it, or start it with '--capture {capture}'")

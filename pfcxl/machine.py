@@ -307,7 +307,7 @@ class Machine:
         return {d.id: self.attachment.region(d.appliance).fd for d in served}
 
     def _appliance_plugin_args(self, config: timing_mod.TimingConfig | None) -> list[str]:
-        """A timed appliance (`pfcxl appliance start --timing`) owns this host's trace ring: the
+        """A timed appliance (`pfcxl appliance start --fabric`) owns this host's trace ring: the
         plugin runs in trace mode into it, and no timing of this Machine's own can run beside it."""
         ring = self.attachment.ring or {}
         if config is not None and config.mode != "trace":
@@ -322,7 +322,7 @@ class Machine:
         """The timed appliance's telemetry (op stats): with `sync`, once everything this host's
         plugin has written so far is modelled."""
         if self.attachment is None or self.attachment.ring_fd is None or self._appliance_dir is None:
-            raise PfcxlError(f"{self.name}: not attached to a timed appliance (pfcxl appliance start --timing pf)")
+            raise PfcxlError(f"{self.name}: not attached to a timed appliance (pfcxl appliance start --fabric pf)")
         with appliance_mod.Client(self._appliance_dir, timeout=timeout) as client:
             return client.call("stats", sync=sync)
 

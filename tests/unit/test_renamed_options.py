@@ -1,0 +1,48 @@
+"""Options renamed so that one word means one thing keep their old spelling: `appliance start
+--timing SYSTEM` is now `--fabric SYSTEM` (the fabric system the appliance models, as multihost's
+--fabric), and `--timing` stays the TCG plugin's mode (count, trace, inject)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pfcxl.device.fabric_modes import SYSTEMS
+from pfcxl.host_tools import cli
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("system", tuple(SYSTEMS))
+@pytest.mark.parametrize("spelling", ["--fabric", "--timing"])
+def test_appliance_start_reads_either_spelling(spelling, system, capsys):
+    args = cli.parser().parse_args(["appliance", "start", spelling, system])
+    assert args.fabric == system and "timing" not in vars(args)
+    err = capsys.readouterr().err
+    if spelling == "--timing":
+        assert err == "pfcxl: notice: --timing is now --fabric (the old spelling still works)\n"
+    else:
+        assert err == ""
+
+
+@pytest.mark.parametrize("spelling", ["--fabric", "--timing"])
+def test_the_old_spelling_checks_its_value_as_the_new_one_does(spelling, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.parser().parse_args(["appliance", "start", spelling, "trace"])
+    assert exit.value.code == 2
+    assert f"argument {spelling}: invalid choice: 'trace'" in capsys.readouterr().err
+
+
+def test_the_help_names_the_old_spelling_as_such(capsys):
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["appliance", "start", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--fabric {pf,electrical}" in out and "--timing FABRIC the old spelling of --fabric" in out
+
+
+def test_without_either_the_appliance_is_untimed():
+    assert cli.parser().parse_args(["appliance", "start"]).fabric is None
+
+
+def test_the_plugin_mode_keeps_its_name():
+    args = cli.parser().parse_args(["run", "--timing", "trace", "--", "true"])
+    assert args.timing == "trace"
