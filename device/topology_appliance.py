@@ -41,7 +41,7 @@ def read_appliance(problems: Problems, doc: dict) -> ApplianceSpec | None:
     if not t.ok:
         return None
     a = ApplianceSpec(t["modules"], t["module_capacity"], t["hbm_cache"], t["ports"], t["granularity"],
-                  t["shared"], t["private"], t["backing"])
+                      t["shared"], t["private"], t["backing"])
     if not 1 <= a.modules <= MAX_MODULES:
         problems.add("appliance.modules", f"{a.modules} must be between 1 and {MAX_MODULES}")
     if not 1 <= a.ports <= MAX_PORTS:

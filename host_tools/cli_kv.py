@@ -171,8 +171,8 @@ def cmd_replay(args) -> int:
     from .cli_serving_trace import load_trace
     requests = list(load_trace(args).requests)
     setup = kv_replay.ReplaySetup(path=str(pool_file(args)), base=args.base, hosts=args.hosts, capacity=args.capacity,
-                            block_bytes=args.block_bytes, block_tokens=args.block_tokens, routing=args.routing,
-                            window_ms=args.window, stale_s=args.stale, kill_host=args.kill_host, kill_at=args.at)
+                                  block_bytes=args.block_bytes, block_tokens=args.block_tokens, routing=args.routing,
+                                  window_ms=args.window, stale_s=args.stale, kill_host=args.kill_host, kill_at=args.at)
     kv_replay.check(setup, requests)
     modes = kv_replay.MODES if args.compare else (args.mode,)
     summaries = [kv_replay_report.summary(kv_replay.run(setup, requests, m), requests, args.model, args.block_tokens)

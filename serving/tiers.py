@@ -62,7 +62,7 @@ def appliance_fabric(tier: Tier) -> tuple[fabric_model.FabricModel, ApplianceSpe
     granularity = tier.granularity_kib * 1024
     per_module = int(tier.capacity_bytes // tier.modules) // granularity * granularity
     appliance = ApplianceSpec(modules=tier.modules, module_capacity=per_module, hbm_cache=0, ports=16,
-                          granularity=granularity, shared=per_module * tier.modules, private=0, backing="memfd")
+                              granularity=granularity, shared=per_module * tier.modules, private=0, backing="memfd")
     model = fabric_model.pf_appliance(appliance, cache=False, jitter=False)
     if tier.bandwidth_scale != 1.0:
         def scaled(stage):
