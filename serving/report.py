@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .inputs import Workload
-from .sim import SimResult
+from pfcxl.serving.inputs import Workload
+from pfcxl.serving.sim import SimResult
 
 ROLES = {"appliance": "appliance", "host": "host DRAM"}
 

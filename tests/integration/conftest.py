@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from pfcxl import Machine
-from pfcxl.device import address_map, topology
+from pfcxl.device.topology import address_map
+from pfcxl.device import topology
 from pfcxl.process import is_running
 from pfcxl.guest.tool_output import tool_json
 
@@ -105,7 +106,7 @@ def read_region_from_backing(topo: topology.Topology, region, backing: dict[str,
 
 
 def pfcxl_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], capture_output=True,
                           text=True, **kwargs)
 
 

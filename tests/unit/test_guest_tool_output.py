@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 
 from pfcxl.errors import PfcxlError, TimingError
 from pfcxl.guest.tool_output import json_lines, tool_json, tool_prefix
-from pfcxl.host_tools import bench, bench_paper_bw_hosts, calibration, timing
+from pfcxl.host_tools.bench import suite as bench
+from pfcxl.host_tools.experiments import paper_bw_hosts as bench_paper_bw_hosts
+from pfcxl.host_tools.timing import calibration
+from pfcxl.host_tools.timing import config as timing
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pfcxl.host_tools import bench_appliance_timing
+from pfcxl.host_tools.experiments import appliance_timing as bench_appliance_timing
 from pfcxl.process import cpu_seconds, is_running, proc_stat
 
 pytestmark = pytest.mark.component

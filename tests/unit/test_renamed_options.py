@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pfcxl.device.fabric_modes import SYSTEMS
-from pfcxl.host_tools import cli
+from pfcxl.device.fabric.modes import SYSTEMS
+from pfcxl.host_tools.cli import main as cli
 
 pytestmark = pytest.mark.unit
 
