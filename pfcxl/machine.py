@@ -264,7 +264,7 @@ class Machine:
         try:
             self.run_dir = stack.enter_context(_run_directory(self.run_dir_arg, self.keep, self.say))
             if self._pick_name:   # guests sharing a run directory each get their own log names
-                self.name = stack.enter_context(guest_name(self.run_dir, DEFAULT_NAME))
+                self.name = stack.enter_context(guest_name(self.run_dir, self.name))
             fds = self._attach(stack)
             self.boot_image()
             config = self.timing_config
@@ -340,6 +340,9 @@ class Machine:
         probe = Machine(self.topology, ready_timeout=self.ready_timeout, name="calibrate", progress=self.say,
                         options=dataclasses.replace(self.options, timing="count", baseline_ns=None,
                                                     run_dir=str(self.run_dir / "calibrate")))
+        # two inject runs on one --run-dir calibrate side by side: calibrate, calibrate-1, ... (the
+        # logs and the plugin's event log, which the baseline is read from, are named after it)
+        probe._pick_name = True
         with probe:
             return calibration.calibrate_baseline(probe)["baseline_ns"]
 

@@ -255,7 +255,8 @@ def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: boo
         p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
         argtypes.add_data_path(p)
         p.add_argument("--timeout", type=argtypes.seconds, default=300,
-                       help="seconds to wait for the guest to become ready (default 300)")
+                       help="seconds to wait for the guest to become ready, not counting time a loaded "
+                       "host keeps QEMU waiting for a CPU (default 300)")
         p.add_argument("--append", default="", help="extra kernel command line")
         p.add_argument("--host", type=int, default=0,
                        help="host id on the appliance, for topologies whose devices it serves (default 0)")

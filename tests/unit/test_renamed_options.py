@@ -1,6 +1,7 @@
 """Options renamed so that one word means one thing keep their old spelling: `appliance start
---timing SYSTEM` is now `--fabric SYSTEM` (the fabric system the appliance models, as multihost's
---fabric), and `--timing` stays the TCG plugin's mode (count, trace, inject)."""
+--timing SYSTEM` and `kv replay --timing SYSTEM` are now `--fabric SYSTEM` (the fabric system the
+appliance models, as multihost's --fabric), and `--timing` stays the TCG plugin's mode (count,
+trace, inject)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ from pfcxl.host_tools.cli import main as cli
 pytestmark = pytest.mark.unit
 
 
+COMMANDS = [["appliance", "start"], ["kv", "replay", "trace.jsonl", "--on", "guests"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
 @pytest.mark.parametrize("system", tuple(SYSTEMS))
 @pytest.mark.parametrize("spelling", ["--fabric", "--timing"])
-def test_appliance_start_reads_either_spelling(spelling, system, capsys):
-    args = cli.parser().parse_args(["appliance", "start", spelling, system])
+def test_either_spelling_reads_the_fabric(command, spelling, system, capsys):
+    args = cli.parser().parse_args([*command, spelling, system])
     assert args.fabric == system and "timing" not in vars(args)
     err = capsys.readouterr().err
     if spelling == "--timing":
@@ -24,23 +29,26 @@ def test_appliance_start_reads_either_spelling(spelling, system, capsys):
         assert err == ""
 
 
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
 @pytest.mark.parametrize("spelling", ["--fabric", "--timing"])
-def test_the_old_spelling_checks_its_value_as_the_new_one_does(spelling, capsys):
+def test_the_old_spelling_checks_its_value_as_the_new_one_does(command, spelling, capsys):
     with pytest.raises(SystemExit) as exit:
-        cli.parser().parse_args(["appliance", "start", spelling, "trace"])
+        cli.parser().parse_args([*command, spelling, "trace"])
     assert exit.value.code == 2
     assert f"argument {spelling}: invalid choice: 'trace'" in capsys.readouterr().err
 
 
-def test_the_help_names_the_old_spelling_as_such(capsys):
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_the_help_names_the_old_spelling_as_such(command, capsys):
     with pytest.raises(SystemExit):
-        cli.parser().parse_args(["appliance", "start", "--help"])
+        cli.parser().parse_args([*command[:2], "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--fabric {pf,electrical}" in out and "--timing FABRIC the old spelling of --fabric" in out
 
 
-def test_without_either_the_appliance_is_untimed():
-    assert cli.parser().parse_args(["appliance", "start"]).fabric is None
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_without_either_the_appliance_is_untimed(command):
+    assert cli.parser().parse_args(command).fabric is None
 
 
 def test_the_plugin_mode_keeps_its_name():
