@@ -172,7 +172,7 @@ def build(entries: list[tuple[Layout, dict]], sequence: int = 0) -> bytes:
 
 
 @dataclass
-class Table:
+class CdatTable:
     header: dict
     entries: list[Decoded]
     violations: list[str]
@@ -181,7 +181,7 @@ class Table:
         return [e.values for e in self.entries if e.layout.name == name]
 
 
-def decode_table(data: bytes) -> Table:
+def decode_table(data: bytes) -> CdatTable:
     """Read a CDAT; every problem found goes into `violations`, nothing is raised."""
     head = decode(HEADER, data, where="CDAT header")
     problems = list(head.violations)
@@ -198,7 +198,7 @@ def decode_table(data: bytes) -> Table:
         end = min(len(data), header["length"])
         entries, found = walk(data, HEADER.size, end, ENTRY_HEADER, ENTRIES, "entry")
         problems += found
-    table = Table(header, entries, problems)
+    table = CdatTable(header, entries, problems)
     handles = {d["handle"] for d in table.of("DSMAS")}
     for e in table.entries:
         if e.layout in (DSLBIS, DSMSCIS, DSEMTS) and e.values.get("handle") not in handles:
@@ -206,7 +206,7 @@ def decode_table(data: bytes) -> Table:
     return table
 
 
-def values_of(table: Table) -> dict:
+def values_of(table: CdatTable) -> dict:
     """Latencies (ns) and bandwidths (MB/s) a CDAT advertises, by DSLBIS data type name."""
     out = {}
     for d in table.of("DSLBIS"):

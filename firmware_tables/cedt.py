@@ -180,7 +180,7 @@ def from_topology(topo: Topology, *, oem_revision: int = 1) -> bytes:
 
 
 @dataclass
-class Table:
+class CedtTable:
     header: dict
     subtables: list[Decoded]
     violations: list[str]
@@ -189,7 +189,7 @@ class Table:
         return [s.values for s in self.subtables if s.layout.name == name]
 
 
-def decode_table(data: bytes) -> Table:
+def decode_table(data: bytes) -> CedtTable:
     """Read a CEDT; never raises on bad bytes: every problem found goes into `violations`."""
     header, problems = acpi.check_header(data, SIGNATURE)
     end = min(len(data), header.get("length", len(data)) if header else len(data))
@@ -197,7 +197,7 @@ def decode_table(data: bytes) -> Table:
     problems += found
     for item in subtables:
         problems += _semantic(item)
-    table = Table(header, subtables, problems)
+    table = CedtTable(header, subtables, problems)
     problems += _cross_checks(table)
     return table
 
@@ -222,7 +222,7 @@ def _semantic(item: Decoded) -> list[str]:
     return out
 
 
-def _cross_checks(table: Table) -> list[str]:
+def _cross_checks(table: CedtTable) -> list[str]:
     out = []
     uids = [c["uid"] for c in table.of("CHBS")]
     for uid in sorted({u for u in uids if uids.count(u) > 1}):

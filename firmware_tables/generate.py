@@ -18,18 +18,18 @@ from pfcxl.firmware_tables.hmat_options import numa_args
 @dataclass(frozen=True)
 class TableSet:
     cedt: bytes
-    device_cdat: dict[str, bytes]      # device id -> CDAT (only when the topology has timing)
-    switch_cdat: dict[str, bytes]      # switch id -> CDAT (only when the topology has timing)
-    numa_args: list[str]               # generic port and HMAT options (only with timing)
+    device_cdat: dict[str, bytes]      # device id -> CDAT (only when the topology has a profile)
+    switch_cdat: dict[str, bytes]      # switch id -> CDAT (only when the topology has a profile)
+    numa_args: list[str]               # generic port and HMAT options (only with a profile)
 
 
 def _profile(topo: Topology):
-    if topo.timing is None:
+    if topo.profile is None:
         return None
-    if topo.timing not in fabric_constants.PROFILES:
-        raise TableError(f"timing profile '{topo.timing}' is unknown "
+    if topo.profile not in fabric_constants.PROFILES:
+        raise TableError(f"fabric profile '{topo.profile}' is unknown "
                          f"(known: {', '.join(fabric_constants.PROFILES)})")
-    return fabric_constants.PROFILES[topo.timing]
+    return fabric_constants.PROFILES[topo.profile]
 
 
 def tables_for(topo: Topology, *, cedt_oem_revision: int = 1) -> TableSet:

@@ -48,11 +48,11 @@ def compare_cedt(ours: bytes, theirs: bytes) -> list[str]:
     if ours[:36] != theirs[:36]:
         diffs.append(f"headers differ: ours {ours[:36].hex()} theirs {theirs[:36].hex()}")
 
-    def chbs(table: cedt.Table, data: bytes) -> dict[int, bytes]:
+    def chbs(table: cedt.CedtTable, data: bytes) -> dict[int, bytes]:
         return {s.values["uid"]: data[s.offset:s.offset + s.length] for s in table.subtables
                 if s.layout is cedt.CHBS}
 
-    def rest(table: cedt.Table, data: bytes) -> list[bytes]:
+    def rest(table: cedt.CedtTable, data: bytes) -> list[bytes]:
         return [data[s.offset:s.offset + s.length] for s in table.subtables if s.layout is not cedt.CHBS]
 
     ca, cb = chbs(a, ours), chbs(b, theirs)

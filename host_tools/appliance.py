@@ -43,7 +43,7 @@ def default_dir(topo: Topology) -> Path:
 
 
 @dataclass
-class Region:
+class PoolRegion:
     name: str            # shared | private
     partition: str       # shared | private/<slot>
     size: int
@@ -55,13 +55,13 @@ class Region:
 class Attachment:
     host: int
     port: int
-    regions: list[Region]
+    regions: list[PoolRegion]
     incarnation: str | None = None      # of the service that attached it
     pool_id: str | None = None          # of the memory it handed out
     ring_fd: int | None = None          # a timed appliance's trace ring for this host's plugin
     ring: dict | None = None            # its capacity, and the system and issue it is modelled with
 
-    def region(self, name: str) -> Region:
+    def region(self, name: str) -> PoolRegion:
         return next(r for r in self.regions if r.name == name)
 
     def close(self) -> None:
@@ -163,7 +163,7 @@ class Client:
         if not reply.get("ok"):
             _close_all(fds)
             raise ApplianceError(f"appliance refused host {host}: {reply.get('error')}")
-        regions = [Region(r["name"], r["partition"], r["size"], r["pool_offset"], fd)
+        regions = [PoolRegion(r["name"], r["partition"], r["size"], r["pool_offset"], fd)
                    for r, fd in zip(reply["regions"], fds)]
         extra = fds[len(regions):]
         ring_fd = extra.pop(0) if "ring" in reply and extra else None
@@ -197,12 +197,12 @@ def _alive(pid: int) -> bool:
     except ChildProcessError:
         pass
     try:      # a zombie some other process has still to reap has exited too ...
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        if process.is_running(pid):
             return True
         # ... unless it is a zombie thread-group leader whose other threads are still exiting:
         # until the last one has gone, the process's files (its run-directory lock) stay open.
         return len(os.listdir(f"/proc/{pid}/task")) > 1
-    except (OSError, IndexError):
+    except (OSError, ValueError):
         return False
 
 
@@ -217,7 +217,7 @@ def check_options(topo: Topology, *, scan_interval: float = 5.0, idle_timeout: f
     if issue not in ISSUES:
         raise ApplianceError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
     if capture is not None and timing is None:
-        raise ApplianceError("--capture keeps what the appliance's timing drains: give --timing pf|electrical too")
+        raise ApplianceError("--capture keeps what the appliance's timing drains: give --fabric pf|electrical too")
     if idle_timeout is not None and not idle_timeout > 0:
         raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
     if not 0 < scan_interval < float("inf"):
@@ -256,7 +256,7 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
     if temporary:
         argv += ["--temporary-for", str(os.getpid())]
     if timing is not None:
-        argv += ["--timing", timing, "--issue", issue]
+        argv += ["--fabric", timing, "--issue", issue]
     if capture is not None:
         argv += ["--capture", str(capture)]
     if foreground:

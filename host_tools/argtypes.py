@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import tempfile
 from pathlib import Path
 
@@ -106,3 +107,22 @@ def loads_list(text: str) -> list[float]:
     if len(parts) > MAX_LOADS:
         raise argparse.ArgumentTypeError(f"at most {MAX_LOADS} loads (each is one replay of the trace per system)")
     return [positive(x) for x in parts]
+
+
+class _OldSpelling(argparse.Action):
+    """An option's old spelling: one notice on stderr, then the value goes where the new one's does."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sys.stderr.write(f"pfcxl: notice: {option_string} is now {self.new} (the old spelling still works)\n")
+        setattr(namespace, self.dest, values)
+
+
+def old_spelling(p: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
+    """Keep `old` working for the option now spelled `new` (kwargs: its choices, type, ...)."""
+    dest = next(a.dest for a in p._actions if new in a.option_strings)
+    p.add_argument(old, dest=dest, action=_OldSpelling, new=new, metavar=new.lstrip("-").upper(),
+                   help=f"the old spelling of {new} (works, with a notice)", **kwargs)

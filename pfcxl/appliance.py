@@ -129,7 +129,7 @@ class Appliance:
         timed = self.call("hello")["appliance"].get("timing")
         if self.timing is not None and timed is None:
             raise PfcxlError(f"the appliance running in {self.directory} models no traffic: stop it, or start it "
-                             f"with 'pfcxl appliance start --timing {self.timing}'")
+                             f"with 'pfcxl appliance start --fabric {self.timing}'")
         if self.capture is not None and (timed or {}).get("capture") != str(self.capture):
             raise PfcxlError(f"the appliance running in {self.directory} captures into "
                              f"{(timed or {}).get('capture')}, not {self.capture}: stop it, or start it with "

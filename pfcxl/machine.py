@@ -314,12 +314,12 @@ class Machine:
         return {dev: attachment.region(part).fd for dev, part in served}
 
     def _appliance_plugin_args(self, config: timing_mod.TimingConfig | None, ring: dict, run_dir: Path) -> list[str]:
-        """A timed appliance (`pfcxl appliance start --timing`) owns this host's trace ring: the
+        """A timed appliance (`pfcxl appliance start --fabric`) owns this host's trace ring: the
         plugin runs in trace mode into it, and no timing of this Machine's own can run beside it."""
         if config is not None and config.mode != "trace":
             raise PfcxlError(f"the appliance models every host's traffic ({ring.get('system')} timing), so its "
                              f"hosts' plugin runs in trace mode: timing '{config.mode}' cannot run beside it "
-                             "(start the appliance without --timing, or drop --timing here)")
+                             "(start the appliance without --fabric, or drop --timing here)")
         ring_path = f"/proc/self/fd/{vm_mod.ring_fd_number(self.topology)}"
         return timing_mod.plugin_args(timing_plugin.build_plugin(), self.topology, run_dir,
                                       timing_mod.TimingConfig("trace"), self.name, ring=ring_path)
@@ -328,7 +328,7 @@ class Machine:
         """The timed appliance's telemetry (op stats): with `sync`, once everything this host's
         plugin has written so far is modelled."""
         if not self.on_timed_appliance or self._appliance_dir is None:
-            raise PfcxlError(f"{self.name}: not attached to a timed appliance (pfcxl appliance start --timing pf)")
+            raise PfcxlError(f"{self.name}: not attached to a timed appliance (pfcxl appliance start --fabric pf)")
         with appliance_mod.Client(self._appliance_dir, timeout=timeout) as client:
             return client.call("stats", sync=sync)
 

@@ -7,6 +7,7 @@ import fcntl
 import os
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -19,11 +20,63 @@ def _tail(text: str, lines: int = 8) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/PID/stat that pfcxl reads (proc(5)); times in clock ticks."""
+
+    pid: int
+    comm: str            # the command name, which may hold spaces and parentheses
+    state: str           # R, S, D, Z (zombie), ...
+    ppid: int
+    utime: int
+    stime: int
+    start: int           # since boot: a pid plus its start names one process, even after reuse
+
+    @property
+    def cpu_seconds(self) -> float:
+        return (self.utime + self.stime) / os.sysconf("SC_CLK_TCK")
+
+
+def parse_stat(text: str) -> ProcStat:
+    """One /proc/PID/stat line. The command name sits between the first '(' and the LAST ')':
+    it may itself hold ') ', so splitting on spaces or on the first ')' misreads every field."""
+    head, sep, rest = text.rpartition(")")
+    pid, paren, comm = head.partition("(")
+    fields = rest.split()
+    try:
+        if not sep or not paren or len(fields) < 20:
+            raise ValueError("too few fields")
+        # fields[0] is field 3 of proc(5): state 3, ppid 4, utime 14, stime 15, starttime 22
+        return ProcStat(int(pid), comm, fields[0], int(fields[1]), int(fields[11]), int(fields[12]),
+                        int(fields[19]))
+    except ValueError as exc:
+        raise ValueError(f"not a /proc/PID/stat line ({exc}): {text[:200]!r}") from None
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The process's stat, None if there is no such process (any more)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # any process may name itself with bytes that are not UTF-8 (prctl PR_SET_NAME)
+    return parse_stat(raw.decode("utf-8", "surrogateescape"))
+
+
+def is_running(pid: int | None) -> bool:
+    """A process that exists and has not exited (a zombie has exited: only its parent's wait is
+    left)."""
+    stat = proc_stat(pid) if pid else None
+    return stat is not None and stat.state != "Z"
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a live process has used (proc(5): stat fields 14 and 15)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time a live process has used; FileNotFoundError if it is gone."""
+    stat = proc_stat(pid)
+    if stat is None:
+        raise FileNotFoundError(f"/proc/{pid}/stat: no such process")
+    return stat.cpu_seconds
 
 
 def starved_seconds(pid: int | None) -> float:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import pytest
 
+from pfcxl.process import is_running
+
 MARKER = "pfcxl"
 
 
@@ -63,9 +65,4 @@ def pfcxl_machine(request, tmp_path):
 
 
 def _assert_gone(pid: int) -> None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[-1].split()[0]
-    except FileNotFoundError:
-        return
-    assert state == "Z", f"QEMU (pid {pid}) is still running after the Machine was closed"
+    assert not is_running(pid), f"QEMU (pid {pid}) is still running after the Machine was closed"

@@ -9,7 +9,7 @@ The traced-run sequence, the one every timed command uses (`pfcxl run --timing`,
     trace (and drain on for the next command) -> model the records (TracedRun.model / rows)
 
 Who holds a Machine's trace: its own TimingSession (timing count / trace / inject; the records come
-back here in trace mode), or a timed appliance (`pfcxl appliance start --timing`), which drains
+back here in trace mode), or a timed appliance (`pfcxl appliance start --fabric`), which drains
 and models every host's ring itself (TracedRun.appliance_figures). A Machine with neither runs
 the command as it is. `seconds` is the command's host wall-clock: emulator (TCG) time, never a
 fabric figure; fabric figures come from the models in device/.

@@ -50,7 +50,7 @@ def fit(workload: inputs.Workload, *, seed: int = 1, progress=None) -> Calibrati
     target = target_ms(workload)
     flops = 0.3 * compute.peak_flops(gpu, 1)                 # a start; the answer does not depend on it
     for run in range(1, 51):
-        summary = sim.simulate(sim.Setup(workload, model, gpu, tier, SESSIONS, flops, seed)).summary()
+        summary = sim.simulate(sim.ServingSetup(workload, model, gpu, tier, SESSIONS, flops, seed)).summary()
         got, parts = summary["ttft_ms"]["mean"], summary["mean_ms"]
         if progress:
             progress(f"calibration run {run}: {flops / 1e12:.3f} TFLOP/s per GPU -> {got:.2f} ms")

@@ -9,12 +9,12 @@ from pathlib import Path
 from rich.table import Table
 
 from pfcxl.serving.inputs import Workload
-from pfcxl.serving.sim import Result
+from pfcxl.serving.sim import SimResult
 
 ROLES = {"appliance": "appliance", "host": "host DRAM"}
 
 
-def comparison(results: dict[str, list[Result]], workload: Workload, paper: bool) -> list[dict]:
+def comparison(results: dict[str, list[SimResult]], workload: Workload, paper: bool) -> list[dict]:
     """One row per tier and session count: the model's figures, and the paper's with the ratio
     model / paper where the paper gives one (and `paper`, i.e. the run is the paper's setup)."""
     rows = []
@@ -85,7 +85,7 @@ def plots(rows: list[dict], out_dir: Path, title: str) -> list[Path]:
     return written
 
 
-def write_json(path: Path, results: dict[str, list[Result]], rows: list[dict], calibration: dict) -> None:
+def write_json(path: Path, results: dict[str, list[SimResult]], rows: list[dict], calibration: dict) -> None:
     doc = {"calibration": calibration, "comparison": rows,
            "runs": [r.to_json() for runs in results.values() for r in runs]}
     path.write_text(json.dumps(doc, indent=1, allow_nan=False))      # JSON has no Infinity or NaN

@@ -20,7 +20,7 @@ walk stops at the first chunk found nowhere, as LMCache's prefix lookup does. Th
      stored (LMCache's default, save_decode_cache = false): the next turn recomputes it;
   5. the answer decodes (memory-bound, compute.decode_seconds) beside later prefills.
 Every tier evicts least recently used chunks; a lookup hit makes a chunk most recently used, and
-a chunk loaded from the KV tier enters the GPU tier (the default policy, chunk-lru; Setup.policy
+a chunk loaded from the KV tier enters the GPU tier (the default policy, chunk-lru; ServingSetup.policy
 selects LLMServingSim's radix-lru and its switches instead, serving/kvpolicy.py). A turn runs from
 its arrival to its answer's end (what a reservation covers). Chunks of the system prefix are shared by
 every conversation.
@@ -43,7 +43,7 @@ from pfcxl.serving.tiers import chunk_seconds
 
 
 @dataclass(frozen=True)
-class Setup:
+class ServingSetup:
     """Everything one run depends on."""
 
     workload: Workload
@@ -81,8 +81,8 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class Result:
-    setup: Setup
+class SimResult:
+    setup: ServingSetup
     turns: tuple[Turn, ...]          # measured turns, in arrival order
     chunk_load_s: float
     gpu_tier_chunks: int
@@ -133,7 +133,7 @@ def chunk_keys(w: Workload, session: int, conversation: int, count: int) -> list
     return [-1 - j if j < shared else base | j for j in range(count)]
 
 
-def simulate(setup: Setup) -> Result:
+def simulate(setup: ServingSetup) -> SimResult:
     w, model, gpu = setup.workload, setup.model, setup.gpu
     cbytes = chunk_bytes(model.kv_bytes_per_token)
     gpu_chunks = int(compute.gpu_kv_bytes(model, gpu, w.gpus, w.gpu_memory_utilization) // cbytes)
@@ -219,4 +219,4 @@ def simulate(setup: Setup) -> Result:
         raise ServingError(f"no turn arrived in the measured window ({start:.0f}-{end:.0f} s): raise the "
                            "workload's rounds")
     prefill_busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in busy)
-    return Result(setup, measured, load_per_chunk, gpu_chunks, kv_chunks, end - start, prefill_busy)
+    return SimResult(setup, measured, load_per_chunk, gpu_chunks, kv_chunks, end - start, prefill_busy)

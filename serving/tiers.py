@@ -20,7 +20,7 @@ import numpy as np
 from pfcxl.device.fabric import engine as fabric_engine
 from pfcxl.device.fabric import model as fabric_model
 from pfcxl.device.fabric.workloads import PS_STAMP
-from pfcxl.device.topology.model import Appliance
+from pfcxl.device.topology.model import ApplianceSpec
 
 from pfcxl.serving.inputs import Gpu, Tier
 
@@ -57,13 +57,13 @@ class LruTier:
             chunks.popitem(last=False)
 
 
-def appliance_fabric(tier: Tier) -> tuple[fabric_model.FabricModel, Appliance]:
+def appliance_fabric(tier: Tier) -> tuple[fabric_model.FabricModel, ApplianceSpec]:
     """The paper's appliance model at the tier's size, every bandwidth times its bandwidth_scale.
     No HBM3E cache (KV chunks are read once per load, cold) and no jitter (a mean time)."""
     granularity = tier.granularity_kib * 1024
     per_module = int(tier.capacity_bytes // tier.modules) // granularity * granularity
-    appliance = Appliance(modules=tier.modules, module_capacity=per_module, hbm_cache=0, ports=16,
-                          granularity=granularity, shared=per_module * tier.modules, private=0, backing="memfd")
+    appliance = ApplianceSpec(modules=tier.modules, module_capacity=per_module, hbm_cache=0, ports=16,
+                              granularity=granularity, shared=per_module * tier.modules, private=0, backing="memfd")
     model = fabric_model.pf_appliance(appliance, cache=False, jitter=False)
     if tier.bandwidth_scale != 1.0:
         def scaled(stage):

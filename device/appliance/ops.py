@@ -27,10 +27,10 @@ from pfcxl.errors import PfcxlError
 from pfcxl.device.appliance import protocol as proto
 from pfcxl.device.appliance import rundir
 from pfcxl.device.appliance.pool import Pool, bytes_per_module, where
-from pfcxl.device.topology.model import Appliance, Topology
+from pfcxl.device.topology.model import ApplianceSpec, Topology
 
 if TYPE_CHECKING:                # the service imports this module
-    from pfcxl.device.appliance.service import Client
+    from pfcxl.device.appliance.service import Connection
     from pfcxl.device.appliance.timing import ApplianceTiming
 
 log = logging.getLogger("pfcxl.appliance")
@@ -38,27 +38,29 @@ MAX_SYNC_WAITING = 64            # synced stats requests one connection may have
 
 
 @dataclass
-class Attachment:
+class AttachedHost:
+    """The service's record of one attached host (host_tools/appliance.py's Attachment is the host's)."""
+
     host: int
     port: int
     slot: int | None
-    client: Client           # the Client (device/appliance/service.py) whose connection holds it
+    client: Connection       # the Connection (device/appliance/service.py) that holds it
     since: float
 
 
 class Operations:
     # the service's state these ops use (Service.__init__ sets it)
     topo: Topology
-    appliance: Appliance
+    appliance: ApplianceSpec
     run_dir: Path
     incarnation: str
     pool: Pool
-    attached: dict[int, Attachment]             # host -> attachment
+    attached: dict[int, AttachedHost]           # host -> its record
     slots: dict[int, int]                       # host -> private slot
     running: bool
     timing: ApplianceTiming | None
     _lock: threading.Lock
-    _results: list[tuple[Client, dict]]
+    _results: list[tuple[Connection, dict]]
     _wake_w: socket.socket
 
     # ------------------------------------------------------------------ earlier incarnations
@@ -127,7 +129,7 @@ class Operations:
                                          f"{', '.join(map(str, sorted(used.values())))}): detach one first")
             port = free[0]
         slot = self._slot_for(host) if a.private else None
-        self.attached[host] = Attachment(host, port, slot, client, time.time())
+        self.attached[host] = AttachedHost(host, port, slot, client, time.time())
         client.hosts.add(host)
         self._save_attachments()
         regions = [self._region_info("shared")] + ([self._region_info(f"private/{slot}")] if slot is not None else [])
@@ -205,8 +207,8 @@ class Operations:
         this moment are modelled (answered from the timing thread)."""
         timing = self.timing
         if timing is None:
-            raise proto.RequestError("this appliance models no traffic: it was started without --timing "
-                                     "(pfcxl appliance start --timing pf|electrical)")
+            raise proto.RequestError("this appliance models no traffic: it was started without --fabric "
+                                     "(pfcxl appliance start --fabric pf|electrical)")
         if not request.get("sync"):
             return self._stats(timing), None
         if client.waiting >= MAX_SYNC_WAITING:

@@ -26,7 +26,7 @@ from pfcxl.errors import ApplianceError
 from pfcxl.device.appliance import fs_room
 from pfcxl.device.topology.address_map import interleave
 from pfcxl.device.appliance.crc_zeros import crc32_zeros
-from pfcxl.device.topology.model import Appliance
+from pfcxl.device.topology.model import ApplianceSpec
 from pfcxl.device.topology.units import human
 
 LAYOUT_FILE = "layout.json"
@@ -41,7 +41,7 @@ class Partition:
     fd: int
 
 
-def where(appliance: Appliance, offset: int) -> dict:
+def where(appliance: ApplianceSpec, offset: int) -> dict:
     """Which module serves pool `offset`, at which module offset, in which region."""
     mapped = appliance.shared + appliance.ports * appliance.private
     if offset < 0:
@@ -58,7 +58,7 @@ def where(appliance: Appliance, offset: int) -> dict:
             "region": region, "region_offset": region_offset}
 
 
-def bytes_per_module(appliance: Appliance, start: int, size: int) -> list[int]:
+def bytes_per_module(appliance: ApplianceSpec, start: int, size: int) -> list[int]:
     """How many bytes of [start, start+size) each module serves (exact, by granule counting)."""
     g, m = appliance.granularity, appliance.modules
     out = [0] * m
@@ -85,7 +85,7 @@ class Pool:
     `pool_id` names the memory itself: kept with the files, new for every set of memfds, so two
     incarnations of a service can tell whether they handed out the same memory."""
 
-    def __init__(self, appliance: Appliance, directory: Path | None) -> None:
+    def __init__(self, appliance: ApplianceSpec, directory: Path | None) -> None:
         self.appliance = appliance
         self.directory = directory
         self.partitions: list[Partition] = []

@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 from pfcxl.errors import ApplianceError
+from pfcxl.process import proc_stat
 
 LOCK, SOCKET, PID, LOG = "appliance.lock", "appliance.sock", "appliance.pid", "appliance.log"
 SLOTS, ATTACHMENTS = "slots.json", "attachments.json"
@@ -70,11 +71,8 @@ def pool_dir(run_dir: Path, backing: str) -> Path | None:
 def process_start(pid: int) -> int | None:
     """The start time of `pid` (clock ticks since boot), None if it is gone: a pid plus its start
     time names one process, even after the pid is reused."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    stat = proc_stat(pid)
+    return None if stat is None else stat.start
 
 
 def still_running(record: dict) -> bool:

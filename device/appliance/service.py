@@ -37,7 +37,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.device.appliance import protocol as proto
 from pfcxl.device.appliance import rundir
 from pfcxl.device import topology
-from pfcxl.device.appliance.ops import Attachment, Operations
+from pfcxl.device.appliance.ops import AttachedHost, Operations
 from pfcxl.device.appliance.timing import ApplianceTiming
 from pfcxl.device.fabric.telemetry import ISSUES, SYSTEMS
 from pfcxl.device.appliance.pool import Pool
@@ -50,7 +50,9 @@ MAX_CHECKSUMS_WAITING = 64     # checksum requests one connection may have waiti
 
 
 @dataclass
-class Client:
+class Connection:
+    """The service's end of one peer's connection (host_tools/appliance.py's Client is the other end)."""
+
     sock: socket.socket
     pid: int                       # the peer process (SO_PEERCRED)
     last_active: float = field(default_factory=time.monotonic)
@@ -63,7 +65,7 @@ class Client:
 
 class Service(Operations):
     def __init__(self, topo: topology.Topology, run_dir: Path, socket_path: Path, scan_interval: float,
-                 idle_timeout: float = proto.IDLE_TIMEOUT, timing: str | None = None, issue: str = "dependent",
+                 idle_timeout: float = proto.IDLE_TIMEOUT, fabric: str | None = None, issue: str = "dependent",
                  capture: Path | None = None) -> None:
         if topo.appliance is None:
             raise PfcxlError(f"topology '{topo.name}' has no [appliance] section")
@@ -72,23 +74,24 @@ class Service(Operations):
         self.idle_timeout = idle_timeout
         self.incarnation = uuid.uuid4().hex[:12]
         self.pool = Pool(self.appliance, rundir.pool_dir(run_dir, self.appliance.backing))
-        self.attached: dict[int, Attachment] = {}          # host -> attachment
+        self.attached: dict[int, AttachedHost] = {}          # host -> attachment
         self.slots: dict[int, int] = self._load_slots()     # host -> private slot (sticky)
         self._adopt_previous()
         self.selector = selectors.DefaultSelector()
-        self.clients: dict[int, Client] = {}
+        self.clients: dict[int, Connection] = {}
         self.running = True
         self.last_scan: dict[str, float | None] = {"at": None, "seconds": None}
         self._wake_r, self._wake_w = socket.socketpair()
-        self._results: list[tuple[Client, dict]] = []
-        self._checksum_waiting: list[tuple[Client, object]] = []
+        self._results: list[tuple[Connection, dict]] = []
+        self._checksum_waiting: list[tuple[Connection, object]] = []
         self._checksum_worker: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        # --timing: one fabric model over every attached host's trace ring (device/appliance/timing.py)
-        if capture is not None and not timing:
-            raise PfcxlError("--capture keeps what the timing drains: it needs --timing pf|electrical")
-        self.timing = ApplianceTiming(topo, timing, issue, capture=capture).start() if timing else None
+        # --fabric: the appliance's timing, one model of that fabric system over every attached
+        # host's trace ring (device/appliance/timing.py)
+        if capture is not None and not fabric:
+            raise PfcxlError("--capture keeps what the timing drains: it needs --fabric pf|electrical")
+        self.timing = ApplianceTiming(topo, fabric, issue, capture=capture).start() if fabric else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -152,7 +155,7 @@ class Service(Operations):
             return
         sock.setblocking(False)
         pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-        client = Client(sock, pid)
+        client = Connection(sock, pid)
         live = [c for c in self.clients.values() if not c.closing]
         self.clients[sock.fileno()] = client
         self.selector.register(sock, selectors.EVENT_READ, client)
@@ -169,7 +172,7 @@ class Service(Operations):
             self._close_with(oldest, "idle", f"closed: the longest idle of {MAX_CLIENTS} connections, "
                              "making room for a new one")
 
-    def _idle(self, client: Client) -> bool:
+    def _idle(self, client: Connection) -> bool:
         """Holds nothing: no attachment, no reply owed, not already closing."""
         return not (client.hosts or client.outbox or client.waiting or client.closing)
 
@@ -178,14 +181,14 @@ class Service(Operations):
         for client in [c for c in self.clients.values() if self._idle(c) and c.last_active < limit]:
             self._close_with(client, "idle", f"closed: idle for {self.idle_timeout:g}s without an attachment")
 
-    def _close_with(self, client: Client, kind: str, why: str) -> None:
+    def _close_with(self, client: Connection, kind: str, why: str) -> None:
         """One last line for the client, then the connection is closed."""
         log.info("closing a connection of pid %d: %s", client.pid, why)
         client.closing = True
         client.inbox.clear()
         self._reply(client, {"ok": False, "error": why, "closed": kind})
 
-    def _service_client(self, client: Client, events: int) -> None:
+    def _service_client(self, client: Connection, events: int) -> None:
         if events & selectors.EVENT_WRITE:
             self._flush(client)
         if events & selectors.EVENT_READ and not client.closing:
@@ -217,7 +220,7 @@ class Service(Operations):
             if len(client.inbox) > proto.MAX_LINE and not client.closing:
                 self._too_long(client)
 
-    def _too_long(self, client: Client) -> None:
+    def _too_long(self, client: Connection) -> None:
         # closing first: the reply usually goes out at once, and only a flush that sees `closing`
         # drops the client; set after it, the connection stayed open, never read again, and its
         # pending input kept the loop spinning
@@ -225,14 +228,14 @@ class Service(Operations):
         client.inbox.clear()
         self._reply(client, {"ok": False, "error": f"request line longer than {proto.MAX_LINE} bytes; closing"})
 
-    def _reply(self, client: Client, message: dict, fds: list[int] | None = None) -> None:
+    def _reply(self, client: Connection, message: dict, fds: list[int] | None = None) -> None:
         client.outbox.append(((json.dumps(message) + "\n").encode(), fds or []))
         if sum(len(b) for b, _ in client.outbox) > MAX_PENDING:
             self._drop(client, "does not read its replies")
             return
         self._flush(client)
 
-    def _flush(self, client: Client) -> None:
+    def _flush(self, client: Connection) -> None:
         while client.outbox:
             data, fds = client.outbox[0]
             try:
@@ -255,7 +258,7 @@ class Service(Operations):
         if client.sock.fileno() in self.clients:
             self.selector.modify(client.sock, wanted, client)
 
-    def _drop(self, client: Client, why: str) -> None:
+    def _drop(self, client: Connection, why: str) -> None:
         fd = client.sock.fileno()
         # requests already read from it must not be served (an attach would hold a port for good)
         client.closing = True
@@ -270,7 +273,7 @@ class Service(Operations):
 
     # ------------------------------------------------------------------ requests
 
-    def _handle(self, client: Client, line: bytes) -> None:
+    def _handle(self, client: Connection, line: bytes) -> None:
         request: dict = {}
         try:
             request = proto.parse(line)
@@ -349,9 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--scan-interval", type=float, default=5.0)
     ap.add_argument("--idle-timeout", type=float, default=proto.IDLE_TIMEOUT)
-    ap.add_argument("--timing", choices=tuple(SYSTEMS), help="model every host's traffic on this fabric")
+    ap.add_argument("--fabric", "--timing", choices=tuple(SYSTEMS),        # --timing: its old spelling
+                    help="model every host's traffic on this fabric system")
     ap.add_argument("--issue", choices=ISSUES, default="dependent")
-    ap.add_argument("--capture", type=Path, help="with --timing: keep every host's drained records here")
+    ap.add_argument("--capture", type=Path, help="with --fabric: keep every host's drained records here")
     ap.add_argument("--temporary-for", type=int, metavar="PID",
                     help="a temporary appliance of process PID, its parent (which has it signalled when it "
                     "dies): remove the run directory at exit")
@@ -374,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         if removed:
             log.warning("took over %s from a service that died", " and ".join(removed))
         service = Service(topology.load(topology.resolve(args.topology)), run_dir, run_dir / rundir.SOCKET,
-                          args.scan_interval, args.idle_timeout, args.timing, args.issue, args.capture)
+                          args.scan_interval, args.idle_timeout, args.fabric, args.issue, args.capture)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, service.stop)
         (run_dir / rundir.PID).write_text(f"{os.getpid()}\n")

@@ -1,4 +1,4 @@
-"""Appliance-side timing (`pfcxl appliance start --timing pf|electrical`): the service owns one
+"""Appliance-side timing (`pfcxl appliance start --fabric pf|electrical`): the service owns one
 trace ring per attachment, one thread that drains them all and one that feeds what it drained to
 the fabric telemetry.
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from pfcxl.device.fabric import constants as fc
-from pfcxl.device.topology.model import Appliance
+from pfcxl.device.topology.model import ApplianceSpec
 
 PS_PER_NS = 1000
 Key = Literal["host", "path", "module", "group"]
@@ -135,7 +135,7 @@ class FabricModel:
         return replace(self, cache_lines=0)
 
 
-def pf_appliance(appliance: Appliance, *, cache: bool = True, jitter: bool = True) -> FabricModel:
+def pf_appliance(appliance: ApplianceSpec, *, cache: bool = True, jitter: bool = True) -> FabricModel:
     """The photonic-fabric appliance: every host has a 128 GB/s link (per direction) to its PF-NIC
     and a dedicated optical path (its "port", 25.6 GB/s effective per direction) to every module,
     so hosts never arbitrate with each other on the fabric; they meet only at a module's memory.
@@ -161,12 +161,12 @@ def _pf(hosts: int, modules: int, cache_lines: int, jitter: bool) -> FabricModel
 
 
 def idle_ns(profile: str, write: bool) -> int:
-    """The idle latency of one 64-B access under a timing profile ("pf": the appliance's DDR5
+    """The idle latency of one 64-B access under a fabric profile ("pf": the appliance's DDR5
     path; "electrical": the switched pool): the one formula, the model's own. Sizes and caches
     do not enter it."""
     models = {"pf": lambda: _pf(1, 1, 0, False), "electrical": lambda: electrical_pool(1, 1, jitter=False)}
     if profile not in models:
-        raise ValueError(f"timing profile '{profile}' is not one of {', '.join(models)}")
+        raise ValueError(f"fabric profile '{profile}' is not one of {', '.join(models)}")
     return models[profile]().idle_ns(write)
 
 
@@ -218,7 +218,7 @@ class Row:
     source: str
 
 
-def context_table(appliance: Appliance) -> list[Row]:
+def context_table(appliance: ApplianceSpec) -> list[Row]:
     """Idle 64-B latencies and per-host bandwidth of every model, for a comparison table."""
     pf, el = pf_appliance(appliance), electrical_pool(appliance.ports, appliance.modules)
     pf_host = min(fc.PF_PORT_BANDWIDTH_MBS * appliance.modules, fc.PF_HOST_BANDWIDTH_MBS) / 1000

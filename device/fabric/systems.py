@@ -8,7 +8,7 @@ from __future__ import annotations
 from pfcxl.device.fabric import model as fabric_model
 from pfcxl.device import topology
 from pfcxl.device.topology import Topology
-from pfcxl.device.topology.model import Appliance
+from pfcxl.device.topology.model import ApplianceSpec
 
 SYSTEMS = ("pf", "pf_hbm", "electrical", "local")
 LABELS = {"pf": "modelled PF appliance (DDR5 path)", "pf_hbm": "modelled PF + HBM3E cache",
@@ -16,7 +16,7 @@ LABELS = {"pf": "modelled PF appliance (DDR5 path)", "pf_hbm": "modelled PF + HB
           "emulator": "measured in emulator (TCG overhead)"}
 
 
-def appliance_for(topo: Topology) -> Appliance:
+def appliance_for(topo: Topology) -> ApplianceSpec:
     """The appliance whose modules serve the trace: the topology's, else the shipped pf-appliance's."""
     if topo.appliance is not None:
         return topo.appliance

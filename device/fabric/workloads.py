@@ -9,13 +9,13 @@ import numpy as np
 
 from pfcxl.device.fabric import constants as fc
 from pfcxl.device.fabric.engine import trace_dtype
-from pfcxl.device.topology.model import Appliance
+from pfcxl.device.topology.model import ApplianceSpec
 from pfcxl.device.trace.records import LINE
 
 PS_STAMP = 0.001           # ns per instruction for these traces: insn stamps are picoseconds
 
 
-def module_offsets(appliance: Appliance, module: np.ndarray, index: np.ndarray) -> np.ndarray:
+def module_offsets(appliance: ApplianceSpec, module: np.ndarray, index: np.ndarray) -> np.ndarray:
     """Pool offset of the `index`-th line of `module`'s share of the shared region (the inverse of
     pool.where's interleave)."""
     g, m = appliance.granularity, appliance.modules
@@ -24,7 +24,7 @@ def module_offsets(appliance: Appliance, module: np.ndarray, index: np.ndarray) 
     return (rotation * m + module) * g + line * LINE
 
 
-def paper_load(appliance: Appliance, accesses_per_host: int, *, seed: int = 1,
+def paper_load(appliance: ApplianceSpec, accesses_per_host: int, *, seed: int = 1,
                utilisation: float = fc.PF_PAPER_LOAD_PORT_UTILISATION, base_hpa: int = 0) -> np.ndarray:
     """The paper's load as we define it (fabric_constants.PF_PAPER_LOAD_PORT_UTILISATION): host i
     streams to module i (every port in use, as in the bandwidth experiment), 64-B accesses at
@@ -34,7 +34,7 @@ def paper_load(appliance: Appliance, accesses_per_host: int, *, seed: int = 1,
                               seed=seed, base_hpa=base_hpa)
 
 
-def own_module_poisson(appliance: Appliance, accesses_per_host: int, gbs_per_direction: float, *,
+def own_module_poisson(appliance: ApplianceSpec, accesses_per_host: int, gbs_per_direction: float, *,
                        size: int = LINE, reads: float = 0.5, seed: int = 1, base_hpa: int = 0) -> np.ndarray:
     """Host i sends `size`-byte accesses to random lines of module i, a fraction `reads` of them
     reads, Poisson arrivals offering `gbs_per_direction` of reads and as much of writes (for
@@ -55,7 +55,7 @@ def own_module_poisson(appliance: Appliance, accesses_per_host: int, gbs_per_dir
     return tr[np.argsort(tr["insn"], kind="stable")]
 
 
-def stream(appliance: Appliance, hosts: int, size: int, accesses_per_host: int, *, write: bool,
+def stream(appliance: ApplianceSpec, hosts: int, size: int, accesses_per_host: int, *, write: bool,
            linear: bool, seed: int = 1, base_hpa: int = 0, module_of_host=None) -> np.ndarray:
     """Host h streams `size`-byte transfers to module `module_of_host(h)` (default h), all issued at
     once (offered load far above any link): linear walks or random lines, size-aligned."""
@@ -72,7 +72,7 @@ def stream(appliance: Appliance, hosts: int, size: int, accesses_per_host: int, 
     return tr
 
 
-def mixed(appliance: Appliance, n: int, *, seed: int = 1, host_gbs: float = 40.0,
+def mixed(appliance: ApplianceSpec, n: int, *, seed: int = 1, host_gbs: float = 40.0,
           base_hpa: int = 0) -> np.ndarray:
     """The benchmark's trace: `n` accesses from all hosts, transfers of 32 B to 1 KB (powers of two,
     size-aligned), even hosts walking linearly and odd hosts at random over the shared region,

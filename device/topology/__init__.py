@@ -7,7 +7,8 @@ File shape (see device/topologies/*.toml for complete examples):
 
     name = "pf-nic"                      # optional, defaults to the file's stem
     description = "..."
-    timing = "pf"                        # optional: CDAT/HMAT timing profile (fabric_constants)
+    profile = "pf"                       # optional: the profile (device/fabric/constants.py) the CDAT and HMAT
+                                         # carry (its old name `timing` is read with a notice)
     [guest]       memory, maxmem, slots, cpus, cmdline, data_path (cxl, direct or both)
     [[host_bridge]]  id, bus_nr
     [[root_port]]    id, host_bridge, port, chassis, slot
@@ -23,6 +24,7 @@ across entries in topology_rules; import them all from here.
 from __future__ import annotations
 
 import difflib
+import logging
 import re
 from pathlib import Path
 
@@ -33,10 +35,10 @@ from pfcxl.device.topology import data_path
 from pfcxl.device.fabric import constants as fabric_constants
 from pfcxl.device.facts import qemu as qemu_facts
 from pfcxl.device.topology import limits as topology_limits
-from pfcxl.device.topology.model import (Appliance, Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch,
+from pfcxl.device.topology.model import (ApplianceSpec, Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch,
                              Topology, Window)
 from pfcxl.device.topology.appliance import check_appliance_devices, read_appliance
-from pfcxl.device.topology.reader import REQUIRED, Problems, Table, entries, read_list, string_list
+from pfcxl.device.topology.reader import REQUIRED, Problems, TomlTable, entries, read_list, string_list
 from pfcxl.device.topology.rules import (BACKEND_PREFIX, DIRECT_PREFIX, LSA_PREFIX, MAX_GRANULARITY, MAX_RESTRICTIONS, MAX_WINDOW_TARGETS,
                              MIN_GRANULARITY, REGION_ALIGN, REGION_MODES, VALID_WAYS, WINDOW_ARITHMETIC,
                              check)
@@ -48,16 +50,17 @@ DEFAULT_TOPOLOGY = "pf-nic"
 __all__ = [
     "BACKEND_PREFIX", "DEFAULT_TOPOLOGY", "DIRECT_PREFIX", "LSA_PREFIX", "MAX_GRANULARITY", "MAX_RESTRICTIONS", "MAX_WINDOW_TARGETS",
     "MIN_GRANULARITY", "REGION_ALIGN", "REGION_MODES", "TOPOLOGY_DIR", "VALID_WAYS", "WINDOW_ARITHMETIC",
-    "Appliance", "Device", "DownstreamPort", "Guest", "HostBridge", "Region", "RootPort", "Switch", "Topology",
+    "ApplianceSpec", "Device", "DownstreamPort", "Guest", "HostBridge", "Region", "RootPort", "Switch", "Topology",
     "TopologyError", "Window", "from_dict", "load", "resolve", "shipped_topologies",
 ]
 
+log = logging.getLogger("pfcxl.topology")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SECTIONS = ("guest", "host_bridge", "root_port", "switch", "device", "window", "region", "appliance")
 
 
 def _read_guest(problems: Problems, doc: dict) -> Guest | None:
-    t = Table(problems, "guest", doc.get("guest", {}), {
+    t = TomlTable(problems, "guest", doc.get("guest", {}), {
         "memory": ("size", 1 * GiB), "maxmem": ("size", 2 * GiB), "slots": (int, 4),
         "cpus": (int, 1), "cmdline": (str, ""), "data_path": (str, "cxl"),
     })
@@ -114,18 +117,41 @@ def shipped_topologies() -> list[Path]:
     return sorted(TOPOLOGY_DIR.glob("*.toml"))
 
 
+# Keys renamed since topologies were first written: old -> new. The old key is still read (a
+# user's file keeps working), with one notice per file saying what to write instead.
+OLD_KEYS = {"timing": "profile"}
+_noticed: set[tuple[str, str]] = set()
+
+
+def _old_names(problems: Problems, doc: dict, source: str) -> dict:
+    renamed = dict(doc)
+    for old, new in OLD_KEYS.items():
+        if old not in doc:
+            continue
+        if new in doc:
+            problems.add(old, f"'{old}' is the old name of '{new}': give '{new}' only")
+            continue
+        renamed[new] = renamed.pop(old)
+        if (source, old) not in _noticed:
+            _noticed.add((source, old))
+            log.warning("pfcxl: notice: %s: the topology key '%s' is now '%s' (the old name still works)",
+                        source, old, new)
+    return renamed
+
+
 def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "topology") -> Topology:
     problems = Problems(source)
-    top = Table(problems, "top level", {k: v for k, v in doc.items() if not isinstance(v, (list, dict))
-                                        or k in ("name", "description", "timing")},
-                {"name": (str, default_name), "description": (str, ""), "timing": (str, None)})
+    doc = _old_names(problems, doc, source)
+    top = TomlTable(problems, "top level", {k: v for k, v in doc.items() if not isinstance(v, (list, dict))
+                                            or k in ("name", "description", "profile")},
+                    {"name": (str, default_name), "description": (str, ""), "profile": (str, None)})
     if top.ok and not _NAME.fullmatch(top["name"]):
         # The name becomes a directory and file name (appliance run directory, tables output).
         problems.add("name" if "name" in doc else "name (the file's stem)",
                      f"{top['name']!r} must be 1 to 64 letters, digits, '.', '-' or '_', starting with a "
                      "letter or digit (it is used in file names)")
-    if top.ok and top["timing"] is not None and top["timing"] not in fabric_constants.PROFILES:
-        problems.add("timing", f"'{top['timing']}' is not a timing profile "
+    if top.ok and top["profile"] is not None and top["profile"] not in fabric_constants.PROFILES:
+        problems.add("profile", f"'{top['profile']}' is not a fabric profile "
                      f"(known: {', '.join(fabric_constants.PROFILES)})")
     for key, value in doc.items():
         if isinstance(value, (list, dict)) and key not in _SECTIONS:
@@ -139,20 +165,20 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     root_ports = read_list(problems, doc, "root_port", {**port_fields, "host_bridge": (str, REQUIRED)},
                            lambda t, w: RootPort(t["id"], t["host_bridge"], t["port"], t["chassis"], t["slot"]))
 
-    def build_switch(t: Table, where: str) -> Switch | None:
+    def build_switch(t: TomlTable, where: str) -> Switch | None:
         ports = []
         if not isinstance(t["downstream"], list):
             problems.add(f"{where}.downstream", "must be a list of tables {id, port, chassis, slot}")
             return None
         for j, raw in enumerate(t["downstream"]):
-            pt = Table(problems, f"{where}.downstream[{j}]", raw, port_fields)
+            pt = TomlTable(problems, f"{where}.downstream[{j}]", raw, port_fields)
             if pt.ok:
                 ports.append(DownstreamPort(pt["id"], t["id"], pt["port"], pt["chassis"], pt["slot"]))
         return Switch(t["id"], t["root_port"], tuple(ports))
 
     switches = read_list(problems, doc, "switch", {"id": (str, REQUIRED), "root_port": (str, REQUIRED),
                                                    "downstream": (list, REQUIRED)}, build_switch)
-    def build_device(t: Table, where: str) -> Device | None:
+    def build_device(t: TomlTable, where: str) -> Device | None:
         volatile, persistent, lsa = t["volatile"], t["persistent"], t["lsa"]
         if (volatile is None) == (persistent is None):
             problems.add(where, "give exactly one of 'volatile' and 'persistent' (the device's memory "
@@ -179,7 +205,7 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     appliance = read_appliance(problems, doc)
     check_appliance_devices(problems, appliance, devices)
 
-    def build_window(t: Table, where: str) -> Window | None:
+    def build_window(t: TomlTable, where: str) -> Window | None:
         targets = string_list(problems, f"{where}.targets", t["targets"])
         return None if targets is None else Window(t["id"], t["size"], targets, t["granularity"],
                                                    t["arithmetic"], t["restrictions"], t["qtg_id"])
@@ -193,7 +219,7 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     raw_regions = entries(problems, doc, "region")
     regions = []
     for i, raw in enumerate(raw_regions):
-        t = Table(problems, f"region[{i}]", raw, {
+        t = TomlTable(problems, f"region[{i}]", raw, {
             "window": (str, REQUIRED), "devices": (list, REQUIRED), "size": ("size", None),
             "granularity": ("size", None), "mode": (str, "devdax")})
         if not t.ok:
@@ -207,7 +233,7 @@ def from_dict(doc: dict, *, source: str = "<topology>", default_name: str = "top
     topo_regions = check(problems, bridges, root_ports, switches, devices, windows, regions)
     problems.raise_if_any()
     topo = Topology(top["name"], top["description"], source, guest, tuple(bridges), tuple(root_ports),
-                    tuple(switches), tuple(devices), tuple(windows), tuple(topo_regions), top["timing"],
+                    tuple(switches), tuple(devices), tuple(windows), tuple(topo_regions), top["profile"],
                     appliance)
     topology_limits.check_address_space(problems, topo)
     topology_limits.check_interrupt_vectors(problems, topo)

@@ -20,8 +20,8 @@ from __future__ import annotations
 from pfcxl.device.facts.cxl_spec import CFMWS_GRANULE
 
 
-from pfcxl.device.topology.model import Appliance, Device
-from pfcxl.device.topology.reader import Problems, Table
+from pfcxl.device.topology.model import ApplianceSpec, Device
+from pfcxl.device.topology.reader import Problems, TomlTable
 from pfcxl.device.topology.units import GiB, MiB, human
 
 APPLIANCE_BACKINGS = ("shm", "directory", "memfd")
@@ -31,17 +31,17 @@ MAX_MODULES = 64
 PARTITION_ALIGN = CFMWS_GRANULE   # each region backs a CXL Type 3 device: whole decoder units
 
 
-def read_appliance(problems: Problems, doc: dict) -> Appliance | None:
+def read_appliance(problems: Problems, doc: dict) -> ApplianceSpec | None:
     if "appliance" not in doc:
         return None
-    t = Table(problems, "appliance", doc["appliance"], {
+    t = TomlTable(problems, "appliance", doc["appliance"], {
         "modules": (int, 16), "module_capacity": ("size", 256 * MiB), "hbm_cache": ("size", 16 * MiB),
         "ports": (int, 16), "granularity": ("size", 4096), "shared": ("size", 1 * GiB),
         "private": ("size", 0), "backing": (str, "shm")})
     if not t.ok:
         return None
-    a = Appliance(t["modules"], t["module_capacity"], t["hbm_cache"], t["ports"], t["granularity"],
-                  t["shared"], t["private"], t["backing"])
+    a = ApplianceSpec(t["modules"], t["module_capacity"], t["hbm_cache"], t["ports"], t["granularity"],
+                      t["shared"], t["private"], t["backing"])
     if not 1 <= a.modules <= MAX_MODULES:
         problems.add("appliance.modules", f"{a.modules} must be between 1 and {MAX_MODULES}")
     if not 1 <= a.ports <= MAX_PORTS:
@@ -68,7 +68,7 @@ def read_appliance(problems: Problems, doc: dict) -> Appliance | None:
     return a
 
 
-def check_appliance_devices(problems: Problems, appliance: Appliance | None, devices: list[Device]) -> None:
+def check_appliance_devices(problems: Problems, appliance: ApplianceSpec | None, devices: list[Device]) -> None:
     seen: dict[str, str] = {}
     for d in devices:
         if d.appliance is None:

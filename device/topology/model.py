@@ -88,9 +88,10 @@ class Device:
 
 
 @dataclass(frozen=True)
-class Appliance:
-    """The pooled-memory appliance (docs/paper.md): memory modules interleaved into one pool,
-    ports for hosts, a shared region every host maps and an optional private region per host."""
+class ApplianceSpec:
+    """A topology's [appliance] section (docs/paper.md; pfcxl.Appliance is the running service):
+    memory modules interleaved into one pool, ports for hosts, a shared region every host maps and
+    an optional private region per host."""
 
     modules: int
     module_capacity: int
@@ -156,8 +157,8 @@ class Topology:
     devices: tuple[Device, ...]
     windows: tuple[Window, ...]
     regions: tuple[Region, ...]
-    timing: str | None = None       # fabric_constants profile for CDAT and HMAT, or QEMU's defaults
-    appliance: Appliance | None = None
+    profile: str | None = None      # fabric_constants profile for CDAT and HMAT, or QEMU's defaults
+    appliance: ApplianceSpec | None = None
 
     @property
     def downstream_ports(self) -> tuple[DownstreamPort, ...]:

@@ -33,7 +33,7 @@ def _type_name(kind: Any) -> str:
     return {int: "an integer", str: "a string", list: "a list", dict: "a table", "size": "a size"}[kind]
 
 
-class Table:
+class TomlTable:
     """Reads one TOML table against a declared set of keys, recording mistakes."""
 
     def __init__(self, problems: Problems, where: str, data: Any, fields: dict[str, tuple[Any, Any]]):
@@ -90,12 +90,12 @@ def entries(problems: Problems, doc: dict, key: str) -> list:
 
 
 def read_list(problems: Problems, doc: dict, key: str, fields: dict,
-              build: Callable[[Table, str], Any]) -> list:
+              build: Callable[[TomlTable, str], Any]) -> list:
     out = []
     for i, raw in enumerate(entries(problems, doc, key)):
         ident = raw.get("id") if isinstance(raw, dict) else None
         where = f"{key} '{ident}'" if isinstance(ident, str) and not ident.startswith("#") else f"{key}[{i}]"
-        t = Table(problems, where, raw, fields)
+        t = TomlTable(problems, where, raw, fields)
         if t.ok:
             item = build(t, where)
             if item is not None:

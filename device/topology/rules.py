@@ -14,7 +14,7 @@ from pfcxl.device.facts.cxl_spec import (CFMWS_GRANULE, MAX_GRANULARITY, MAX_WIN
 from pfcxl.device.topology import limits as topology_limits
 from pfcxl.device.topology.model import (Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch, Topology,
                                          Window, region_name)
-from pfcxl.device.topology.reader import Problems, Table
+from pfcxl.device.topology.reader import Problems, TomlTable
 from pfcxl.device.topology.units import KiB, MiB, human
 
 REGION_ALIGN = CFMWS_GRANULE                # HDM decoder and CFMWS size/base unit
@@ -38,7 +38,7 @@ def _is_pow2(n: int) -> bool:
 
 
 # A region entry that read well: its index in the file, its table and its device ids.
-RawRegion = tuple[int, Table, tuple[str, ...]]
+RawRegion = tuple[int, TomlTable, tuple[str, ...]]
 
 
 def check(problems: Problems, bridges: list[HostBridge], root_ports: list[RootPort], switches: list[Switch],

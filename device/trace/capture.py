@@ -1,4 +1,4 @@
-"""What a timed appliance drained, kept on disk (`pfcxl appliance start --timing pf --capture DIR`).
+"""What a timed appliance drained, kept on disk (`pfcxl appliance start --fabric pf --capture DIR`).
 
     DIR/host03.s7.records.partial   one attachment's records (device/trace/records.py, raw), appended
                                     as the service models them

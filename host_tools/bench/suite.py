@@ -21,6 +21,7 @@ from pfcxl import __version__
 from pfcxl.device.topology import data_path
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
+from pfcxl.guest.tool_output import json_lines
 
 from pfcxl import cache
 
@@ -121,7 +122,7 @@ def environment(topo: Topology, *, suite: str, image: str, timing: str | None) -
     except (OSError, StopIteration):
         pass
     return {"pfcxl": __version__, "qemu": manifest.get("qemu_version"), "kernel": manifest.get("kernel_release"),
-            "ndctl": manifest.get("ndctl_version"), "topology": topo.name, "timing_profile": topo.timing,
+            "ndctl": manifest.get("ndctl_version"), "topology": topo.name, "timing_profile": topo.profile,
             "timing_mode": timing or "none", "capture": CAPTURE, "data_path": topo.guest.data_path, "suite": suite, "image": image, "host_cpu": cpu,
             "host_cpus": os.cpu_count(), "host": platform.node(), "guest_cpus": topo.guest.cpus,
             "accelerator": "tcg",
@@ -133,13 +134,9 @@ CAPTURE = ("the TCG plugin captures every CXL access of each run (trace mode, al
 
 
 def parse_output(output: str) -> dict | None:
-    for line in output.splitlines():
-        if line.startswith('{"tool":'):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                return None
-    return None
+    """A run's result line; None (the run is reported failed, the suite goes on) if none parses."""
+    found = json_lines(output, '{"tool":', bad="skip")
+    return found[0] if found else None
 
 
 class Results:

@@ -43,15 +43,15 @@ def _service(args, **options):
 
 def cmd_start(args) -> int:
     service = _service(args, foreground=args.foreground, scan_interval=args.scan_interval,
-                       idle_timeout=args.idle_timeout, timing=args.timing, issue=args.issue, capture=args.capture)
+                       idle_timeout=args.idle_timeout, timing=args.fabric, issue=args.issue, capture=args.capture)
     pid = service.serve()
     topo, run_dir = service.topology, service.directory
     a = topo.appliance
     assert a is not None                    # appliance.start() refuses a topology without one
     out.print(f"appliance '{topo.name}' running (pid {pid}): {a.modules} modules x {human(a.module_capacity)}, "
               f"{a.ports} ports, shared {human(a.shared)}, private {human(a.private)} per host, {a.backing}"
-              + (f"; timing every host's traffic on the {args.timing} model ({args.issue} issue)"
-                 if args.timing else "")
+              + (f"; timing every host's traffic on the {args.fabric} model ({args.issue} issue)"
+                 if args.fabric else "")
               + (f"; keeping every host's drained records in {args.capture}" if args.capture else ""))
     out.print(f"socket {run_dir / appliance.SOCKET}, log {run_dir / appliance.LOG}", highlight=False)
     return 0
@@ -169,12 +169,13 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--scan-interval", type=float, default=5.0, help="seconds between change scans (default 5)")
     p.add_argument("--idle-timeout", type=float, help="seconds a connection without an attachment may stay "
                    "silent before the service closes it (default 60)")
-    p.add_argument("--timing", choices=tuple(SYSTEMS), help="load the TCG plugin in every attached host, drain their "
-                   "trace rings here and model all hosts' traffic together on this fabric (default: off; "
-                   "see 'appliance top' and docs/appliance-timing.md)")
-    p.add_argument("--issue", choices=ISSUES, default="dependent", help="--timing: each vCPU's requests "
+    p.add_argument("--fabric", choices=tuple(SYSTEMS), help="time every attached host's traffic: load the TCG "
+                   "plugin in each, drain their trace rings here and model all hosts' traffic together on this "
+                   "fabric system (default: off; see 'appliance top' and docs/appliance-timing.md)")
+    argtypes.old_spelling(p, "--timing", "--fabric", choices=tuple(SYSTEMS))
+    p.add_argument("--issue", choices=ISSUES, default="dependent", help="--fabric: each vCPU's requests "
                    "wait for the previous one (dependent, a pointer chase; default) or not (independent)")
-    p.add_argument("--capture", metavar="DIR", help="--timing: keep every host's drained trace records and a "
+    p.add_argument("--capture", metavar="DIR", help="--fabric: keep every host's drained trace records and a "
                    "manifest in DIR (absent or empty; the manifest says complete once the appliance stops; "
                    "docs/appliance-timing.md)")
     p.set_defaults(func=cmd_start)

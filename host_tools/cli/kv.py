@@ -176,19 +176,19 @@ def cmd_replay(args) -> int:
     requests = list(load_trace(args).requests)
     modes = kv_replay.MODES if args.compare else (args.mode,)
     guests = args.on == "guests"
-    if not guests and (args.timing or args.data_path):
-        raise PfcxlError(f"--{'timing' if args.timing else 'data-path'} is for --on guests: the appliance times and "
+    if not guests and (args.fabric or args.data_path):
+        raise PfcxlError(f"--{'fabric' if args.fabric else 'data-path'} is for --on guests: the appliance times and "
                          "reaches guests, not host processes")
-    setup = kv_replay.Setup(path="" if guests else str(pool_file(args)), base=args.base, hosts=args.hosts,
-                            capacity=args.capacity, block_bytes=args.block_bytes, block_tokens=args.block_tokens,
-                            routing=args.routing, window_ms=args.window, stale_s=args.stale,
-                            kill_host=args.kill_host, kill_at=args.at)
+    setup = kv_replay.ReplaySetup(path="" if guests else str(pool_file(args)), base=args.base, hosts=args.hosts,
+                                  capacity=args.capacity, block_bytes=args.block_bytes, block_tokens=args.block_tokens,
+                                  routing=args.routing, window_ms=args.window, stale_s=args.stale,
+                                  kill_host=args.kill_host, kill_at=args.at)
     if guests:
         from pfcxl.host_tools.kv.replay_guest import run_on_guests
         from pfcxl.host_tools.ui import err
         path = topology.resolve(args.topology or DEFAULT_APPLIANCE)
         results = run_on_guests(topology.load(path), path, setup, requests, modes, data_path=args.data_path,
-                                timing=args.timing, say=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
+                                timing=args.fabric, say=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
                                 appliance_dir=Path(args.run_dir) if args.run_dir else None)
     else:
         kv_replay.check(setup, requests)
@@ -283,9 +283,10 @@ def add_parsers(sub) -> None:
                    help="where the hosts run: processes on the pool file (host), or the C kvreplay tool in one "
                    "guest each of the appliance, booted here (guests; the store in the appliance's pool)")
     argtypes.add_data_path(p)
-    p.add_argument("--timing", choices=("pf", "electrical"),
-                   help="with --on guests: the appliance models every guest's traffic with this fabric; the "
+    p.add_argument("--fabric", choices=("pf", "electrical"),
+                   help="with --on guests: the appliance models every guest's traffic on this fabric system; the "
                    "report adds each host's modelled latency, rate and the requests' TTFT from them")
+    argtypes.old_spelling(p, "--timing", "--fabric", choices=("pf", "electrical"))
     p.add_argument("--routing", choices=("round-robin", "session", "prefix"), default="round-robin",
                    help="which host takes a request: in turn, by session (its first block after the shared "
                    "prefix), or the host holding the longest prefix of its blocks (default round-robin)")

@@ -110,7 +110,7 @@ def _print_plan(machine, command: str | None = None) -> int:
         + (f", extra arguments: {show(machine.qemu_args)}" if machine.qemu_args else ""),
         "CEDT       " + ("ours, through the initrd table upgrade" if plan.cedt_override else "QEMU's")
         + f" ({len(plan.tables.cedt)} bytes)",
-        "CDAT       " + (", ".join(cdats) if cdats else "QEMU's defaults (the topology has no timing)"),
+        "CDAT       " + (", ".join(cdats) if cdats else "QEMU's defaults (the topology has no profile)"),
         f"run dir    {plan.run_dir}" + ("  (a temporary directory at boot)"
                                        if plan.run_dir == RUN_DIR_PLACEHOLDER else ""),
         *(f"  {role:14} {path}" for role, path in plan.files.items()),

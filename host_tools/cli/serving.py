@@ -131,13 +131,13 @@ def cmd_serving(args) -> int:
 
     from pfcxl.serving.kvpolicy import Policy
     policy = Policy(args.policy, args.reservation, args.hit_accounting)
-    results: dict[str, list[sim.Result]] = {r: [] for r in roles}
+    results: dict[str, list[sim.SimResult]] = {r: [] for r in roles}
     points = [(r, n) for r in roles for n in sessions]
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("simulating", total=len(points))
         for role, n in points:
             progress.update(task, description=f"{report.ROLES[role]}, {n} sessions")
-            setup = sim.Setup(w, model, gpu, tiers[role], n, tflops * 1e12, args.seed, policy)
+            setup = sim.ServingSetup(w, model, gpu, tiers[role], n, tflops * 1e12, args.seed, policy)
             results[role].append(sim.simulate(setup))
             progress.advance(task)
 

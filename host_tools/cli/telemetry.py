@@ -72,7 +72,7 @@ def add_parsers(asub, base, service_of) -> None:
     is the pfcxl.Appliance they name)."""
     p = base(asub.add_parser("top", help="live view of a timed appliance's modelled fabric (refreshed every second)",
                              description="Per host and per module: CXL traffic, modelled p50/p99 latency, HBM3E "
-                             "hit rate and link utilisation, from an appliance started with --timing."))
+                             "hit rate and link utilisation, from an appliance started with --fabric."))
     p.add_argument("--once", action="store_true", help="print one text snapshot and exit")
     p.add_argument("--count", type=int, help="print N text snapshots, --interval apart, and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")

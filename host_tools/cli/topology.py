@@ -97,8 +97,8 @@ def cmd_tables(args) -> int:
     for path in written:
         t.add_row(path.name, str(path.stat().st_size), _describe_table_file(path))
     out.print(t)
-    if topo.timing is None:
-        err.print("[dim]no `timing` in this topology: devices keep QEMU's default CDAT; no generic port "
+    if topo.profile is None:
+        err.print("[dim]no `profile` in this topology: devices keep QEMU's default CDAT; no generic port "
                   "or HMAT options[/dim]")
     return 0
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 from pfcxl.device import topology
+from pfcxl.process import cpu_seconds, proc_stat
 
 from pfcxl.appliance import Appliance
 
@@ -33,24 +34,13 @@ from pfcxl.host_tools.timing import telemetry_view
 DEFAULT_COMMAND = "chase --dax /dev/dax0.0 --loads 20000"
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def qemu_seconds() -> float:
     """utime + stime of this process's live QEMU children."""
     total = 0.0
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            name, rest = stat.split("(", 1)[1].rsplit(")", 1)
-            if name.startswith("qemu-system") and int(rest.split()[1]) == os.getpid():
-                total += cpu_seconds(int(entry))
+        stat = proc_stat(int(entry)) if entry.isdigit() else None
+        if stat is not None and stat.comm.startswith("qemu-system") and stat.ppid == os.getpid():
+            total += stat.cpu_seconds
     return total
 
 

@@ -27,9 +27,9 @@ from pfcxl.device.topology import data_path
 from pfcxl.device import topology
 from pfcxl.device.topology.units import MiB
 from pfcxl.machine import Machine
+from pfcxl.guest.tool_output import tool_json
 
 from pfcxl.host_tools.fleet import multihost
-from pfcxl.host_tools.timing.calibration import guest_json
 
 BANDWIDTH = "bandwidth --target {target} --pattern seq,random --op read,write --sizes 64,1024 " \
             "--threads {threads} --bytes {bytes} --span 64M"
@@ -50,7 +50,7 @@ def bandwidth(cpus: int, say) -> dict:
         for path in ("cxl", "direct", "local"):
             say(f"{cpus} vCPU(s): bandwidth on {path} ({targets[path]})")
             done = vm.run(BANDWIDTH.format(target=targets[path], threads=cpus, bytes=ROW_BYTES[path]), timeout=3600)
-            rows[path] = guest_json(done.output, "bandwidth")["results"]
+            rows[path] = tool_json(done.output, "bandwidth")["results"]
     table = []
     for i, row in enumerate(rows["cxl"]):
         mbps = {path: rows[path][i]["MBps"] for path in rows}
@@ -91,7 +91,7 @@ def cross_verify(path: str, say) -> dict:
     bad = [r for r in results if r.error or r.status]
     if bad:
         raise SystemExit(f"{path}: hosts {[r.host for r in bad]} failed: {bad[0].error or bad[0].output[-500:]}")
-    guests = [guest_json(r.output, "slices") for r in results]
+    guests = [tool_json(r.output, "slices") for r in results]
     assert all(g["mismatches"] == 0 for g in guests)
     return {"path": path, "hosts": HOSTS, "slice_bytes": SLICE, "wall_seconds": marks["end"] - marks["start"],
             "slowest_guest_seconds": max(g["fill_ns"] + g["wait_ns"] + g["verify_ns"] for g in guests) / 1e9,

@@ -25,8 +25,8 @@ from pathlib import Path
 import pfcxl
 from pfcxl.device.appliance import rundir as appliance_rundir
 from pfcxl.device.topology.units import human, parse_size
+from pfcxl.guest.tool_output import json_lines, tool_json
 
-from pfcxl.host_tools.timing.calibration import guest_json
 
 GUEST_PY = r'''
 import json, sys, time, pfcxl_kvstore as kv
@@ -69,7 +69,7 @@ def measure(blocks: int, size: int, say) -> dict:
             for path, dev in paths.items():
                 say(f"C kvstore bench on {path} ({dev})")
                 done = vm.run(f"kvstore bench {dev} --host 0 --blocks {blocks} --size {size}", timeout=3600)
-                got = guest_json(done.output, "kvstore")
+                got = tool_json(done.output, "kvstore")
                 if done.status or got["stored"] != blocks or got["loaded"] != blocks:
                     raise SystemExit(f"kvstore bench on {dev} failed: {done.output[-1000:]}")
                 rows.append(row(path, "guest C", blocks, size, got["store_ns"] / 1e9, got["load_ns"] / 1e9,
@@ -77,10 +77,10 @@ def measure(blocks: int, size: int, say) -> dict:
             for path, dev in paths.items():
                 say(f"Python binding on {path} ({dev})")
                 done = vm.run(["python3", "-c", GUEST_PY, dev, str(blocks), str(size)], timeout=3600)
-                line = next((l for l in done.output.splitlines() if l.startswith("KVPY ")), None)
-                if done.status or line is None:
+                found = json_lines(done.output, "KVPY ", tagged=True, what=f"the Python bench on {dev}")
+                if done.status or not found:
                     raise SystemExit(f"the Python bench on {dev} failed: {done.output[-1000:]}")
-                got = json.loads(line[5:])
+                got = found[0]
                 if got["stored"] != blocks or got["loaded"] != blocks:
                     raise SystemExit(f"the Python bench on {dev} stored {got['stored']}, loaded {got['loaded']}")
                 rows.append(row(path, "guest Python", blocks, size, got["store_s"], got["load_s"], got["base"]))

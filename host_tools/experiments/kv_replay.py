@@ -81,7 +81,7 @@ def replay(where: str, trace: str, hosts: int, capacity: int, routing: str, bloc
     path = _pool(where, size, store_hosts, 64)
     rows = []
     try:
-        setup = kv_replay.Setup(path, None, hosts, capacity, block_bytes, routing=routing)
+        setup = kv_replay.ReplaySetup(path, None, hosts, capacity, block_bytes, routing=routing)
         for mode in kv_replay.MODES:
             cpu0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
             t0 = time.perf_counter()
@@ -109,8 +109,8 @@ def guests(trace: str, hosts: int, requests: int, capacity: int, routing: str, b
     path = topology.resolve("pf-appliance")
     t0 = time.perf_counter()
     with pfcxl.Appliance("pf-appliance") as app:
-        out = run_on_guests(topology.load(path), path, kv_replay.Setup("", None, hosts, capacity, block_bytes,
-                                                                      routing=routing),
+        out = run_on_guests(topology.load(path), path, kv_replay.ReplaySetup("", None, hosts, capacity, block_bytes,
+                                                                             routing=routing),
                             reqs, kv_replay.MODES, data_path=data_path, timing=None,
                             say=lambda m: print(f"# {m}", flush=True), appliance_dir=app.run_dir)
     wall = time.perf_counter() - t0

@@ -1,7 +1,7 @@
 """The paper's bandwidth experiment from N real guests: `bench_paper_bw --hosts N`.
 
 Capture: `multihost` boots N guests on a temporary pf-appliance whose service times every host
-(`--timing pf`) and keeps what it drains (`--capture`, device/trace/capture.py). Each guest runs
+(`--fabric pf`) and keeps what it drains (`--capture`, device/trace/capture.py). Each guest runs
 the `bandwidth` benchmark twice on the shared pool's DAX device with `--mark-rows 1` (each row one
 plugin phase; the phase events cut each host's records into rows):
   own module  `--stripe G,N,h`: only granule h of every N granules of the pool's interleave (G
@@ -26,6 +26,7 @@ from pfcxl.device.fabric import systems as fabric_systems
 from pfcxl.device.trace import capture as trace_capture
 from pfcxl.device.topology.address_map import interleave
 from pfcxl.errors import PfcxlError
+from pfcxl.guest.tool_output import json_lines, tool_prefix
 
 from pfcxl.host_tools.bench import model as bench_model
 from pfcxl.host_tools.timing import model_runs
@@ -47,13 +48,7 @@ def command(app, *, sizes: str, nbytes: str, span: str) -> str:
 
 def _rows(output: str, host: int) -> list[dict]:
     """The two bandwidth runs' rows of one host, own-module first."""
-    runs = []
-    for line in output.splitlines():
-        if line.startswith('{"tool":"bandwidth"'):
-            try:
-                runs.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise PfcxlError(f"host {host}: a bandwidth output line is not JSON ({exc})") from exc
+    runs = json_lines(output, tool_prefix("bandwidth"), what=f"host {host}'s bandwidth output")
     if len(runs) != 2:
         raise PfcxlError(f"host {host}: {len(runs)} bandwidth outputs, expected 2: {output.strip()[-300:]}")
     return [{k: r[k] for k in ("pattern", "op", "size")} | {"layout": layout}

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, TypeGuard
 from pfcxl.device.appliance.protocol import IDLE_TIMEOUT, MAX_LINE
 from pfcxl.errors import PfcxlError, VMError
 
-from pfcxl import cache
+from pfcxl import cache, process
 
 from pfcxl.host_tools.vm.boot_options import BootOptions
 
@@ -73,13 +73,7 @@ def machine_dir(name: str) -> Path:
 
 def _alive(pid: int | None) -> TypeGuard[int]:
     """A process that exists and is not a zombie."""
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+    return process.is_running(pid)
 
 
 def _read_json(path: Path) -> dict:

@@ -32,7 +32,7 @@ MODES = ("local", "shared")
 
 
 @dataclass(frozen=True)
-class Setup:
+class ReplaySetup:
     path: str
     base: int | None
     hosts: int
@@ -56,7 +56,7 @@ def region_bytes(store_hosts: int, capacity: int, block_bytes: int) -> int:
     return arena_off + store_hosts * kv.up(capacity * kv.up(block_bytes, kv.LINE), kv.PAGE)
 
 
-def check(setup: Setup, requests: list[Request], room: int = 0) -> int:
+def check(setup: ReplaySetup, requests: list[Request], room: int = 0) -> int:
     """Every input against the store that is there (with `room` more bytes after the store: the
     guests' mailboxes), and no live writer in it; the region size to format. Writes nothing."""
     if setup.routing not in ROUTINGS:
@@ -131,7 +131,7 @@ class Processes:
     """The hosts as processes on the pool file (kv_replay_host.main): batches go down a pipe, each
     request's counts come back in a shared table."""
 
-    def __init__(self, setup: Setup, requests: int, local: bool) -> None:
+    def __init__(self, setup: ReplaySetup, requests: int, local: bool) -> None:
         ctx = multiprocessing.get_context("fork")
         self.conns, self.procs = [], []
         self.table = ctx.RawArray("q", requests * WIDTH)
@@ -192,7 +192,7 @@ class Processes:
                 p.join()
 
 
-def fresh_store(setup: Setup, requests: list[Request], room: int = 0) -> int:
+def fresh_store(setup: ReplaySetup, requests: list[Request], room: int = 0) -> int:
     """Every input checked, then the store formatted anew for `setup` (`room` bytes kept free
     after it): the store's region size."""
     need = check(setup, requests, room)
@@ -203,7 +203,7 @@ def fresh_store(setup: Setup, requests: list[Request], room: int = 0) -> int:
     return need
 
 
-def run(setup: Setup, requests: list[Request], mode: str) -> dict:
+def run(setup: ReplaySetup, requests: list[Request], mode: str) -> dict:
     """One mode's replay by host processes on a freshly formatted store: per-request results and
     per-host totals."""
     fresh_store(setup, requests)
@@ -218,7 +218,7 @@ def run(setup: Setup, requests: list[Request], mode: str) -> dict:
         reader.close()
 
 
-def drive(setup: Setup, requests, mode, reader, crew) -> dict:
+def drive(setup: ReplaySetup, requests, mode, reader, crew) -> dict:
     """The batches routed and served by `crew` (Processes, or replay_mailbox.Mailboxes for
     guests), then the per-host totals."""
     live = list(range(setup.hosts))

@@ -6,7 +6,7 @@ batches and the report are kv_replay's, as with --on host: only the hosts differ
 The same kvreplay processes can run on this machine against a pool file (`c_on_host`): the C
 store's replay, checked against the Python hosts' without booting anything.
 
-With --timing the appliance models every host's traffic; after each mode its telemetry is read
+With --fabric the appliance models every host's traffic; after each mode its telemetry is read
 (host_tools/kv/replay_timing.py turns it into per-host figures and TTFTs).
 """
 
@@ -43,7 +43,7 @@ def command(dev: str, host: int | str, size: int, at: int) -> str:
     return f"{TOOL} {dev} --host {host} --size {size} --mailbox {at}"
 
 
-def replay(setup: kv_replay.Setup, requests: list[Request], modes, launch, after_mode=lambda mode: None,
+def replay(setup: kv_replay.ReplaySetup, requests: list[Request], modes, launch, after_mode=lambda mode: None,
            hello_s: float = HELLO_S) -> list[dict]:
     """Each mode on a fresh store, served by the kvreplay processes `launch(mailbox offset)`
     starts (a context manager yielding a `gone()` that says why they ended, None while they run).
@@ -77,7 +77,7 @@ def replay(setup: kv_replay.Setup, requests: list[Request], modes, launch, after
 
 
 @contextlib.contextmanager
-def c_on_host(setup: kv_replay.Setup, tool: Path, mailbox: int):
+def c_on_host(setup: kv_replay.ReplaySetup, tool: Path, mailbox: int):
     """kvreplay processes on this machine, on the pool file."""
     base = kv.HOME if setup.base is None else setup.base
     procs = [subprocess.Popen([str(tool), setup.path, "--host", str(h), "--size", str(setup.block_bytes),
@@ -111,7 +111,7 @@ def device(path: str) -> str:
 
 
 @contextlib.contextmanager
-def on_guests(topo, topo_path, where: Path, setup: kv_replay.Setup, mailbox: int, data_path: str, *,
+def on_guests(topo, topo_path, where: Path, setup: kv_replay.ReplaySetup, mailbox: int, data_path: str, *,
               timing: str | None, say: Callable[[str], None], options):
     """One guest per host on the appliance running in `where`, each running kvreplay on the pool."""
     from pfcxl.host_tools.fleet import multihost      # QEMU and the Machine: for this command alone
@@ -158,7 +158,7 @@ def ensure_store(path: str, hosts: int, base: int | None) -> None:
         kv.format(path, hosts=hosts, slots=1, chunk_tokens=512, base=base)
 
 
-def run_on_guests(topo, topo_path, setup: kv_replay.Setup, requests: list[Request], modes, *, data_path: str | None,
+def run_on_guests(topo, topo_path, setup: kv_replay.ReplaySetup, requests: list[Request], modes, *, data_path: str | None,
                   timing: str | None, say: Callable[[str], None], appliance_dir: Path | None = None) -> list[dict]:
     """The replay in `setup.hosts` guests of the topology's appliance (the running one, else a
     temporary one; with `timing` it models their traffic): setup.path is ignored, the pool is the

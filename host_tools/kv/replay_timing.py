@@ -1,4 +1,4 @@
-"""`pfcxl kv replay --on guests --timing pf|electrical`: the appliance models every guest's real
+"""`pfcxl kv replay --on guests --fabric pf|electrical`: the appliance models every guest's real
 replay traffic (device/fabric/telemetry.py); after each mode its telemetry is read, and this
 module turns two readings (before and after the mode) into per-host figures and TTFTs.
 

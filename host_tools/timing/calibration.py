@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 from pfcxl.errors import TimingError
-
-
-def guest_json(output: str, tool: str) -> dict:
-    """The JSON line a guest tool printed."""
-    prefix = f'{{"tool":"{tool}"'
-    for line in output.splitlines():
-        if line.startswith(prefix):
-            return json.loads(line)
-    raise TimingError(f"guest {tool} printed no JSON line:\n{output.strip()[-2000:]}")
+from pfcxl.guest.tool_output import tool_json
 
 
 # A dependent chase over 256 lines 8 KiB apart (2 MiB): it stays in QEMU's softmmu TLB, so what it
@@ -34,5 +24,5 @@ def calibrate_baseline(vm, command: str = CALIBRATION_COMMAND, key: str = "ns_pe
         result = vm.run(command, timeout=600)
         if result.status != 0:
             raise TimingError(f"calibration command failed ({result.status}): {command}\n{result.output}")
-        values.append(float(guest_json(result.output, tool)[key]))
+        values.append(float(tool_json(result.output, tool, error=TimingError)[key]))
     return {"baseline_ns": sorted(values)[len(values) // 2], "runs": values, "command": command, "key": key}

@@ -23,7 +23,6 @@ then carry the direct window's guest physical address.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from pfcxl.device.topology import address_map
 from pfcxl.device.topology import data_path
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TimingError
+from pfcxl.guest.tool_output import json_lines
 
 from pfcxl.host_tools.timing.plugin import build_plugin, doorbell_hpa, doorbell_hpas
 from pfcxl.device.trace.ring import DEFAULT_CAPACITY, Drainer, Ring
@@ -115,15 +115,7 @@ def plugin_events(log: Path) -> list[dict]:
         text = Path(log).read_text(errors="replace")
     except FileNotFoundError:
         return []
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("{\"event\""):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass   # a line still being written
-    return out
+    return json_lines(text, '{"event"', bad="skip")     # skip: the last line may be still being written
 
 
 def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfig, name: str = "guest",

@@ -111,12 +111,12 @@ def _switch_timing(tables: TableSet, switch_id: str) -> fabric_constants.PathTim
 
 
 def predict(topo: Topology, tables: TableSet | None = None) -> list[Prediction]:
-    """One prediction per region; empty when the topology has no timing (no generic port: Linux
+    """One prediction per region; empty when the topology has no profile (no generic port: Linux
     then has no performance data and shows no access0 attributes)."""
-    if topo.timing is None:
+    if topo.profile is None:
         return []
     tables = tables or tables_for(topo)
-    host = fabric_constants.PROFILES[topo.timing][2]
+    host = fabric_constants.PROFILES[topo.profile][2]
     return [_predict_region(topo, tables, host, r) for r in topo.regions]
 
 

@@ -9,8 +9,6 @@ first boot, CEDT override, failures, persistence) and tests that write boot thei
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +18,8 @@ import pytest
 from pfcxl import Machine
 from pfcxl.device.topology import address_map
 from pfcxl.device import topology
+from pfcxl.process import is_running
+from pfcxl.guest.tool_output import tool_json
 
 READY_TIMEOUT = 300   # generous: CI machines are shared; a healthy boot takes seconds
 
@@ -29,16 +29,7 @@ def load(name: str) -> topology.Topology:
 
 
 def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is gone for our purposes
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return is_running(pid)       # a zombie is gone for our purposes
 
 
 def qemu_pids_using(path: Path) -> list[int]:
@@ -93,9 +84,7 @@ def shared_machine(tmp_path_factory):
 def daxio(vm: Machine, args: str) -> dict:
     """Run the guest's daxio tool and return its JSON line."""
     result = vm.run(f"daxio {args}", timeout=600)
-    line = next((l for l in result.output.splitlines() if l.startswith('{"tool":"daxio"')), None)
-    assert line is not None, f"daxio printed no JSON (status {result.status}):\n{result.output}"
-    data = json.loads(line)
+    data = tool_json(result.output, "daxio", what=f"daxio (status {result.status})")
     data["status"] = result.status
     return data
 

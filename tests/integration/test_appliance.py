@@ -2,7 +2,6 @@
 mid-write, the service killed mid-write, persistent pools. The service and every guest are real;
 nothing is mocked."""
 
-import json
 import mmap
 import os
 import re
@@ -19,6 +18,7 @@ from pfcxl.device.appliance import rundir
 from pfcxl.device import topology
 from pfcxl.host_tools.fleet import multihost
 from pfcxl.host_tools import appliance
+from pfcxl.guest.tool_output import tool_json
 
 from .conftest import boot_on_appliance, daxio, load, pid_alive, qemu_pids_using
 
@@ -27,8 +27,7 @@ MiB = 1 << 20
 
 
 def slices_result(output: str) -> dict:
-    line = next(l for l in output.splitlines() if l.startswith('{"tool":"slices"'))
-    return json.loads(line)
+    return tool_json(output, "slices")
 
 
 def test_four_hosts_each_verify_every_other_hosts_slice(running_appliance, tmp_path):
@@ -174,7 +173,7 @@ def test_a_crashed_appliance_restarts_on_the_pool_its_guests_still_write(running
         for h, vm in ((0, vm0), (1, vm1)):
             done = vm.finish_command(writing[h], 600)
             assert done.status == 0, done.output
-            wrote[h] = json.loads(next(l for l in done.output.splitlines() if l.startswith('{"tool":"daxio"')))
+            wrote[h] = tool_json(done.output, "daxio")
         with appliance.Client(run_dir) as c:
             status = c.call("status")
             assert status["pid"] == restarted != crashed

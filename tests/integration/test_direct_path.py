@@ -14,11 +14,11 @@ from pfcxl.device.topology import data_path
 from pfcxl.device.appliance import rundir
 from pfcxl.device.topology.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools.timing import calibration
 from pfcxl.host_tools.image import debian as debian_image
 from pfcxl.host_tools.vm import qemu
 from pfcxl.host_tools.timing import config as timing
 from pfcxl.host_tools import appliance
+from pfcxl.guest.tool_output import tool_json
 
 from .conftest import boot_on_appliance, daxio, load, pfcxl_cli
 
@@ -142,7 +142,7 @@ def test_plugin_counts_and_traces_the_direct_device_exactly(pfcxl_machine):
     base = placement.base + direct["offset"]     # the direct device's byte 0
     done = vm.run(f"cxl_touch --dax {direct['path']} --reads {READS} --writes {WRITES} --seed 4", timeout=900)
     assert done.status == 0, done.output
-    touch = calibration.guest_json(done.output, "cxl_touch")
+    touch = tool_json(done.output, "cxl_touch")
     phase = vm.timing.wait_phases(1)[0]
     records = vm.timing.stop()
     assert (phase["reads"], phase["writes"], phase["records"]) == (READS, WRITES, READS + WRITES)

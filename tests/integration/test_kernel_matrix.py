@@ -8,7 +8,6 @@ kernel (host_tools/vm/perf_predict.py). Each kernel is given as: default (setup'
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from pfcxl.host_tools.fleet import multihost
 from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.host_tools.vm import perf_predict
 from pfcxl.host_tools.vm import qemu
+from pfcxl.guest.tool_output import tool_json
 
 from .conftest import daxio, load, read_region_from_backing
 
@@ -96,7 +96,7 @@ def test_kv_store_put_and_get_across_two_hosts(running_appliance, tmp_path, matr
                             options=BootOptions(**machine_options(matrix_kernel)))
     for r in results:
         assert r.error is None and r.status == 0, (r.host, r.error, r.output[-2000:])
-        got = json.loads(next(line for line in r.output.splitlines() if line.startswith('{"tool":"kvstore"')))
+        got = tool_json(r.output, "kvstore")
         # each host stored its 2 blocks and loaded all 4, every byte checked
         assert got["stored"] == 2 and got["loaded"] == 4 and got["missing"] == 0 and got["mismatched"] == 0
 

@@ -2,7 +2,7 @@
 processes (the store's C core) in guests of a real appliance, fed through mailboxes in its pool.
 Two guests replay a slice of the conversation trace; their counts must be the host processes'
 (`--on host`, the Python store) request by request, since each request runs alone. With
---timing the appliance models the guests' traffic and every finished request gets a TTFT."""
+--fabric the appliance models the guests' traffic and every finished request gets a TTFT."""
 
 import dataclasses
 import os
@@ -33,7 +33,7 @@ def on_guests(setup, reqs, data_path, timing=None):
 
 def test_two_guests_on_the_direct_path_count_what_the_host_processes_count(tmp_path):
     reqs = one_at_a_time(30)
-    setup = R.Setup("", None, 2, 40, 4096, routing="round-robin")
+    setup = R.ReplaySetup("", None, 2, 40, 4096, routing="round-robin")
     guests = on_guests(setup, reqs, "direct")
     pool = tmp_path / "pool"
     pool.write_bytes(b"")
@@ -54,7 +54,7 @@ def test_two_guests_on_the_direct_path_count_what_the_host_processes_count(tmp_p
 def test_timed_guests_on_the_cxl_path_get_modelled_figures_and_a_ttft_per_request():
     from pfcxl.host_tools.kv import replay_report as kv_replay_report
     reqs = one_at_a_time(8)
-    out = on_guests(R.Setup("", None, 2, 40, 4096), reqs, "cxl", timing="pf")
+    out = on_guests(R.ReplaySetup("", None, 2, 40, 4096), reqs, "cxl", timing="pf")
     for result in out:
         tm = result["timing"]
         assert tm["fabric"] == "pf" and tm["dropped"] == 0 and tm["model_s"] > 0

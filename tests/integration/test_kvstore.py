@@ -20,6 +20,7 @@ from pfcxl.host_tools.image import debian as debian_image
 from pfcxl.host_tools.fleet import multihost
 from pfcxl.serving.chunks import chunk_bytes
 from pfcxl.serving.inputs import load_model
+from pfcxl.guest.tool_output import json_lines, tool_json
 
 kv = debian_image.import_guest_module("pfcxl_kvstore")
 
@@ -46,7 +47,7 @@ def run_everywhere(run_dir: Path, hosts: int, blocks: int, sizes: str, tmp_path:
     out = []
     for r in results:
         assert r.error is None and r.status == 0, (r.host, r.error, r.output[-2000:])
-        out.append(json.loads(next(l for l in r.output.splitlines() if l.startswith('{"tool":"kvstore"'))))
+        out.append(tool_json(r.output, "kvstore"))
     return out
 
 
@@ -121,7 +122,7 @@ def test_poison_on_a_stored_block_is_a_miss_that_names_the_block(tmp_path, capsy
                    length=128)
             h0.check("mount -t tracefs nodev /sys/kernel/tracing")
             poisoned = h0.run(f"kvstore get /dev/dax0.0 --key p1 --size 64K --poison-serial {serial}")
-            got = json.loads(next(l for l in poisoned.output.splitlines() if l.startswith("{")))
+            got = tool_json(poisoned.output, "kvstore")
             assert poisoned.status == 1 and got["hit"] == 0 and got["match"] == 0
             assert got["poisoned"] == {"host": 0, "slot": slot, "offset": rec["offset"], "length": 65536}
             clean = h0.run(f"kvstore get /dev/dax0.0 --key p0 --size 64K --poison-serial {serial}")
@@ -160,7 +161,7 @@ def test_the_python_binding_in_the_debian_guest_shares_the_store_with_the_host(t
         with app.machine(host=1, image="debian", ready_timeout=1200) as guest:
             done = guest.run(["python3", "-c", GUEST_PY], timeout=1200)
             assert done.status == 0, done.output[-3000:]
-            got = json.loads(next(l for l in done.output.splitlines() if l.startswith("KV "))[3:])
+            got = json_lines(done.output, "KV ", tagged=True)[0]
             bench = json.loads(guest.check("kvstore bench /dev/dax0.0 --host 1 --blocks 8 --size 64K"))
         print(f"\nguest python, CXL path: store {got['bytes'] / got['store_s'] / 1e6:.2f} MB/s, "
               f"load {got['bytes'] / got['load_s'] / 1e6:.2f} MB/s; guest C: store "

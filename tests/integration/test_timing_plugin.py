@@ -21,6 +21,7 @@ from pfcxl.device import topology
 from pfcxl.host_tools.timing import calibration
 from pfcxl.host_tools.timing import config as timing
 from pfcxl.host_tools.timing import plugin as timing_plugin
+from pfcxl.guest.tool_output import tool_json
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +48,7 @@ def timed(boot):
 def guest(vm, command: str, tool: str) -> dict:
     result = vm.run(command, timeout=900)
     assert result.status == 0, f"{command}: status {result.status}\n{result.output}"
-    return calibration.guest_json(result.output, tool)
+    return tool_json(result.output, tool)
 
 
 def test_trace_has_exactly_the_guests_accesses(timed):

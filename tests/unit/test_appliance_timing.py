@@ -1,4 +1,4 @@
-"""A timed appliance service (`appliance start --timing`), run for real without VMs: the test plays
+"""A timed appliance service (`appliance start --fabric`), run for real without VMs: the test plays
 the TCG plugin, writing records into the ring the service handed out, and checks what the
 service's `stats` op then reports; and the op's hostile input."""
 
@@ -122,7 +122,7 @@ def test_an_untimed_appliance_says_why_it_has_no_figures(services):
     with s.client() as c:
         reply, _ = c.request("stats")
         assert not reply["ok"]
-        assert reply["error"] == ("this appliance models no traffic: it was started without --timing "
-                                  "(pfcxl appliance start --timing pf|electrical)")
+        assert reply["error"] == ("this appliance models no traffic: it was started without --fabric "
+                                  "(pfcxl appliance start --fabric pf|electrical)")
         att = c.attach(0)
         assert att.ring_fd is None and att.ring is None

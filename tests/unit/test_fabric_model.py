@@ -292,7 +292,7 @@ def random_trace(rng, n, hosts, spread_ps):
 @pytest.mark.parametrize("case", range(12))
 def test_engine_equals_the_event_driven_reference(case, kernel):
     rng = np.random.default_rng(100 + case)
-    small = fm.pf_appliance(fm.Appliance(4, 1 << 30, 64 * 8, 4, 4096, 1 << 30, 0, "memfd"))
+    small = fm.pf_appliance(fm.ApplianceSpec(4, 1 << 30, 64 * 8, 4, 4096, 1 << 30, 0, "memfd"))
     model = [small, small.without_jitter(), fm.electrical_pool(8, 4), pf()][case % 4]
     dependent = case % 3 == 2
     tr = random_trace(rng, 400, model.hosts, [20_000, 300_000, 3_000_000][case % 3])

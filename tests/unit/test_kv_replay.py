@@ -47,7 +47,7 @@ def synthetic(n, seed, same_time=False):
 def test_a_dozen_requests_hit_as_worked_out_by_hand(tmp_path, mode, routing):
     path = pool(tmp_path)
     reqs = requests(DOZEN)
-    out = R.run(R.Setup(path, None, 3, 64, 4096, routing=routing), reqs, mode)
+    out = R.run(R.ReplaySetup(path, None, 3, 64, 4096, routing=routing), reqs, mode)
     assert [(h["hits"], h["own"], h["other"]) for h in out["hosts"]] == HAND[(mode, routing)]
     o = out["overall"]
     assert o["requests"] == 12 and o["blocks"] == 35 and o["bad"] == 0 and o["lost"] == 0
@@ -59,10 +59,10 @@ def test_a_dozen_requests_hit_as_worked_out_by_hand(tmp_path, mode, routing):
 def test_local_never_reads_another_arena_and_one_host_shared_equals_local(tmp_path):
     path = pool(tmp_path)
     reqs = synthetic(150, seed=3)
-    local = R.run(R.Setup(path, None, 4, 40, 1000, routing="round-robin"), reqs, "local")
+    local = R.run(R.ReplaySetup(path, None, 4, 40, 1000, routing="round-robin"), reqs, "local")
     assert local["overall"]["evictions"] > 0 and local["overall"]["hits"] > 0
     assert all(h["other"] == 0 and h["own"] == h["hits"] for h in local["hosts"])
-    one = [R.run(R.Setup(path, None, 1, 40, 1000), reqs, m) for m in R.MODES]
+    one = [R.run(R.ReplaySetup(path, None, 1, 40, 1000), reqs, m) for m in R.MODES]
     assert one[0]["results"] == one[1]["results"] and one[0]["overall"] == one[1]["overall"]
     assert one[0]["overall"]["evictions"] > 0
 
@@ -71,7 +71,7 @@ def test_local_never_reads_another_arena_and_one_host_shared_equals_local(tmp_pa
 def test_concurrent_hosts_with_evictions_load_only_correct_bytes(tmp_path, routing):
     path = pool(tmp_path)
     reqs = synthetic(300, seed=7, same_time=True)          # one batch: four hosts at once
-    out = R.run(R.Setup(path, None, 4, 30, 3000, routing=routing), reqs, "shared")
+    out = R.run(R.ReplaySetup(path, None, 4, 30, 3000, routing=routing), reqs, "shared")
     o = out["overall"]
     assert o["requests"] == 300 and o["bad"] == 0 and o["checked"] == o["hits"] and o["evictions"] > 0
     assert out["check"]["bad"] == 0 and out["check"]["claims"] == 0
@@ -82,7 +82,7 @@ def test_concurrent_hosts_with_evictions_load_only_correct_bytes(tmp_path, routi
 def test_a_block_that_fails_its_check_is_counted_and_never_served(tmp_path):
     path = pool(tmp_path, hosts=1)
     reqs = requests([[1, 2, 3]])
-    R.run(R.Setup(path, None, 1, 16, 4096), reqs, "shared")
+    R.run(R.ReplaySetup(path, None, 1, 16, 4096), reqs, "shared")
     with R.kv.Store.open(path, host=0) as s:
         (_, slot2, rec2), = s.find(H.block_key(2))
         s.m.mem[rec2["offset"]] ^= 0xFF                     # block 2's bytes no longer match its crc
@@ -103,7 +103,7 @@ def test_a_block_that_fails_its_check_is_counted_and_never_served(tmp_path):
 def test_a_host_killed_mid_replay_leaves_no_wrong_block_and_the_others_finish(tmp_path):
     path = pool(tmp_path)
     reqs = synthetic(3000, seed=11, same_time=True)
-    out = R.run(R.Setup(path, None, 4, 64, 4096, routing="round-robin", kill_host=2, kill_at=0.3, stale_s=0.2),
+    out = R.run(R.ReplaySetup(path, None, 4, 64, 4096, routing="round-robin", kill_host=2, kill_at=0.3, stale_s=0.2),
                 reqs, "shared")
     k = out["killed"]
     assert k["host"] == 2 and k["at_s"] is not None and k["unfinished"]
@@ -119,18 +119,18 @@ def test_bad_input_is_one_line_and_leaves_the_store_as_it_was(tmp_path):
     path = pool(tmp_path, hosts=2, size=8 << 20)
     before = open(path, "rb").read()
     reqs = requests(DOZEN)
-    cases = [(R.Setup(path, None, 3, 16, 4096), "more than the store's 2 hosts"),
-             (R.Setup(path, None, 2, 1 << 20, 4096), "--capacity 1048576 blocks"),
-             (R.Setup(path, None, 2, 16, 4096, routing="random"), "routing 'random'"),
-             (R.Setup(path, None, 2, 16, 4096, kill_host=5), "--kill-host 5"),
-             (R.Setup(path, None, 2, 16, 4096, window_ms=-1), "--window -1")]
+    cases = [(R.ReplaySetup(path, None, 3, 16, 4096), "more than the store's 2 hosts"),
+             (R.ReplaySetup(path, None, 2, 1 << 20, 4096), "--capacity 1048576 blocks"),
+             (R.ReplaySetup(path, None, 2, 16, 4096, routing="random"), "routing 'random'"),
+             (R.ReplaySetup(path, None, 2, 16, 4096, kill_host=5), "--kill-host 5"),
+             (R.ReplaySetup(path, None, 2, 16, 4096, window_ms=-1), "--window -1")]
     for setup, words in cases:
         for mode in R.MODES:
             with pytest.raises(PfcxlError, match=words) as e:
                 R.run(setup, reqs, mode)
             assert "\n" not in str(e.value)
     with pytest.raises(PfcxlError, match="no requests"):
-        R.run(R.Setup(path, None, 2, 16, 4096), [], "shared")
+        R.run(R.ReplaySetup(path, None, 2, 16, 4096), [], "shared")
     assert open(path, "rb").read() == before
 
 
@@ -165,7 +165,7 @@ def test_bad_input_at_the_command_is_one_line_and_leaves_the_store(tmp_path, cap
     for argv, words in [([str(broken)], "hash_ids"),
                         ([str(good), "--hosts", "3"], "more than the store's 2 hosts"),
                         ([str(good), "--hosts", "2", "--capacity", "100000"], "--capacity 100000 blocks"),
-                        ([str(good), "--hosts", "2", "--timing", "pf"], "--timing is for --on guests"),
+                        ([str(good), "--hosts", "2", "--fabric", "pf"], "--fabric is for --on guests"),
                         ([str(good), "--hosts", "2", "--data-path", "direct"], "--data-path is for --on guests"),
                         ([str(good), "--on", "guests", "--kill-host", "1"], "--kill-host is for --on host"),
                         ([str(good), "--on", "guests", "--base", "0"], "--base 0: in guests")]:
@@ -184,7 +184,7 @@ def test_a_host_that_cannot_open_the_store_is_one_line(tmp_path, monkeypatch):
         return real(*args, host=host, **kw)
     monkeypatch.setattr(H.kv.Store, "open", refuse_host_1)
     with pytest.raises(PfcxlError, match="^replay host 1: host 1 is open for writing by another process$"):
-        R.run(R.Setup(path, None, 3, 16, 4096), requests(DOZEN), "shared")
+        R.run(R.ReplaySetup(path, None, 3, 16, 4096), requests(DOZEN), "shared")
 
 
 @pytest.mark.parametrize("writer", range(4))
@@ -197,7 +197,7 @@ def test_replay_refuses_a_store_another_process_writes_and_leaves_it(tmp_path, w
         for mode in R.MODES:
             with pytest.raises(PfcxlError, match=f"host {writer} of its store is open for writing by another "
                                "process") as e:
-                R.run(R.Setup(path, None, 3, 16, 4096, stale_s=0.5), requests(DOZEN), mode)
+                R.run(R.ReplaySetup(path, None, 3, 16, 4096, stale_s=0.5), requests(DOZEN), mode)
             assert "\n" not in str(e.value)
         assert live.get(b"theirs") == b"x" * 4096 and live.find(b"theirs")[0][0] == writer
     pid = os.fork()
@@ -207,5 +207,5 @@ def test_replay_refuses_a_store_another_process_writes_and_leaves_it(tmp_path, w
     os.waitpid(pid, 0)
     with R.kv.Store.open(path) as s:
         assert s.header(writer)["lease"] != 0
-    out = R.run(R.Setup(path, None, 3, 16, 4096, stale_s=0.5), requests(DOZEN), "shared")
+    out = R.run(R.ReplaySetup(path, None, 3, 16, 4096, stale_s=0.5), requests(DOZEN), "shared")
     assert out["overall"]["requests"] == 12 and out["check"]["bad"] == 0

@@ -49,7 +49,7 @@ def test_c_hosts_count_exactly_what_python_hosts_count(tmp_path, tool, trace, ho
     reqs = (requests(DOZEN) if trace == "dozen" else synthetic(200, seed=5) if trace == "synthetic"
             else one_at_a_time(traces.load(traces.bundled("conversation")).requests[:60]))
     path = pool(tmp_path)
-    setup = R.Setup(path, None, hosts, capacity, size, routing=routing)
+    setup = R.ReplaySetup(path, None, hosts, capacity, size, routing=routing)
     c = c_replay(setup, reqs, R.MODES, tool)
     for mode, got in zip(R.MODES, c):
         py = R.run(setup, reqs, mode)
@@ -73,7 +73,7 @@ def test_c_hosts_at_once_load_only_correct_bytes_and_account_for_every_block(tmp
     hit stored, found present or lost in a race, and the store clean."""
     path = pool(tmp_path)
     reqs = synthetic(300, seed=7, same_time=True)
-    out, = c_replay(R.Setup(path, None, 4, 30, 3000, routing=routing), reqs, ["shared"], tool)
+    out, = c_replay(R.ReplaySetup(path, None, 4, 30, 3000, routing=routing), reqs, ["shared"], tool)
     o = out["overall"]
     assert o["requests"] == 300 and o["bad"] == 0 and o["checked"] == o["hits"] and o["evictions"] > 0
     for r in out["results"]:
@@ -87,13 +87,13 @@ def test_a_pool_without_room_for_the_mailboxes_is_one_line_and_left_alone(tmp_pa
     path = pool(tmp_path, hosts=2, size=4 << 20)
     before = open(path, "rb").read()
     with pytest.raises(PfcxlError, match="needs .* bytes") as e:
-        c_replay(R.Setup(path, None, 2, 16, 4096), requests(DOZEN), R.MODES, tool)
+        c_replay(R.ReplaySetup(path, None, 2, 16, 4096), requests(DOZEN), R.MODES, tool)
     assert "\n" not in str(e.value) and open(path, "rb").read() == before
 
 
 def test_a_kvreplay_that_ends_is_one_line_not_a_wait(tmp_path, tool):
     path = pool(tmp_path)
-    setup = R.Setup(path, None, 2, 16, 4096)
+    setup = R.ReplaySetup(path, None, 2, 16, 4096)
     with pytest.raises(PfcxlError, match="ended before they started: host 0 exit 2: kvreplay: --mailbox .* is not inside") as e:
         G.replay(setup, requests(DOZEN), R.MODES,
                  lambda at: G.c_on_host(setup, tool, at + (64 << 20)), hello_s=60)

@@ -34,7 +34,7 @@ def test_the_store_and_the_model_agree_request_by_request(tmp_path, trace, mode,
     blocks = len({b for r in reqs for b in r.hash_ids})
     # room for every block twice over: each host's index at most a quarter full, so no key finds
     # its 16-slot window full (the store's one eviction the model does not have)
-    store = R.run(R.Setup(pool(tmp_path, size=64 << 20), None, HOSTS, 2 * blocks, 256, routing=routing), reqs, mode)
+    store = R.run(R.ReplaySetup(pool(tmp_path, size=64 << 20), None, HOSTS, 2 * blocks, 256, routing=routing), reqs, mode)
     model = replay_hosts(HostsSetup(trace, HOSTS, mode, routing))
     assert store["check"]["bad"] == 0 and store["overall"]["evictions"] == 0
     assert store["host_of"] == model.host_of

@@ -15,7 +15,7 @@ from pfcxl.host_tools.vm.boot_options import BootOptions
 pytestmark = pytest.mark.unit
 
 
-class Attachment:
+class FakeAttachment:
     port, incarnation, pool_id = 0, 1, "pool"
 
 
@@ -25,7 +25,7 @@ class RecordingMachine:
     options: dict[int, BootOptions] = {}
 
     def __init__(self, topo, *, options, **kw):
-        self.host, self.attachment, self.pid = options.host, Attachment(), None
+        self.host, self.attachment, self.pid = options.host, FakeAttachment(), None
         self.options[options.host] = options
 
     def launch(self):

@@ -49,12 +49,12 @@ def test_two_host_bridges_sum_their_bandwidth():
     assert p.read_latency == 300
 
 
-def test_without_timing_there_is_nothing_to_predict():
-    assert pp.predict(load("pf-nic", timing=None)) == []
+def test_without_a_profile_there_is_nothing_to_predict():
+    assert pp.predict(load("pf-nic", profile=None)) == []
 
 
 def test_switch_without_profile_figures_uses_qemus_default_sslbis():
-    (p,) = pp.predict(load("electrical-switch", timing="pf"))
+    (p,) = pp.predict(load("electrical-switch", profile="pf"))
     assert p.read_latency == fc.PF_MODULE.read_latency_ns + qemu_facts.DEFAULT_SWITCH_CDAT.read_latency_ns + 71 + 34
     assert p.read_bandwidth == min(4 * min(fc.PF_PORT_BANDWIDTH_MBS, 16 * 1024), pp.LINK_RAW_MBS)
 

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from pfcxl.device.appliance.crc_zeros import crc32_zeros
 from pfcxl.device.appliance.pool import Pool, bytes_per_module, where
-from pfcxl.device.topology.model import Appliance
+from pfcxl.device.topology.model import ApplianceSpec
 from pfcxl.device.topology.units import KiB, MiB
 from pfcxl.errors import ApplianceError
 
-SMALL = Appliance(modules=4, module_capacity=256 * MiB, hbm_cache=0, ports=2, granularity=4 * KiB,
+SMALL = ApplianceSpec(modules=4, module_capacity=256 * MiB, hbm_cache=0, ports=2, granularity=4 * KiB,
                   shared=256 * MiB, private=256 * MiB, backing="memfd")
 POOL_END = SMALL.shared + SMALL.ports * SMALL.private
 
@@ -23,8 +23,8 @@ pytestmark = pytest.mark.unit
 
 
 def appliance(modules: int, granularity: int, shared: int = 256 * MiB, private: int = 256 * MiB,
-              ports: int = 2) -> Appliance:
-    return Appliance(modules=modules, module_capacity=1 << 40, hbm_cache=0, ports=ports,
+              ports: int = 2) -> ApplianceSpec:
+    return ApplianceSpec(modules=modules, module_capacity=1 << 40, hbm_cache=0, ports=ports,
                      granularity=granularity, shared=shared, private=private, backing="memfd")
 
 
@@ -82,7 +82,7 @@ def test_where_is_a_rotation_at_the_granularity(modules, g_log, data):
         assert w["region_offset"] == offset - a.shared - slot * a.private
 
 
-def brute_force(a: Appliance, start: int, size: int) -> list[int]:
+def brute_force(a: ApplianceSpec, start: int, size: int) -> list[int]:
     """Bytes per module, one granule at a time."""
     g, out = a.granularity, [0] * a.modules
     granule = start // g

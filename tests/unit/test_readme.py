@@ -42,8 +42,11 @@ def test_every_doc_the_readme_names_exists():
 
 
 def shell_commands(text: str) -> list[str]:
-    return [line.split("  #")[0].strip() for block in re.findall(r"```sh\n(.*?)```", text, re.S)
-            for line in block.splitlines() if line.strip().startswith("pfcxl ")]
+    # a line ending in a backslash goes on at the next, as in the shell (a quoted argument may
+    # span lines too: shlex keeps its newline)
+    blocks = [re.sub(r"\\\n\s*", " ", b) for b in re.findall(r"```sh\n(.*?)```", text, re.S)]
+    lines = [line for b in blocks for line in re.split(r"\n(?=\S)", b)]
+    return [line.split("  #")[0].strip() for line in lines if line.strip().startswith("pfcxl ")]
 
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.component
 
 
 def run(tier=HOST, sessions=20, seed=1, workload=WORKLOAD, flops=TFLOPS):
-    return sim.simulate(sim.Setup(workload, MODEL, GPU, tier, sessions, flops, seed))
+    return sim.simulate(sim.ServingSetup(workload, MODEL, GPU, tier, sessions, flops, seed))
 
 
 # --------------------------------------------------------------------------- inputs

@@ -97,7 +97,7 @@ def test_each_turns_ttft_is_its_waits_and_work_in_every_accepted_run():
     for qps in (1e-3, 2e-5):
         w = replace(WORKLOAD, qps=qps, rounds=2, turns=3)
         bounds.check(w, MODEL, GPU, [HOST], [4], TFLOPS / 1e12)
-        for t in sim.simulate(sim.Setup(w, MODEL, GPU, HOST, 4, TFLOPS, 1)).turns:
+        for t in sim.simulate(sim.ServingSetup(w, MODEL, GPU, HOST, 4, TFLOPS, 1)).turns:
             parts = t.link_wait_s + t.load_s + t.gpu_wait_s + t.prefill_s
             assert t.prefill_s > 0 and t.ttft_s == pytest.approx(parts, rel=1e-9)
     with pytest.raises(ServingError, match="simulated clock"):

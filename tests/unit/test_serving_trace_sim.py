@@ -233,7 +233,7 @@ def test_session_model_counts_hits_as_its_policy_says(policy):
     from pfcxl.serving import sim
     w = inputs.load_workload("paper-chat")
     model, tier = inputs.load_model(w.model), inputs.load_tier(w.host)
-    s = sim.simulate(sim.Setup(w, model, GPU, tier, 20, TFLOPS, 1, policy)).summary()
+    s = sim.simulate(sim.ServingSetup(w, model, GPU, tier, 20, TFLOPS, 1, policy)).summary()
     kv_only = s["hit_rate"] - s["gpu_hit_rate"]
     assert s["counted_hit_rate"] == pytest.approx(s["hit_rate"] if policy.hit_accounting == "any-tier" else kv_only)
     assert 0 < s["hit_rate"] < 1

@@ -28,15 +28,15 @@ def all_generated_tables():
     """(label, kind, bytes) for every table we generate for the shipped topologies and variants."""
     out = []
     variants = [load(n) for n in ("pf-nic", "two-hb-interleave", "electrical-switch")]
-    variants.append(load("electrical-switch", timing="pf"))
+    variants.append(load("electrical-switch", profile="pf"))
     xor = load("two-hb-interleave")
     xor = dataclasses.replace(xor, windows=(dataclasses.replace(xor.windows[0], arithmetic="xor"),))
     variants.append(xor)
     for topo in variants:
         t = generate.tables_for(topo)
-        out.append((f"{topo.name}/{topo.timing}/{topo.windows[0].arithmetic} CEDT", "cedt", t.cedt))
+        out.append((f"{topo.name}/{topo.profile}/{topo.windows[0].arithmetic} CEDT", "cedt", t.cedt))
         for name, data in {**t.device_cdat, **t.switch_cdat}.items():
-            out.append((f"{topo.name}/{topo.timing} {name} CDAT", "cdat", data))
+            out.append((f"{topo.name}/{topo.profile} {name} CDAT", "cdat", data))
     return out
 
 

@@ -24,6 +24,7 @@ from pfcxl.device.topology import data_path
 from pfcxl.device import topology
 from pfcxl.device.trace import records as tf
 from pfcxl.errors import BuildError, TimingError, VMError
+from pfcxl.guest.tool_output import json_lines
 from pfcxl.device.trace import ring as trace_ring
 from pfcxl.host_tools.timing import config as timing
 from pfcxl.host_tools.timing import plugin as timing_plugin
@@ -120,7 +121,7 @@ def run_qemu_with_plugin(options: str, log: Path, seconds: float) -> subprocess.
 def test_plugin_loads_into_this_qemu(cache, tmp_path):
     log = tmp_path / "plugin.log"
     run_qemu_with_plugin("mode=inject,read_ns=283:833,baseline_ns=100,doorbell=0x28fffffc0", log, 3)
-    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    events = json_lines(log.read_text(), '{"event"')      # strict: a broken line fails the test
     start = events[0]
     assert start["event"] == "start" and start["api"][0] <= 4 <= start["api"][1]
     assert start["doorbell"] == "0x28fffffc0" and start["tsc_per_ns"] > 0

@@ -170,7 +170,7 @@ def test_discovery_checks_pmem_size_and_region_type():
 
 
 def test_persistent_device_cdat_flags_its_range_non_volatile():
-    topo = topology.from_dict({**doc_of(PMEM), "timing": "pf"})
+    topo = topology.from_dict({**doc_of(PMEM), "profile": "pf"})
     data = generate.tables_for(topo).device_cdat["pmem0"]
     assert [(d["flags"], d["dpa_length"]) for d in cdat.decode_table(data).of("DSMAS")] == [(1 << 2, 512 * MiB)]
     ram = generate.tables_for(topology.load(topology.resolve("pf-nic"))).device_cdat["pfnic0"]

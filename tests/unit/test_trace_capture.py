@@ -82,7 +82,7 @@ def test_appliance_start_checks_capture_before_starting(tmp_path):
     from pfcxl.host_tools import appliance
     path = topology.resolve("pf-appliance")
     topo = topology.load(path)
-    with pytest.raises(ApplianceError, match="needs|give --timing"):
+    with pytest.raises(ApplianceError, match="needs|give --fabric"):
         appliance.start(topo, path, tmp_path / "run", capture=tmp_path / "cap")
     (tmp_path / "cap").mkdir()
     (tmp_path / "cap" / "old").write_text("x")
