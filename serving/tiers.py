@@ -2,7 +2,7 @@
 
 * Appliance: a chunk's bytes are laid out over the appliance's modules at the tier's interleave
   granularity (as the pool interleaves them, device/appliance/pool.py) and read by one host at once. The
-  fabric model (device/fabric_model.pf_appliance, device/fabric_engine.run) times that stream:
+  fabric model (pf_appliance in device/fabric/model.py, run in device/fabric/engine.py) times that stream:
   the 128 GB/s host link, the 25.6 GB/s optical paths and the modules' DDR5, with the paper's
   latency terms. The GPUs then pull the chunk over their PCIe links (the slower of the two bounds).
 * Host DRAM: the chunk streams from DRAM to the GPUs at the smaller of the DRAM bandwidth and the
