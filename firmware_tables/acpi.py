@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .layout import Field, Layout, decode, encode
+from pfcxl.firmware_tables.layout import Field, Layout, decode, encode
 
 HEADER = Layout("header", "ACPI Table Header", (
     Field("signature", "Signature", 0, 4, "ascii"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TableError
 
-from . import acpi, cedt
+from pfcxl.firmware_tables import acpi, cedt
 
 # A table in the initrd replaces the firmware's only with the same OEM IDs and a higher revision.
 OVERRIDE_OEM_REVISION = acpi.QEMU_IDS["oem_revision"] + 1

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfcxl.device.fabric_constants import PathTiming
+from pfcxl.device.fabric.constants import PathTiming
 from pfcxl.errors import TableError
 
-from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode, violation_lines, walk
+from pfcxl.firmware_tables.layout import Decoded, Field, Layout, Repeat, decode, dump, encode, violation_lines, walk
 
 REVISION = 2                     # what QEMU 10 writes; iasl 20250404 reads it
 HEADER = Layout("CDAT header", "CDAT Header", (

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfcxl.device import address_map, qemu_facts
+from pfcxl.device.topology import address_map
+from pfcxl.device.facts import qemu as qemu_facts
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TableError
 
-from . import acpi
-from .cxl_spec import CFMWS_GRANULE, CHBS_LENGTH, ENIW_OF_WAYS, HBIG_MAX, RESTRICTION_BITS as RESTRICTIONS
-from .layout import Decoded, Field, Layout, Repeat, decode, dump, encode, violation_lines, walk
+from pfcxl.firmware_tables import acpi
+from pfcxl.device.facts.cxl_spec import CFMWS_GRANULE, CHBS_LENGTH, ENIW_OF_WAYS, HBIG_MAX, RESTRICTION_BITS as RESTRICTIONS
+from pfcxl.firmware_tables.layout import Decoded, Field, Layout, Repeat, decode, dump, encode, violation_lines, walk
 
 SIGNATURE = "CEDT"
 REVISION = 1

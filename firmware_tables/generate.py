@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pfcxl.device import fabric_constants
+from pfcxl.device.fabric import constants as fabric_constants
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TableError
 
-from . import cdat, cedt
-from .hmat_options import numa_args
+from pfcxl.firmware_tables import cdat, cedt
+from pfcxl.firmware_tables.hmat_options import numa_args
 
 
 

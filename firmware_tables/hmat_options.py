@@ -3,7 +3,7 @@ HMAT entries from the CPUs' node to it (QEMU builds SRAT and HMAT from these).""
 
 from __future__ import annotations
 
-from pfcxl.device import fabric_constants
+from pfcxl.device.fabric import constants as fabric_constants
 from pfcxl.device.topology import Topology
 
 

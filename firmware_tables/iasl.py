@@ -16,8 +16,8 @@ from pathlib import Path
 from pfcxl.errors import TableError
 from pfcxl import cache
 
-from . import acpi, cdat, cedt
-from .layout import decode, flat_fields
+from pfcxl.firmware_tables import acpi, cdat, cedt
+from pfcxl.firmware_tables.layout import decode, flat_fields
 
 _LINE = re.compile(r"\[([0-9A-F]+)h (\d+) ([0-9A-F]+)h\]\s+(.*?) : (.*)")
 _PROBLEM = re.compile(r"\b(Error|Warning|Invalid|terminates in the middle|Unknown)\b", re.IGNORECASE)

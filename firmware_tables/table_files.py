@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pfcxl.device.topology import Topology
 
-from . import cdat, cedt
-from .generate import TableSet, tables_for
+from pfcxl.firmware_tables import cdat, cedt
+from pfcxl.firmware_tables.generate import TableSet, tables_for
 
 
 def write(topo: Topology, out_dir: Path, tables: TableSet | None = None) -> list[Path]:

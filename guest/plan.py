@@ -8,14 +8,15 @@ The plan is the only topology-specific part of the guest image (/etc/pfcxl/plan)
                                                 cxl create-region -t <type> (ram or pmem), memdevs
                                                 in interleave order; a pmem region then gets a
                                                 devdax namespace (ndctl), reused if its labels exist
-    direct <device> <base> <size>               the direct path (device/data_path.py): the device's
+    direct <device> <base> <size>               the direct path (device/topology/data_path.py): the device's
                                                 NVDIMM at physical address <base>, made a devdax
                                                 namespace, reused if its info block exists
 """
 
 from __future__ import annotations
 
-from pfcxl.device import address_map, data_path
+from pfcxl.device.topology import address_map
+from pfcxl.device.topology import data_path
 from pfcxl.device.topology import Topology
 
 # What every CXL RAM region needs, by module name. cxl_core is built in (CXL_BUS=y).
@@ -26,7 +27,7 @@ KMEM_MODULE = "kmem"
 # their devdax mode. Only loaded when a pmem region is planned: each nvdimm reads its whole label
 # area when it probes.
 PMEM_MODULES = ("cxl_pmem", "nd_pmem", "dax_pmem")
-# The direct path (device/data_path.py): nfit finds QEMU's NVDIMMs, nd_pmem serves their namespaces
+# The direct path (device/topology/data_path.py): nfit finds QEMU's NVDIMMs, nd_pmem serves their namespaces
 # and dax_pmem their devdax mode.
 DIRECT_MODULES = ("nfit", "nd_pmem", "dax_pmem")
 # cxl create-region -t, by the region's kind

@@ -2,7 +2,7 @@
 
 The service runs in the background with its socket (mode 0600), pid file and log in its run
 directory (default: $PFCXL_CACHE/appliance/<topology name>). The service's lock on that directory
-(device/appliance_rundir.py) says whether one is running and which pid it is; a crashed run's pid
+(device/appliance/rundir.py) says whether one is running and which pid it is; a crashed run's pid
 file and socket are taken over by the next service, and cleaned up by `stop`.
 
 Connection trouble (a refused, reset or silent socket) is an ApplianceError, one line.
@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pfcxl.device import appliance_protocol as proto
-from pfcxl.device import appliance_rundir as rundir
-from pfcxl.device import trace_capture
-from pfcxl.device.fabric_modes import ISSUES, SYSTEMS
+from pfcxl.device.appliance import protocol as proto
+from pfcxl.device.appliance import rundir
+from pfcxl.device.trace import capture as trace_capture
+from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
 from pfcxl.device.topology import Topology
 from pfcxl.errors import ApplianceError
 
@@ -212,9 +212,9 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
     """Start the service for `topo` (read from `topo_path`) in the background and wait until it
     answers; its pid. A `temporary` one is stopped (SIGTERM) when this process dies, however it
     dies, and removes `run_dir` as it exits. `timing` (pf, electrical) has it model every host's
-    traffic on that fabric (device/appliance_timing.py), with `issue` dependent or independent;
+    traffic on that fabric (device/appliance/timing.py), with `issue` dependent or independent;
     `capture` (an absent or empty directory) keeps every host's drained records there
-    (device/trace_capture.py)."""
+    (device/trace/capture.py)."""
     if topo.appliance is None:
         raise ApplianceError(f"topology '{topo.name}' has no [appliance] section")
     if timing is not None and timing not in SYSTEMS:
@@ -239,7 +239,7 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
     pid = running_pid(run_dir)
     if pid is not None:
         raise ApplianceError(f"an appliance is already running for {run_dir} (pid {pid})")
-    argv = [sys.executable, "-m", "pfcxl.device.appliance_service", "--topology", str(topo_path),
+    argv = [sys.executable, "-m", "pfcxl.device.appliance.service", "--topology", str(topo_path),
             "--run-dir", str(run_dir), "--scan-interval", str(scan_interval)]
     if idle_timeout is not None:
         argv += ["--idle-timeout", str(idle_timeout)]

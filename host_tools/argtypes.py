@@ -8,7 +8,7 @@ import math
 import tempfile
 from pathlib import Path
 
-from pfcxl.device.data_path import DATA_PATHS
+from pfcxl.device.topology.data_path import DATA_PATHS
 from pfcxl.errors import PfcxlError
 
 
@@ -57,7 +57,7 @@ def writable_dir(path: Path, option: str, mode: int = 0o700) -> None:
 
 
 def add_data_path(p: argparse.ArgumentParser) -> None:
-    """--data-path for every command that boots (pfcxl.device.data_path)."""
+    """--data-path for every command that boots (pfcxl.device.topology.data_path)."""
     p.add_argument("--data-path", choices=DATA_PATHS,
                    help="how the guest reaches the memory: cxl (the CXL region, emulated I/O), direct (the "
                    "same bytes as an NVDIMM devdax device at guest-RAM speed) or both (default: the "
@@ -65,7 +65,7 @@ def add_data_path(p: argparse.ArgumentParser) -> None:
 
 
 def add_own_qemu(p: argparse.ArgumentParser) -> None:
-    """--qemu and --qemu-arg for every command that boots (host_tools/qemu_binary.py)."""
+    """--qemu and --qemu-arg for every command that boots (host_tools/vm/qemu_binary.py)."""
     p.add_argument("--qemu", metavar="PATH", help="the QEMU binary to boot with (10.0 or newer; default "
                    "qemu-system-x86_64 from setup)")
     p.add_argument("--qemu-arg", metavar="ARG", dest="qemu_args", action="append", default=[],

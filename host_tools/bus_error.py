@@ -13,7 +13,7 @@ import ctypes
 import functools
 from pathlib import Path
 
-from pfcxl.device import fs_room
+from pfcxl.device.appliance import fs_room
 from pfcxl.errors import ApplianceError
 
 from pfcxl import cache

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from pfcxl.errors import BuildError
 
-from .process import run
+from pfcxl.process import run
 
 
 def input_digest(inputs: Sequence[Path], flags: Sequence[str]) -> str:

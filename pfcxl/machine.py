@@ -29,20 +29,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pfcxl.device import data_path as data_path_mod, fabric_constants, fabric_model, topology as topology_mod
+from pfcxl.device.topology import data_path as data_path_mod
+from pfcxl.device.fabric import constants as fabric_constants
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.device import topology as topology_mod
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError, VMError
 from pfcxl.firmware_tables import boot_policy, generate
 from pfcxl.host_tools import appliance as appliance_mod
-from pfcxl.host_tools import image as image_mod
+from pfcxl.host_tools.image import initramfs as image_mod
 from pfcxl.host_tools.argtypes import writable_dir
-from pfcxl.host_tools.boot_options import BootOptions
-from pfcxl.host_tools.guest_names import guest_name
-from pfcxl.host_tools import kernel_package as kernel_package_mod, own_kernel, qemu as qemu_mod, qemu_binary
-from pfcxl.host_tools import calibration, timing_plugin
-from pfcxl.host_tools import timing as timing_mod
-from pfcxl.host_tools import vm as vm_mod
-from pfcxl.host_tools.vm import VM
+from pfcxl.host_tools.vm.boot_options import BootOptions
+from pfcxl.host_tools.vm.guest_names import guest_name
+from pfcxl.host_tools.image import kernel_package as kernel_package_mod
+from pfcxl.host_tools.image import own_kernel
+from pfcxl.host_tools.vm import qemu as qemu_mod
+from pfcxl.host_tools.vm import qemu_binary
+from pfcxl.host_tools.timing import calibration
+from pfcxl.host_tools.timing import plugin as timing_plugin
+from pfcxl.host_tools.timing import config as timing_mod
+from pfcxl.host_tools.vm import host as vm_mod
+from pfcxl.host_tools.vm.host import VM
 
 DEFAULT_NAME = "guest"
 # What a plan shows for a run directory that does not exist yet (a temporary one per boot).
@@ -119,17 +126,17 @@ class Machine:
     share the run directory). prebuilt: the
     boot_image() of another Machine with the same topology and options, to skip the cache check.
     data_path: "cxl", "direct" or "both" (default: the topology's [guest] data_path, itself cxl by
-    default); see pfcxl.device.data_path.
+    default); see pfcxl.device.topology.data_path.
     lean: the lean kernel command line (host_tools.qemu.LEAN_CMDLINE); False boots the classic one.
     qemu: a QEMU binary of one's own (path or name on PATH; 10.0 or newer, checked here).
     qemu_args: more QEMU arguments, appended to the argv after pfcxl's own.
     kernel: a kernel of one's own, a bzImage/vmlinuz file or a build tree; modules: its
-    INSTALL_MOD_PATH tree (default for a build tree: the tree). Checked here (host_tools/own_kernel.py).
+    INSTALL_MOD_PATH tree (default for a build tree: the tree). Checked here (host_tools/image/own_kernel.py).
     issue: how a trace's requests are modelled, "dependent" or "independent".
     options: all of the boot options above at once, a BootOptions (what the CLI builds and
     `run --reuse` matches on); then give none of them as keywords.
     kernel_package: instead of kernel, a Debian kernel by version or "latest" from bookworm-backports,
-    trixie or trixie-backports, downloaded and unpacked into the cache here (host_tools/kernel_package.py).
+    trixie or trixie-backports, downloaded and unpacked into the cache here (host_tools/image/kernel_package.py).
     """
 
     def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
@@ -393,7 +400,7 @@ class Machine:
         host_tools.inject.KINDS; fields are the QMP command's (dpa, length, log, type, ...; '_' for
         '-'), checked first (PfcxlError, one line, nothing injected). With `expect`, wait for the
         guest's record of it (poison list, CXL trace event, AER message) and return it as "guest"."""
-        from pfcxl.host_tools import inject as inject_mod
+        from pfcxl.host_tools.vm import inject as inject_mod
         return inject_mod.inject_into(self, kind, device, expect=expect, timeout=timeout, **fields)
 
     def _booted(self) -> VM:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from pfcxl.errors import ServingError
 
-from . import compute
-from .chunks import KV_CHUNK_TOKENS, chunk_bytes, whole_chunks
-from .inputs import MAX_TOKENS, Gpu, Model, Tier, Workload
-from .sim import prompt_tokens
-from .tiers import chunk_seconds
+from pfcxl.serving import compute
+from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes, whole_chunks
+from pfcxl.serving.inputs import MAX_TOKENS, Gpu, Model, Tier, Workload
+from pfcxl.serving.sim import prompt_tokens
+from pfcxl.serving.tiers import chunk_seconds
 
 MAX_SESSIONS = 100_000
 MAX_POINTS = 100                # session counts in one sweep

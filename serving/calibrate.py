@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pfcxl.errors import ServingError
 
-from . import compute, inputs, sim
+from pfcxl.serving import compute, inputs, sim
 
 CALIBRATION = inputs.DATA / "calibration.toml"
 SESSIONS = 50

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pfcxl.errors import ServingError
 
-from .inputs import Gpu, Model
+from pfcxl.serving.inputs import Gpu, Model
 
 
 def prefill_flops(model: Model, new: int, cached: int) -> float:

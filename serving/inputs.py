@@ -12,11 +12,11 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from pfcxl.device import fabric_constants as fc
-from pfcxl.device.topology_appliance import MAX_MODULES
+from pfcxl.device.fabric import constants as fc
+from pfcxl.device.topology.appliance import MAX_MODULES
 from pfcxl.errors import ServingError
 
-from .chunks import KV_CHUNK_TOKENS
+from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
 DATA = Path(__file__).parent / "data"
 KINDS = ("models", "gpus", "tiers", "workloads")

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from pfcxl.errors import ServingError
 
-from .radix import RadixTree
-from .tiers import LruTier
+from pfcxl.serving.radix import RadixTree
+from pfcxl.serving.tiers import LruTier
 
 POLICIES = ("chunk-lru", "radix-lru")
 ACCOUNTING = ("any-tier", "kv-beyond-gpu")

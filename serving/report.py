@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .inputs import Workload
-from .sim import Result
+from pfcxl.serving.inputs import Workload
+from pfcxl.serving.sim import Result
 
 ROLES = {"appliance": "appliance", "host": "host DRAM"}
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from pfcxl.errors import ServingError
 
-from . import compute
-from .inputs import DATA, Gpu, Model, Tier, read_toml
-from .tiers import chunk_seconds
+from pfcxl.serving import compute
+from pfcxl.serving.inputs import DATA, Gpu, Model, Tier, read_toml
+from pfcxl.serving.tiers import chunk_seconds
 
 BATCHES = (1, 2, 8, 16, 32)
 CONTEXTS = tuple(1024 << k for k in range(13))                 # 1K .. 4M tokens

@@ -35,11 +35,11 @@ import numpy as np
 
 from pfcxl.errors import ServingError
 
-from . import compute
-from .chunks import KV_CHUNK_TOKENS, chunk_bytes, whole_chunks
-from .inputs import Gpu, Model, Tier, Workload
-from .kvpolicy import Policy, TwoTiers
-from .tiers import chunk_seconds
+from pfcxl.serving import compute
+from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes, whole_chunks
+from pfcxl.serving.inputs import Gpu, Model, Tier, Workload
+from pfcxl.serving.kvpolicy import Policy, TwoTiers
+from pfcxl.serving.tiers import chunk_seconds
 
 
 @dataclass(frozen=True)

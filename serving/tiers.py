@@ -1,7 +1,7 @@
 """KV tiers: LRU capacity per tier, and how long one chunk takes to load from each.
 
 * Appliance: a chunk's bytes are laid out over the appliance's modules at the tier's interleave
-  granularity (as the pool interleaves them, device/pool.py) and read by one host at once. The
+  granularity (as the pool interleaves them, device/appliance/pool.py) and read by one host at once. The
   fabric model (device/fabric_model.pf_appliance, device/fabric_engine.run) times that stream:
   the 128 GB/s host link, the 25.6 GB/s optical paths and the modules' DDR5, with the paper's
   latency terms. The GPUs then pull the chunk over their PCIe links (the slower of the two bounds).
@@ -17,11 +17,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from pfcxl.device import fabric_engine, fabric_model
-from pfcxl.device.fabric_workloads import PS_STAMP
-from pfcxl.device.topology_model import Appliance
+from pfcxl.device.fabric import engine as fabric_engine
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.device.fabric.workloads import PS_STAMP
+from pfcxl.device.topology.model import Appliance
 
-from .inputs import Gpu, Tier
+from pfcxl.serving.inputs import Gpu, Tier
 
 
 class LruTier:

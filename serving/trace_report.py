@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from .trace_sim import TraceResult
+from pfcxl.serving.trace_sim import TraceResult
 
 COLOURS = {"appliance": "tab:blue", "host": "tab:orange"}
 

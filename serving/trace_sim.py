@@ -24,11 +24,11 @@ import numpy as np
 
 from pfcxl.errors import ServingError
 
-from . import compute
-from .inputs import Gpu, Model, Tier
-from .kvpolicy import Policy, TwoTiers
-from .tiers import chunk_seconds
-from .traces import Trace
+from pfcxl.serving import compute
+from pfcxl.serving.inputs import Gpu, Model, Tier
+from pfcxl.serving.kvpolicy import Policy, TwoTiers
+from pfcxl.serving.tiers import chunk_seconds
+from pfcxl.serving.traces import Trace
 
 UNBOUNDED = float("inf")
 

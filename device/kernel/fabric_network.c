@@ -1,4 +1,4 @@
-/* The fabric engine's compiled kernel (fabric_kernel.py loads it with ctypes): one access's path
+/* The fabric engine's compiled kernel (device/fabric/native.py loads it with ctypes): one access's path
  * through a FabricModel's queueing network, with the same rules as fabric_engine's numpy solver
  * and the event-driven reference of the tests. All times are integer picoseconds.
  *
@@ -17,7 +17,7 @@
 enum { KEY_HOST, KEY_MODULE, KEY_PATH, KEY_GROUP };
 enum { WRITE_SIDE, MEMORY, READ_SIDE };
 
-/* One stage of the model, as fabric_kernel.py packs it. */
+/* One stage of the model, as device/fabric/native.py packs it. */
 enum { TABLE = 2048 };               /* service times of transfers below this many bytes, looked up */
 
 struct stage {

@@ -8,12 +8,12 @@
  * Arguments:
  *   mode=count|trace|inject   count: per-vCPU request counters only; trace: also one 24-byte
  *                             record per cache-line request into the ring; inject: also spin
- *   ring=PATH                 (trace) ring file created by the host (device/trace_format.py)
+ *   ring=PATH                 (trace) ring file created by the host (device/trace/records.py)
  *   doorbell=HPA              physical address of the marker line (the DAX device's last line);
  *                             may be given once per DAX device (up to 32); without it,
  *                             everything is recorded from boot on
  *   direct=BASE:SIZE          a direct-path window (guest RAM, an NVDIMM over the same bytes as
- *                             a CXL device; device/data_path.py): its accesses are requests too,
+ *                             a CXL device; device/topology/data_path.py): its accesses are requests too,
  *                             recognised by physical address; up to 16
  *   read_ns=, write_ns=       (inject) modelled latency of one cache-line request; a list
  *                             A:B:... gives latency profiles 0, 1, ... (one value: profile 0)
@@ -68,7 +68,7 @@ PFCXL_EXPORT int qemu_plugin_version = PFCXL_PLUGIN_API_VERSION;
 #define MAX_DOORBELLS 32
 #define MAX_DIRECT 16
 
-/* ---------------------------------------------------------------- ring (trace_format.py) */
+/* ---------------------------------------------------------------- ring (device/trace/records.py) */
 
 #define RING_MAGIC 0x474E524C58434650ULL   /* "PFCXLRNG" little endian */
 #define RING_VERSION 1

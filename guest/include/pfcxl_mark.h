@@ -3,7 +3,7 @@
  *
  * The DOORBELL is the LAST 64-byte line of the DAX device: byte offset size - 64. Workloads
  * use low offsets, so they never collide with it. On the host, its physical address is
- * dax base + dax size - 64 (pfcxl.host_tools.timing.doorbell_hpa), and the plugin is told it with
+ * dax base + dax size - 64 (pfcxl.host_tools.timing.config.doorbell_hpa), and the plugin is told it with
  * doorbell=0x...
  *
  * An 8-byte store of PFCXL_MARK_START to the doorbell starts a measured phase, PFCXL_MARK_STOP

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pfcxl import cache
-from .apt import download_debs, trixie_apt
-from .files import read_json
-from .runner import Setup, StepError
-from .unpack import STAMP_NAME, deb_fields, ensure_merged_usr, unpack_atomically
+from pfcxl.host_tools.provision.apt import download_debs, trixie_apt
+from pfcxl.host_tools.provision.files import read_json
+from pfcxl.host_tools.provision.runner import Setup, StepError
+from pfcxl.host_tools.provision.unpack import STAMP_NAME, deb_fields, ensure_merged_usr, unpack_atomically
 
 ACPICA_PACKAGES = ("acpica-tools", "libc6")
 MIN_ACPICA_VERSION = 20240827        # first release whose iasl decodes every CEDT/CDAT field we write

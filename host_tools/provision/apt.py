@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Callable
 
 from pfcxl import cache
-from .debian import DebURI, mentions_suite, mirror_and_keyring, parse_print_uris
-from .files import file_digest, read_json, write_atomically, write_json_atomically
-from .runner import Setup, StepError
+from pfcxl.host_tools.provision.debian import DebURI, mentions_suite, mirror_and_keyring, parse_print_uris
+from pfcxl.host_tools.provision.files import file_digest, read_json, write_atomically, write_json_atomically
+from pfcxl.host_tools.provision.runner import Setup, StepError
 
 APT_ETC = Path("/etc/apt")
 DEBIAN_SOURCES = APT_ETC / "sources.list.d" / "debian.sources"
@@ -30,7 +30,7 @@ AptRun = Callable[..., subprocess.CompletedProcess]
 
 def private_apt_options(apt_dir: Path, sources: str = "trixie.sources") -> list[str]:
     """apt-get/apt-cache -o options for a private configuration under `apt_dir` (the trixie one,
-    or --kernel-package's, host_tools/kernel_package.py), its sources in `apt_dir / sources`.
+    or --kernel-package's, host_tools/image/kernel_package.py), its sources in `apt_dir / sources`.
 
     Everything apt reads or writes is ours: sources (no sources.list.d), lists, state, the dpkg
     status (an empty file, so resolution never sees what the host has installed), cache and

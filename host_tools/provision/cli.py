@@ -8,8 +8,8 @@ import argparse
 import sys
 import time
 
-from .runner import Setup, StepError
-from .steps import STEP_TABLE, STEPS
+from pfcxl.host_tools.provision.runner import Setup, StepError
+from pfcxl.host_tools.provision.steps import STEP_TABLE, STEPS
 
 EPILOG = STEP_TABLE + """
 Each step is skipped when its result is already there (dpkg versions, files, stamp files);

@@ -7,7 +7,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from .runner import StepError
+from pfcxl.host_tools.provision.runner import StepError
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"

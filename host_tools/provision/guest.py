@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pfcxl import cache
-from .apt import download_debs, system_apt, trixie_apt
-from .debian import (BACKPORTS_SUITE, KERNEL_PACKAGE_RE, NDCTL_MAJOR, choose_kernel_package,
+from pfcxl.host_tools.provision.apt import download_debs, system_apt, trixie_apt
+from pfcxl.host_tools.provision.debian import (BACKPORTS_SUITE, KERNEL_PACKAGE_RE, NDCTL_MAJOR, choose_kernel_package,
                      is_ndctl_major, kernel_release)
-from .files import read_json, write_json_atomically
-from .host import QEMU_BINARY, qemu_version
-from .runner import Setup, StepError
-from .unpack import MERGED_USR_DIRS, STAMP_NAME, deb_fields, ensure_merged_usr, unpack_atomically
+from pfcxl.host_tools.provision.files import read_json, write_json_atomically
+from pfcxl.host_tools.provision.host import QEMU_BINARY, qemu_version
+from pfcxl.host_tools.provision.runner import Setup, StepError
+from pfcxl.host_tools.provision.unpack import MERGED_USR_DIRS, STAMP_NAME, deb_fields, ensure_merged_usr, unpack_atomically
 
 # trixie's ndctl 81 with everything its binaries need (DT_NEEDED closure)
 TRIXIE_GUEST_PACKAGES = (

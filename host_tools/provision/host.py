@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from pfcxl import cache
-from .apt import (APT_ETC, APT_INSTALL, apt_lists_dir, has_packages_lists, host_mirror,
+from pfcxl.host_tools.provision.apt import (APT_ETC, APT_INSTALL, apt_lists_dir, has_packages_lists, host_mirror,
                   installed_versions, private_lists_state, sources_mentioning, update_private_lists)
-from .debian import BACKPORTS_SUITE, TRIXIE_SUITE, parse_qemu_version, render_deb822_source
-from .files import write_atomically
-from .runner import Setup, StepError
+from pfcxl.host_tools.provision.debian import BACKPORTS_SUITE, TRIXIE_SUITE, parse_qemu_version, render_deb822_source
+from pfcxl.host_tools.provision.files import write_atomically
+from pfcxl.host_tools.provision.runner import Setup, StepError
 
 BACKPORTS_SOURCES = APT_ETC / "sources.list.d" / "pfcxl-backports.sources"
 

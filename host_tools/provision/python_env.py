@@ -8,9 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from .apt import APT_INSTALL
-from .files import file_digest, read_json, write_json_atomically
-from .runner import Setup, StepError, failure
+from pfcxl.host_tools.provision.apt import APT_INSTALL
+from pfcxl.host_tools.provision.files import file_digest, read_json, write_json_atomically
+from pfcxl.host_tools.provision.runner import Setup, StepError, failure
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # host_tools/provision/ -> the repository
 VENV_STAMP_NAME = ".pfcxl-setup.json"

@@ -7,13 +7,13 @@ STEP_TABLE (shown by --help) says what each step does.
 
 from __future__ import annotations
 
-from .acpica import check_acpica, run_acpica
-from .guest import (check_guest_kernel, check_guest_userspace, check_manifest, run_guest_kernel,
+from pfcxl.host_tools.provision.acpica import check_acpica, run_acpica
+from pfcxl.host_tools.provision.guest import (check_guest_kernel, check_guest_userspace, check_manifest, run_guest_kernel,
                     run_guest_userspace, run_manifest)
-from .host import (check_backports, check_host_packages, check_trixie_apt, run_backports,
+from pfcxl.host_tools.provision.host import (check_backports, check_host_packages, check_trixie_apt, run_backports,
                    run_host_packages, run_trixie_apt)
-from .python_env import check_python_env, run_python_env
-from .runner import Step
+from pfcxl.host_tools.provision.python_env import check_python_env, run_python_env
+from pfcxl.host_tools.provision.runner import Step
 
 STEP_TABLE = """\
   1. bookworm-backports  apt source for bookworm-backports (same mirror and keyring as the

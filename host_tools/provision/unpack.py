@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from .files import write_json_atomically
-from .runner import Setup
+from pfcxl.host_tools.provision.files import write_json_atomically
+from pfcxl.host_tools.provision.runner import Setup
 
 STAMP_NAME = ".pfcxl-stamp.json"  # in each unpacked tree: what it was unpacked from
 MERGED_USR_DIRS = ("bin", "sbin", "lib", "lib64")

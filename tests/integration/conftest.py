@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from pfcxl import Machine
-from pfcxl.device import address_map, topology
+from pfcxl.device.topology import address_map
+from pfcxl.device import topology
 
 READY_TIMEOUT = 300   # generous: CI machines are shared; a healthy boot takes seconds
 
@@ -116,7 +117,7 @@ def read_region_from_backing(topo: topology.Topology, region, backing: dict[str,
 
 
 def pfcxl_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], capture_output=True,
                           text=True, **kwargs)
 
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pfcxl.device import appliance_rundir as rundir
+from pfcxl.device.appliance import rundir
 from pfcxl.device import topology
-from pfcxl.host_tools import appliance, multihost
+from pfcxl.host_tools.fleet import multihost
+from pfcxl.host_tools import appliance
 
 from .conftest import boot_on_appliance, daxio, load, pid_alive, qemu_pids_using
 
@@ -197,7 +198,7 @@ def test_a_killed_multihost_takes_its_temporary_appliance_and_directories_along(
     text = topology.resolve("pf-appliance").read_text().replace('name = "pf-appliance"', 'name = "pf-appliance-kill"')
     path = tmp_path / "pf-appliance-kill.toml"
     path.write_text(text)
-    proc = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "multihost", "-n", "1", "-t", str(path),
+    proc = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli.main", "multihost", "-n", "1", "-t", str(path),
                              "--", "sleep", "600"], stderr=subprocess.PIPE, text=True)
     where = None
     try:

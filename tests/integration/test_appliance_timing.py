@@ -1,14 +1,16 @@
 """Appliance-side timing with real guests: two hosts on a timed appliance (`multihost --timing
 trace`) chase pointers through the shared pool; the appliance drains both hosts' trace rings,
-merges them and models them on the PF fabric (device/appliance_timing.py)."""
+merges them and models them on the PF fabric (device/appliance/timing.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pfcxl.device import fabric_constants as fc
-from pfcxl.device import fabric_model, topology, trace_capture
-from pfcxl.host_tools import multihost
+from pfcxl.device.fabric import constants as fc
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.device import topology
+from pfcxl.device.trace import capture as trace_capture
+from pfcxl.host_tools.fleet import multihost
 
 pytestmark = pytest.mark.integration
 

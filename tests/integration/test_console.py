@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pfcxl.errors import CommandError, VMError
-from pfcxl.host_tools.vm import VMState
+from pfcxl.host_tools.vm.host import VMState
 
 from .conftest import pfcxl_cli
 
@@ -51,7 +51,7 @@ def test_large_output_arrives_byte_exact_on_the_port_and_on_the_serial_line(vm):
     8 MiB byte for byte, CR LF as written. The serial line still carries it when asked, byte for
     byte; under TCG it moves ~0.05-0.25 MiB/s, so a mebibyte there. That capture stays linear in
     the output's size is also proven without a guest: tests/unit/test_console.py. The rates:
-    host_tools/bench_console.py."""
+    host_tools/experiments/console.py."""
     assert vm.vm.ready_info["output"] == "port"
     line = b"pfcxl 0123456789 abcdefghijklmnopqrstuvwxyz\n"
     text = line.decode().strip()
@@ -83,7 +83,7 @@ def test_run_exits_with_the_commands_status_on_a_shared_fresh_run_dir(tmp_path):
     # Two runs at once on one fresh --run-dir: both create the backing file (no FileExistsError),
     # and `pfcxl run` exits with the guest command's status, not 5.
     run_dir = tmp_path / "shared"
-    procs = [subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "run", "--run-dir", str(run_dir),
+    procs = [subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli.main", "run", "--run-dir", str(run_dir),
                                "--", f"printf '\\200\\377{code}'; exit {code}"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) for code in (7, 9)]
     outcomes = [(p.wait(timeout=600), p.stdout.read(), p.stderr.read().decode()) for p in procs]
@@ -95,7 +95,7 @@ def test_run_exits_with_the_commands_status_on_a_shared_fresh_run_dir(tmp_path):
 
 def test_multihost_keeps_quoting_and_bytes():
     # joined with spaces this was `sh -c exit 3`: status 0, and "1 of 1 hosts ok"
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "multihost", "-n", "1", "--", "sh", "-c",
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "multihost", "-n", "1", "--", "sh", "-c",
                            r"printf '\200\377A\n'; exit 3"], capture_output=True, timeout=900)
     stderr = done.stderr.decode()
     assert done.returncode == 1, stderr

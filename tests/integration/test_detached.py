@@ -15,8 +15,8 @@ import time
 import pytest
 
 from pfcxl.device import topology
-from pfcxl.host_tools import detached
-from pfcxl.host_tools.boot_options import BootOptions
+from pfcxl.host_tools.fleet import detached
+from pfcxl.host_tools.vm.boot_options import BootOptions
 
 from .conftest import pfcxl_cli, pid_alive
 
@@ -97,7 +97,8 @@ def test_exec_is_run_two_execs_at_once_reuse_and_down(name):
         assert detached.find_reusable(path, dataclasses.replace(same, **other)) is None, other
     assert detached.find_reusable(topology.resolve("two-hb-interleave"), same) is None
     # run --reuse with another --data-path, --issue or --run-dir boots its own guest
-    from pfcxl.host_tools import cli, cli_machines
+    from pfcxl.host_tools.cli import main as cli
+    from pfcxl.host_tools.cli import machines as cli_machines
 
     def reused(*options: str) -> str | None:
         return cli_machines.reusable(cli.parser().parse_args(["run", "--reuse", *options, "--", "true"]))
@@ -106,7 +107,7 @@ def test_exec_is_run_two_execs_at_once_reuse_and_down(name):
     assert reused("--issue", "independent") is None and reused("--run-dir", "elsewhere") is None
 
     # item 15: exec's output byte for byte
-    execd = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "exec", a, "--", r"printf '\200\377A'"],
+    execd = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "exec", a, "--", r"printf '\200\377A'"],
                            capture_output=True, timeout=300)
     assert (execd.returncode, execd.stdout) == (0, b"\x80\xffA")
     # item 14: a command timeout ends the command, not the machine, with its option given after
@@ -126,7 +127,7 @@ def test_sigterm_to_up_brings_the_booting_machine_down(name):
     # SIGTERM to `pfcxl up`'s process group said "guests were shut down" and
     # exited 130 while the daemon (a session of its own) booted on and answered exec later
     d = name("d")
-    up_cli = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "up", "--name", d],
+    up_cli = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli.main", "up", "--name", d],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     where = detached.machine_dir(d)
     deadline = time.monotonic() + 300

@@ -1,4 +1,4 @@
-"""The direct data path (pfcxl.device.data_path): the device's very backing file as an NVDIMM
+"""The direct data path (pfcxl.device.topology.data_path): the device's very backing file as an NVDIMM
 devdax device next to the CXL region; bytes written through one path read back through the other
 and in the backing file on the host."""
 
@@ -9,11 +9,16 @@ import zlib
 import numpy as np
 import pytest
 
-from pfcxl.device import address_map, data_path
-from pfcxl.device import appliance_rundir as rundir
-from pfcxl.device.units import MiB
+from pfcxl.device.topology import address_map
+from pfcxl.device.topology import data_path
+from pfcxl.device.appliance import rundir
+from pfcxl.device.topology.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools import appliance, calibration, debian_image, qemu, timing
+from pfcxl.host_tools.timing import calibration
+from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.host_tools.vm import qemu
+from pfcxl.host_tools.timing import config as timing
+from pfcxl.host_tools import appliance
 
 from .conftest import boot_on_appliance, daxio, load, pfcxl_cli
 

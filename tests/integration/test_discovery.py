@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from pfcxl.firmware_tables import cdat, cedt, generate, table_files
-from pfcxl.host_tools import discovery
+from pfcxl.host_tools.vm import discovery
 
 from .conftest import guest_file, pid_alive
 

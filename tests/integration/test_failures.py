@@ -52,7 +52,7 @@ def test_kernel_panic_fails_fast_with_console_tail(tmp_path, init, panic):
 
 
 def _start_long_run(run_dir):
-    proc = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "run", "--run-dir", str(run_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli.main", "run", "--run-dir", str(run_dir),
                              "--", "sleep", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     for line in proc.stderr:

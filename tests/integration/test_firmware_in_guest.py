@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from pfcxl.firmware_tables import boot_policy
-from pfcxl.host_tools import perf_predict
+from pfcxl.host_tools.vm import perf_predict
 
 from .conftest import guest_file, load
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pfcxl.device import address_map, topology
-from pfcxl.device.units import MiB
+from pfcxl.device.topology import address_map
+from pfcxl.device import topology
+from pfcxl.device.topology.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools import qemu
+from pfcxl.host_tools.vm import qemu
 
 from .conftest import daxio, read_region_from_backing
 

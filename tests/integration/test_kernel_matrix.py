@@ -2,7 +2,7 @@
 kernel, the guest-discovery comparison demo prints, a region's bytes rebuilt on the host from the
 backing files, the direct path against the CXL path, and the KV store's put/get across two hosts
 on the appliance, and a system-ram region's access0 against the predictor's rule for that
-kernel (host_tools/perf_predict.py). Each kernel is given as: default (setup's Debian 6.12), a Debian version or
+kernel (host_tools/vm/perf_predict.py). Each kernel is given as: default (setup's Debian 6.12), a Debian version or
 `latest` (--kernel-package), or a path (a build tree, or FILE:MODULES_DIR)."""
 
 from __future__ import annotations
@@ -14,10 +14,16 @@ from pathlib import Path
 import pytest
 
 from pfcxl import cache
-from pfcxl.device import address_map, appliance_rundir as rundir, topology
-from pfcxl.device.units import MiB
+from pfcxl.device.topology import address_map
+from pfcxl.device.appliance import rundir
+from pfcxl.device import topology
+from pfcxl.device.topology.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools import cli, discovery, multihost, perf_predict, qemu
+from pfcxl.host_tools.cli import main as cli
+from pfcxl.host_tools.vm import discovery
+from pfcxl.host_tools.fleet import multihost
+from pfcxl.host_tools.vm import perf_predict
+from pfcxl.host_tools.vm import qemu
 
 from .conftest import daxio, load, read_region_from_backing
 

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 import pfcxl
-from pfcxl.device import appliance_rundir as rundir
+from pfcxl.device.appliance import rundir
 from pfcxl.device import topology
-from pfcxl.host_tools import cli, debian_image, multihost
+from pfcxl.host_tools.cli import main as cli
+from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.host_tools.fleet import multihost
 from pfcxl.serving.chunks import chunk_bytes
 from pfcxl.serving.inputs import load_model
 

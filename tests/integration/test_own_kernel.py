@@ -11,7 +11,7 @@ import pytest
 
 from pfcxl import Machine
 from pfcxl import cache
-from pfcxl.host_tools import discovery
+from pfcxl.host_tools.vm import discovery
 
 from .conftest import READY_TIMEOUT, pfcxl_cli
 

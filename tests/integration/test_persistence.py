@@ -7,9 +7,9 @@ import zlib
 
 import pytest
 
-from pfcxl.device.units import MiB
+from pfcxl.device.topology.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools import qemu
+from pfcxl.host_tools.vm import qemu
 
 from .conftest import daxio, load, read_region_from_backing
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from pfcxl.device import topology
-from pfcxl.device.units import MiB
+from pfcxl.device.topology.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools import discovery, qemu
+from pfcxl.host_tools.vm import discovery
+from pfcxl.host_tools.vm import qemu
 
 from .conftest import daxio, load
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pfcxl.device.units import MiB
+from pfcxl.device.topology.units import MiB
 from pfcxl.firmware_tables import generate, table_files
-from pfcxl.host_tools import discovery
+from pfcxl.host_tools.vm import discovery
 
 from .conftest import guest_file, load
 

@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from pfcxl.device import fabric_constants as fc
-from pfcxl.device import fabric_model
+from pfcxl.device.fabric import constants as fc
+from pfcxl.device.fabric import model as fabric_model
 
 from .conftest import pfcxl_cli
 

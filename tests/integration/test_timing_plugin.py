@@ -15,8 +15,12 @@ import statistics
 import numpy as np
 import pytest
 
-from pfcxl.device import address_map, fabric_model, topology
-from pfcxl.host_tools import calibration, timing, timing_plugin
+from pfcxl.device.topology import address_map
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.device import topology
+from pfcxl.host_tools.timing import calibration
+from pfcxl.host_tools.timing import config as timing
+from pfcxl.host_tools.timing import plugin as timing_plugin
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The limits `topology check` enforces (device/topology_limits.py) are QEMU's and the guest's real
+"""The limits `topology check` enforces (device/topology/limits.py) are QEMU's and the guest's real
 ones: the value just inside each still starts QEMU (stopped with -S, its monitor answering), and
 where QEMU itself refuses, the value just outside is refused by QEMU too."""
 
@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 
 from pfcxl.device import topology
-from pfcxl.device.units import MiB
+from pfcxl.device.topology.units import MiB
 from pfcxl.errors import VMError
-from pfcxl.host_tools import image
-from pfcxl.host_tools.vm import VM
+from pfcxl.host_tools.image import initramfs as image
+from pfcxl.host_tools.vm.host import VM
 from tests.topology_docs import LARGEST_WINDOW, one_bridge, pf_nic_doc, shipped, two_bridges
 
 from .conftest import load

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pfcxl.device import address_map, topology
-from pfcxl.device import trace_format as tf
+from pfcxl.device.topology import address_map
+from pfcxl.device import topology
+from pfcxl.device.trace import records as tf
 from pfcxl.device.topology import Topology
-from pfcxl.device.units import MiB
+from pfcxl.device.topology.units import MiB
 from pfcxl.host_tools import appliance
-from pfcxl.device.trace_ring import Ring
+from pfcxl.device.trace.ring import Ring
 
 
 # 4 modules x 256 MiB, 2 ports; shared 256 MiB + 2 x private 256 MiB = 768 MiB mapped

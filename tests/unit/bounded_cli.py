@@ -10,13 +10,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from pfcxl.device.units import GiB
+from pfcxl.device.topology.units import GiB
 
 RUNNER = r"""
 import io, json, resource, signal, sys, traceback
 limit, timeout = int(sys.argv[1]), int(sys.argv[2])
 cases = json.load(sys.stdin)
-from pfcxl.host_tools import cli
+from pfcxl.host_tools.cli import main as cli
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 class Timeout(BaseException):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pfcxl.device import appliance_protocol as proto
-from pfcxl.device.units import MiB
+from pfcxl.device.appliance import protocol as proto
+from pfcxl.device.topology.units import MiB
 
 from .appliance_helpers import (
     POOL_END, PRIVATE, SHARED, Running, crc_of, peek, poke, proc_status, same_object, wait_until,

@@ -8,7 +8,7 @@ import pytest
 import json
 import random
 
-from pfcxl.device import appliance_protocol as proto
+from pfcxl.device.appliance import protocol as proto
 
 from .appliance_helpers import POOL_END, resources
 from .hostile_helpers import RealHost, check_reply, expected_reply

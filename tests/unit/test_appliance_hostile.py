@@ -15,9 +15,9 @@ import socket
 
 import pytest
 
-from pfcxl.device import appliance_protocol as proto
-from pfcxl.device.appliance_service import MAX_CHECKSUMS_WAITING, MAX_CLIENTS, MAX_PER_PROCESS
-from pfcxl.device.units import MiB
+from pfcxl.device.appliance import protocol as proto
+from pfcxl.device.appliance.service import MAX_CHECKSUMS_WAITING, MAX_CLIENTS, MAX_PER_PROCESS
+from pfcxl.device.topology.units import MiB
 
 from .appliance_helpers import WAIT, resources, wait_until
 from .hostile_helpers import exchange

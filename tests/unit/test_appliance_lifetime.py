@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from pfcxl.device import appliance_rundir as rundir
-from pfcxl.device.appliance_service import MAX_CLIENTS, MAX_PER_PROCESS
+from pfcxl.device.appliance import rundir
+from pfcxl.device.appliance.service import MAX_CLIENTS, MAX_PER_PROCESS
 from pfcxl.errors import ApplianceError
-from pfcxl.host_tools import appliance, qemu
+from pfcxl.host_tools.vm import qemu
+from pfcxl.host_tools import appliance
 from pfcxl.device import topology
 
 from .appliance_helpers import Raw, peek, poke, wait_until, write_topology
@@ -35,7 +36,7 @@ def _gone(pid: int) -> bool:
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -55,7 +56,7 @@ def service_pids(run_dir: Path) -> list[int]:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"pfcxl.device.appliance_service" in argv and str(run_dir).encode() in argv:
+            if b"pfcxl.device.appliance.service" in argv and str(run_dir).encode() in argv:
                 out.append(int(entry.name))
     return out
 
@@ -72,7 +73,7 @@ def test_two_starts_at_once_leave_one_reachable_appliance(small, tmp_path):
     topo, path = small
     for attempt in range(3):             # the race lost 3 times in 4
         run_dir = tmp_path / f"race-{attempt}"
-        procs = [subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "appliance", "start",
+        procs = [subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli.main", "appliance", "start",
                                    "-t", str(path), "--run-dir", str(run_dir)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
         done = [(p.wait(120), *p.communicate()) for p in procs]
@@ -94,7 +95,7 @@ def test_two_starts_at_once_leave_one_reachable_appliance(small, tmp_path):
 
 def test_the_service_run_directly_on_a_live_directory_leaves_it_alone(services):
     s = services()
-    done = subprocess.run([sys.executable, "-m", "pfcxl.device.appliance_service", "--topology", str(s.path),
+    done = subprocess.run([sys.executable, "-m", "pfcxl.device.appliance.service", "--topology", str(s.path),
                            "--run-dir", str(s.run_dir)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 7
     assert done.stderr.strip().endswith(f"ERROR {s.run_dir} is in use by the appliance pid {s.pid} (it holds "
@@ -355,7 +356,7 @@ PARENT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from pfcxl.device import topology
-    from pfcxl.host_tools import multihost
+    from pfcxl.host_tools.fleet import multihost
     path = Path(sys.argv[1])
     with multihost.appliance_for(topology.load(path), path, None, print) as (where, temporary):
         print(f"up {where} {temporary}", flush=True)
@@ -411,13 +412,13 @@ def test_run_and_appliance_directories_and_backing_files_are_private(services, t
 
 
 def test_guests_on_one_run_directory_get_their_own_names(tmp_path):
-    from pfcxl.host_tools.guest_names import guest_name
+    from pfcxl.host_tools.vm.guest_names import guest_name
     with guest_name(tmp_path) as a, guest_name(tmp_path) as b, guest_name(tmp_path) as c:
         assert (a, b, c) == ("guest", "guest-1", "guest-2")
     with guest_name(tmp_path) as again:                      # released with its guest
         assert again == "guest"
     other = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                              "from pfcxl.host_tools.guest_names import guest_name\n"
+                              "from pfcxl.host_tools.vm.guest_names import guest_name\n"
                               "with guest_name(Path(sys.argv[1])) as n: print(n, flush=True); time.sleep(3600)",
                               str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from pfcxl.device import appliance_protocol as proto
-from pfcxl.device.pool import bytes_per_module
-from pfcxl.device.units import MiB
+from pfcxl.device.appliance import protocol as proto
+from pfcxl.device.appliance.pool import bytes_per_module
+from pfcxl.device.topology.units import MiB
 from pfcxl.errors import ApplianceError
 from pfcxl.host_tools import appliance
 

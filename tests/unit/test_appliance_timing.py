@@ -10,8 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from pfcxl.device import fabric_model, trace_capture
-from pfcxl.device.appliance_ops import MAX_SYNC_WAITING
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.device.trace import capture as trace_capture
+from pfcxl.device.appliance.ops import MAX_SYNC_WAITING
 from pfcxl.errors import PfcxlError
 from pfcxl.host_tools import appliance
 

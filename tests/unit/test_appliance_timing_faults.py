@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from pfcxl.device import appliance_rundir, trace_capture
-from pfcxl.device import trace_format as tf
-from pfcxl.device.trace_plausible import MAX_INSN_PER_SECOND
+from pfcxl.device.appliance import rundir as appliance_rundir
+from pfcxl.device.trace import capture as trace_capture
+from pfcxl.device.trace import records as tf
+from pfcxl.device.trace.plausible import MAX_INSN_PER_SECOND
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import appliance, telemetry_view
+from pfcxl.host_tools.timing import telemetry_view
+from pfcxl.host_tools import appliance
 
 from .appliance_helpers import _stop_and_check, play_plugin, reads_of_the_shared_region, write_topology
 

@@ -2,7 +2,7 @@
 
 import pytest
 from pfcxl import process
-from pfcxl.host_tools import bench_boot
+from pfcxl.host_tools.experiments import boot as bench_boot
 
 DMESG = """\
 [    0.000000] Linux version 6.12

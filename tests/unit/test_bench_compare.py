@@ -12,7 +12,7 @@ import random
 
 from . import bounded_cli
 from .test_bench_report import render, sample
-from pfcxl.host_tools import bench_report
+from pfcxl.host_tools.bench import report as bench_report
 
 SYSTEMS = ("pf", "electrical", "dram")
 

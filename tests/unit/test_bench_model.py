@@ -1,15 +1,17 @@
-"""The bench's modelled columns (host_tools/bench_model.py) on synthetic captured streams: each row's
+"""The bench's modelled columns (host_tools/bench/model.py) on synthetic captured streams: each row's
 records are cut out by the plugin's phase counts and replayed at the row's nominal load; the figures
 are checked against the models' own bandwidths and idle latencies."""
 
 import numpy as np
 import pytest
 
-from pfcxl.device import address_map, fabric_constants as fc, topology
-from pfcxl.device.fabric_engine import trace_dtype
+from pfcxl.device.topology import address_map
+from pfcxl.device.fabric import constants as fc
+from pfcxl.device import topology
+from pfcxl.device.fabric.engine import trace_dtype
 from pfcxl.errors import TimingError
-from pfcxl.device import fabric_systems
-from pfcxl.host_tools import bench_model
+from pfcxl.device.fabric import systems as fabric_systems
+from pfcxl.host_tools.bench import model as bench_model
 
 TOPO = topology.load(topology.resolve("pf-nic"))
 BASE = address_map.dax_placements(TOPO)[0].base

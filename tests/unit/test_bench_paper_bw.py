@@ -1,4 +1,4 @@
-"""The paper's bandwidth experiment (host_tools/bench_paper_bw.py) on a synthetic capture: one guest's
+"""The paper's bandwidth experiment (host_tools/experiments/paper_bw.py) on a synthetic capture: one guest's
 row stream copied to 16 hosts, on their own modules or all-to-all; PF ports hold 25.6 GB/s at load
 1.0 while the electrical pool's switch links fill and its knee shows."""
 
@@ -9,10 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from pfcxl.device import address_map, fabric_constants as fc, fabric_engine, topology
-from pfcxl.device.fabric_engine import trace_dtype
-from pfcxl.device import fabric_systems
-from pfcxl.host_tools import bench_paper_bw, model_runs
+from pfcxl.device.topology import address_map
+from pfcxl.device.fabric import constants as fc
+from pfcxl.device.fabric import engine as fabric_engine
+from pfcxl.device import topology
+from pfcxl.device.fabric.engine import trace_dtype
+from pfcxl.device.fabric import systems as fabric_systems
+from pfcxl.host_tools.experiments import paper_bw as bench_paper_bw
+from pfcxl.host_tools.timing import model_runs
 
 TOPO = topology.load(topology.resolve("pf-nic"))
 BASE = address_map.dax_placements(TOPO)[0].base
@@ -75,17 +79,17 @@ def test_the_script_replays_a_saved_capture_and_writes_its_report(tmp_path):
     (tmp_path / "capture.json").write_text(json.dumps({"rows": [
         {"pattern": "seq", "op": "read", "size": 64, "records": 2048},
         {"pattern": "seq", "op": "write", "size": 64, "records": 2048}]}))
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.bench_paper_bw", "--capture-dir", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.experiments.paper_bw", "--capture-dir", str(tmp_path),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "out" / "paper_bw.json").read_text())
     assert [r["op"] for r in report["rows"]] == ["read", "write"]
     assert "own module (host i -> module i)" in done.stdout and "all-to-all" in done.stdout
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.bench_paper_bw", "--load", "-1"],
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.experiments.paper_bw", "--load", "-1"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--load" in done.stderr and "Traceback" not in done.stderr
     (tmp_path / "capture.json").write_text(json.dumps({"rows": [{"records": 5}]}))
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.bench_paper_bw", "--capture-dir", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.experiments.paper_bw", "--capture-dir", str(tmp_path),
                            "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "capture.json lists 5 records, capture.npy holds 4096" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "bad").exists()   # nothing half-written

@@ -1,4 +1,4 @@
-"""bench_paper_bw --hosts N (host_tools/bench_paper_bw_hosts.py) without booting: each guest's
+"""bench_paper_bw --hosts N (host_tools/experiments/paper_bw_hosts.py) without booting: each guest's
 command, and a synthetic appliance capture laid out as the guests' bandwidth rows lay theirs
 (own module by --stripe, all-to-all by --rotate) cut into rows and replayed."""
 
@@ -9,11 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from pfcxl.device import address_map, fabric_constants as fc, topology, trace_capture
-from pfcxl.device.trace_format import RECORD_FIELDS
+from pfcxl.device.topology import address_map
+from pfcxl.device.fabric import constants as fc
+from pfcxl.device import topology
+from pfcxl.device.trace import capture as trace_capture
+from pfcxl.device.trace.records import RECORD_FIELDS
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import bench_paper_bw_hosts as bh
-from pfcxl.host_tools import multihost
+from pfcxl.host_tools.experiments import paper_bw_hosts as bh
+from pfcxl.host_tools.fleet import multihost
 
 TOPO = topology.load(topology.resolve("pf-appliance"))
 APP = TOPO.appliance
@@ -90,7 +93,7 @@ def test_a_capture_whose_phases_do_not_match_its_rows_is_refused(tmp_path):
 def test_the_script_reports_the_real_hosts_capture(tmp_path):
     fake_capture(tmp_path)
     out = tmp_path / "report"
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.bench_paper_bw", "--hosts", "16",
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.experiments.paper_bw", "--hosts", "16",
                            "--capture-dir", str(tmp_path), "--out", str(out), "--curve-loads", "0.5,0.7,1.0"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -105,7 +108,7 @@ def test_the_script_reports_the_real_hosts_capture(tmp_path):
     assert report["captured_records"] == HOSTS * 8 * LINES == report["appliance"]["records"]
     assert report["appliance"]["rings"] == {"largest_fill": 999, "capacity": 1 << 19, "dropped": 0}  # the stats file's
     # the printed own-module table holds the report's rows and figures: every host's lines of each row
-    from pfcxl.host_tools import bench_paper_bw
+    from pfcxl.host_tools.experiments import paper_bw as bench_paper_bw
     printed = list(zip(*(c._cells for c in bench_paper_bw.tables(report)[0].columns)))
     assert sorted((p, o, s) for p, o, s, *_ in printed) == sorted((p, "read", str(s)) for p, s in ROWS)
     for cells, r in zip(printed, report["rows"]):

@@ -10,8 +10,11 @@ import copy
 import pytest
 from rich.console import Console
 
-from pfcxl.device import fabric_model
-from pfcxl.host_tools import bench_plots, bench_report, model_runs, timing_report
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.host_tools.bench import plots as bench_plots
+from pfcxl.host_tools.bench import report as bench_report
+from pfcxl.host_tools.timing import model_runs
+from pfcxl.host_tools.timing import report as timing_report
 
 from .test_bench_report import sample
 

@@ -6,7 +6,9 @@ import pytest
 from rich.console import Console
 
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import bench, bench_plots, bench_report
+from pfcxl.host_tools.bench import suite as bench
+from pfcxl.host_tools.bench import plots as bench_plots
+from pfcxl.host_tools.bench import report as bench_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -89,7 +91,8 @@ def test_direct_only_results_list_the_direct_rows():
 
 
 def test_suite_on_data_paths_and_the_devices_each_path_uses():
-    from pfcxl.device import data_path, topology
+    from pfcxl.device.topology import data_path
+    from pfcxl.device import topology
     pf_nic = topology.load(topology.resolve("pf-nic"))
     suite = bench.load_suite("quick")
     assert bench.on_data_paths(suite, pf_nic) == suite
@@ -105,7 +108,7 @@ def test_suite_on_data_paths_and_the_devices_each_path_uses():
 
 
 def test_without_a_trace_the_idle_model_is_shown_and_said_so():
-    from pfcxl.device import fabric_model
+    from pfcxl.device.fabric import model as fabric_model
     text = render(bench_report.tables(sample(modelled=False)))
     for op, write in (("read", False), ("write", True)):       # the fabric model's idle latencies
         assert _row(text, op)[2:4] == [f"{fabric_model.idle_ns('pf', write)} ns (idle model)",
@@ -136,7 +139,7 @@ def test_compare_reports_ratios(tmp_path, capsys):
     assert rows["bandwidth/cxl seq read 1024B x1 MB/s"] == ("320.0", "640.0", "2.00")
     assert rows["loaded_latency/cxl delay 2000 latency ns"] == ("1200.0", "1200.0", "1.00")
     assert all(r == f"{float(y) / float(x):.2f}" for x, y, r in rows.values())
-    from pfcxl.host_tools.cli import main
+    from pfcxl.host_tools.cli.main import main
     capsys.readouterr()
     assert main(["bench", "compare", str(a), str(b)]) == 0
     assert "B / A" in capsys.readouterr().out

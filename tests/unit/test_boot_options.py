@@ -1,4 +1,4 @@
-"""One frozen set of boot options (host_tools/boot_options.py): every option of a boot command is
+"""One frozen set of boot options (host_tools/vm/boot_options.py): every option of a boot command is
 in it or named as one that does not change the guest; each one given reaches the options and the
 --reuse key; `up` and `run --reuse` build the same options from the same flags; Machine's keywords
 and BootOptions are the same thing."""
@@ -10,8 +10,8 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import cli
-from pfcxl.host_tools.boot_options import FIELD_OF_DEST, NOT_BOOT_OPTIONS, BootOptions, from_args
+from pfcxl.host_tools.cli import main as cli
+from pfcxl.host_tools.vm.boot_options import FIELD_OF_DEST, NOT_BOOT_OPTIONS, BootOptions, from_args
 
 pytestmark = pytest.mark.unit
 
@@ -61,7 +61,7 @@ def test_every_option_of_a_boot_command_is_a_boot_option_or_named_as_not_one(com
                if not _is_boot_option(command, action.dest)
                and action.dest not in NOT_BOOT_OPTIONS["*"] and action.dest not in NOT_BOOT_OPTIONS.get(command, {})]
     assert unknown == [], (f"pfcxl {command}: {unknown} are neither BootOptions fields nor in "
-                           "NOT_BOOT_OPTIONS (host_tools/boot_options.py): add each where it belongs")
+                           "NOT_BOOT_OPTIONS (host_tools/vm/boot_options.py): add each where it belongs")
 
 
 @pytest.mark.parametrize("command", BOOT_COMMANDS)

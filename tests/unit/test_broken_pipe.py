@@ -14,7 +14,7 @@ def pfcxl_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
     read_end, write_end = os.pipe()
     os.close(read_end)            # the reader is gone before pfcxl prints a byte
     try:
-        return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], stdout=write_end,
+        return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], stdout=write_end,
                               stderr=subprocess.PIPE, text=True, timeout=120)
     finally:
         os.close(write_end)
@@ -25,7 +25,7 @@ def store(tmp_path):
     pool = tmp_path / "pool"
     with open(pool, "wb") as f:
         f.truncate(64 << 20)
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "kv", "format", "--pool", str(pool),
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "kv", "format", "--pool", str(pool),
                            "--hosts", "2", "--slots", "16"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return pool

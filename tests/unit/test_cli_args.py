@@ -10,7 +10,7 @@ pytestmark = pytest.mark.component
 
 def pfcxl(*args: str) -> subprocess.CompletedProcess:
     # a wrong answer would boot a guest or start an appliance: the timeout bounds that
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], capture_output=True,
                           text=True, timeout=120)
 
 
@@ -36,7 +36,7 @@ def test_bad_numbers_are_refused_in_one_line(args, rule):
 
 
 def _parsed(*argv: str):
-    from pfcxl.host_tools import cli
+    from pfcxl.host_tools.cli import main as cli
     args, extra = cli.parse(cli.parser(), list(argv))
     assert extra == []
     return args

@@ -1,6 +1,6 @@
 """The commands people run many times an hour (`pfcxl exec`, `ps`, `down`, `--help`) start without the
 heavy modules: numpy, jinja2, QMP (asyncio), pyelftools, the Machine and the rich table/progress
-modules are imported by the commands that use them (host_tools/cli.py). Each case runs the CLI in a
+modules are imported by the commands that use them (host_tools/cli/main.py). Each case runs the CLI in a
 fresh interpreter and reads sys.modules afterwards: what a command imported, not how long it took."""
 
 import json
@@ -11,11 +11,11 @@ import sys
 import pytest
 
 HEAVY = ("numpy", "jinja2", "qemu.qmp", "asyncio", "elftools", "matplotlib", "pfcxl.machine",
-         "pfcxl.host_tools.vm", "pfcxl.host_tools.image_build", "pfcxl.serving.sim", "rich.progress")
+         "pfcxl.host_tools.vm.host", "pfcxl.host_tools.image_build", "pfcxl.serving.sim", "rich.progress")
 
 PROBE = """
 import json, sys
-from pfcxl.host_tools import cli
+from pfcxl.host_tools.cli import main as cli
 try:
     status = cli.main(sys.argv[1:])
 except SystemExit as exc:        # --help
@@ -52,4 +52,4 @@ def test_a_command_that_needs_them_still_gets_them(tmp_path):
     # the lazy imports are real imports, made when the command runs
     status, modules, _ = imported(tmp_path, "topology", "show", "pf-nic")
     assert status == 0
-    assert {"rich.table", "pfcxl.device.address_map"} <= modules
+    assert {"rich.table", "pfcxl.device.topology.address_map"} <= modules

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from pfcxl.host_tools import cli, cli_kv
+from pfcxl.host_tools.cli import main as cli
+from pfcxl.host_tools.cli import kv as cli_kv
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
 pytestmark = pytest.mark.unit
@@ -105,14 +106,14 @@ def test_every_action_takes_the_stores_base(pool, capsys):
                                       (["--blocks", "0"], "--blocks 0 at least 1"),
                                       (["--size", "lots"], "'lots' is not a size")])
 def test_the_kv_path_benchmark_refuses_bad_input_before_booting(argv, why, capsys):
-    from pfcxl.host_tools import kv_path_bench
+    from pfcxl.host_tools.experiments import kv_path as kv_path_bench
     with pytest.raises(SystemExit) as exc:
         kv_path_bench.main(argv)
     assert exc.value.code == 2 and why in capsys.readouterr().err
 
 
 def test_the_kv_path_benchmark_rates():
-    from pfcxl.host_tools import kv_path_bench
+    from pfcxl.host_tools.experiments import kv_path as kv_path_bench
     r = kv_path_bench.row("direct", "guest C", 16, 1 << 20, store_s=2.0, load_s=0.5, base=0)
     assert (r["store_blocks_s"], r["load_blocks_s"]) == (8.0, 32.0)
     assert r["store_GBps"] == 16 * (1 << 20) / 2.0 / 1e9 and r["load_GBps"] == 4 * r["store_GBps"]

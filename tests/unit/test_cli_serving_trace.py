@@ -17,7 +17,7 @@ pytestmark = pytest.mark.component
 
 
 def pfcxl(*args):
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "serving", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "serving", *args], capture_output=True,
                           text=True, timeout=300)
 
 

@@ -1,4 +1,4 @@
-"""The appliance's timing thread in-process (device/appliance_timing.py: rings, drain, sync,
+"""The appliance's timing thread in-process (device/appliance/timing.py: rings, drain, sync,
 detach) and the tables `appliance top` / `multihost --timing trace` print from its figures."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from pfcxl.device import address_map, fabric_model, topology
-from pfcxl.device import trace_format as tf
-from pfcxl.device.appliance_timing import ApplianceTiming
-from pfcxl.host_tools import telemetry_view
-from pfcxl.device.trace_ring import Ring
+from pfcxl.device.topology import address_map
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.device import topology
+from pfcxl.device.trace import records as tf
+from pfcxl.device.appliance.timing import ApplianceTiming
+from pfcxl.host_tools.timing import telemetry_view
+from pfcxl.device.trace.ring import Ring
 
 TOPO = topology.load(topology.resolve("pf-appliance"))
 APP = TOPO.appliance

@@ -7,8 +7,8 @@ import threading
 import pexpect.expect
 import pytest
 
-from pfcxl.host_tools import multihost
-from pfcxl.host_tools.console import Console, ConsoleClosed, line_markers, shell_command
+from pfcxl.host_tools.fleet import multihost
+from pfcxl.host_tools.vm.console import Console, ConsoleClosed, line_markers, shell_command
 
 pytestmark = pytest.mark.component
 
@@ -86,7 +86,7 @@ BACKGROUND_BOOT = """
 import os, subprocess, sys
 os.setsid()
 tty = os.open(sys.argv[1], os.O_RDWR)         # the pty becomes this session's terminal, our group in front
-child = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli", "boot"], stdin=tty,
+child = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli.main", "boot"], stdin=tty,
                          stderr=subprocess.PIPE, text=True, process_group=0)   # a background group, as under timeout
 try:
     _, err = child.communicate(timeout=120)

@@ -1,4 +1,4 @@
-"""The command scripts of host_tools/console.py against a real interactive busybox sh on a real
+"""The command scripts of host_tools/vm/console.py against a real interactive busybox sh on a real
 terminal (a pty), the guest console's own shell and line discipline without a guest
 (commands ending, output bytes). The same runs on a booted guest: tests/integration/test_console.py."""
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pfcxl.host_tools.console import CommandRunner, Console
+from pfcxl.host_tools.vm.console import CommandRunner, Console
 
 BUSYBOX = "/bin/busybox"
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from pfcxl.host_tools import cpio
+from pfcxl.host_tools.image import cpio
 
 Entry = cpio.Entry
 HEADER_LEN = 110

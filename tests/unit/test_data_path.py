@@ -7,8 +7,10 @@ import sys
 import pytest
 
 from pfcxl import Machine
-from pfcxl.device import address_map, data_path, topology
-from pfcxl.device.units import GiB, MiB
+from pfcxl.device.topology import address_map
+from pfcxl.device.topology import data_path
+from pfcxl.device import topology
+from pfcxl.device.topology.units import GiB, MiB
 from pfcxl.errors import TopologyError
 from pfcxl.guest import plan
 
@@ -108,7 +110,7 @@ def test_no_hotplug_room_and_too_few_slots(tmp_path):
 
 def test_cli_error_is_one_line_and_qemu_args_shows_the_nvdimm(tmp_path):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True, text=True)
+        return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], capture_output=True, text=True)
     bad = cli("qemu-args", "-t", _small_room(tmp_path), "--data-path", "direct")
     assert bad.returncode == TopologyError.exit_code and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
@@ -117,7 +119,7 @@ def test_cli_error_is_one_line_and_qemu_args_shows_the_nvdimm(tmp_path):
 
 
 def test_the_benchmark_scripts_pool_holds_four_slices_on_the_direct_device(tmp_path):
-    from pfcxl.host_tools import data_path_bench as dpb
+    from pfcxl.host_tools.experiments import data_path as dpb
     text = topology.resolve("pf-appliance").read_text()
     for old, new in dpb.POOL_EDITS:
         assert text.count(old) == 1

@@ -5,9 +5,9 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl.errors import PfcxlError, VMError
-from pfcxl.host_tools import detached
-from pfcxl.host_tools.boot_options import BootOptions
-from pfcxl.host_tools.cli import main
+from pfcxl.host_tools.fleet import detached
+from pfcxl.host_tools.vm.boot_options import BootOptions
+from pfcxl.host_tools.cli.main import main
 
 pytestmark = pytest.mark.unit
 

@@ -15,16 +15,16 @@ import time
 
 import pytest
 
-from pfcxl.device.appliance_protocol import MAX_LINE
+from pfcxl.device.appliance.protocol import MAX_LINE
 from pfcxl.errors import VMError
-from pfcxl.host_tools import detached
+from pfcxl.host_tools.fleet import detached
 
 NAME = "limits"
 # The daemon's socket side, with its idle timeout and, if asked, only `spare` descriptors left.
 SOCKET_SIDE = """
 import os, resource, sys, time
 from pathlib import Path
-from pfcxl.host_tools import detached
+from pfcxl.host_tools.fleet import detached
 detached.IDLE_TIMEOUT = float(sys.argv[2])
 daemon = detached.Daemon(Path(sys.argv[1]))
 daemon.listen()
@@ -162,7 +162,7 @@ def test_a_daemon_that_accepts_nothing_is_one_line_and_down_still_works(tmp_path
         open_idle(5, held)
         with pytest.raises(VMError, match=f"machine '{NAME}' did not take 'status': accepts no connections"):
             detached.call(NAME, {"op": "status"})
-        from pfcxl.host_tools.cli import main
+        from pfcxl.host_tools.cli.main import main
         assert main(["down", "--all"]) == 0
         assert stuck.wait(timeout=60) == -15           # SIGTERM, once the request could not be sent
         assert not where.exists()

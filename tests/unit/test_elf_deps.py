@@ -14,7 +14,7 @@ from elftools.elf.elffile import ELFFile
 from pfcxl.errors import ImageError
 from pfcxl.guest import plan
 from pfcxl import cache
-from pfcxl.host_tools import elf_deps
+from pfcxl.host_tools.image import elf_deps
 
 PROGRAMS = ["usr/bin/cxl", "usr/bin/daxctl"]
 

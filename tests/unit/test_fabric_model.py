@@ -7,12 +7,12 @@ import heapq
 import numpy as np
 import pytest
 
-from pfcxl.device import fabric_constants as fc
-from pfcxl.device import fabric_engine as fe
-from pfcxl.device import fabric_model as fm
-from pfcxl.device import fabric_workloads as wl
+from pfcxl.device.fabric import constants as fc
+from pfcxl.device.fabric import engine as fe
+from pfcxl.device.fabric import model as fm
+from pfcxl.device.fabric import workloads as wl
 from pfcxl.device import topology
-from pfcxl.device.trace_format import LINE
+from pfcxl.device.trace.records import LINE
 
 APP = topology.load(topology.resolve("pf-appliance")).appliance
 PS = wl.PS_STAMP
@@ -337,7 +337,7 @@ def test_kernel_sorts_a_stage_far_from_issue_order_like_the_numpy_solver():
 
 
 def test_fifo_kernel_on_huge_times_matches_a_plain_loop():
-    from pfcxl.device import fabric_queues as fq
+    from pfcxl.device.fabric import queues as fq
     rng = np.random.default_rng(8)
     n = 5000
     arrive = (1 << 58) + rng.integers(0, 1 << 57, n)            # too wide to lift queues apart
@@ -353,7 +353,7 @@ def test_fifo_kernel_on_huge_times_matches_a_plain_loop():
 
 
 def test_addresses_map_to_modules_like_the_pool():
-    from pfcxl.device import pool
+    from pfcxl.device.appliance import pool
     rng = np.random.default_rng(4)
     offsets = rng.integers(0, APP.shared, 1000) // LINE * LINE
     module, moff = fe.locate(np.asarray(offsets + 0x4000, np.uint64), 0x4000, APP.granularity, APP.modules)
@@ -374,7 +374,7 @@ def test_context_rows():
 
 @pytest.mark.parametrize("modules, granularity", [(16, 4096), (3, 256), (12, 1024)])
 def test_kernel_decodes_records_like_the_numpy_path(modules, granularity):
-    from pfcxl.device import fabric_kernel
+    from pfcxl.device.fabric import native as fabric_kernel
     rng = np.random.default_rng(modules)
     tr = np.zeros(5000, fe.trace_dtype())
     tr["hpa"] = 0x8000 + rng.integers(0, 1 << 34, len(tr))

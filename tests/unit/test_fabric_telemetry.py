@@ -1,4 +1,4 @@
-"""The appliance's fabric telemetry (device/fabric_telemetry.py) on synthetic streams: every
+"""The appliance's fabric telemetry (device/fabric/telemetry.py) on synthetic streams: every
 figure it keeps is checked against the engine's own results for the merged stream the test
 builds by the documented rules (each stream from its first record at model time 0, one ns per
 instruction, addresses through the host's ranges, the port as the model's host)."""
@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pfcxl.device import fabric_constants as fc
-from pfcxl.device import fabric_engine as fe
-from pfcxl.device import fabric_model as fm
+from pfcxl.device.fabric import constants as fc
+from pfcxl.device.fabric import engine as fe
+from pfcxl.device.fabric import model as fm
 from pfcxl.device import topology
-from pfcxl.device.appliance_timing import host_ranges
-from pfcxl.device.fabric_telemetry import CAP_NS, COARSE_NS, FINE_NS, Telemetry, _bins, percentiles
-from pfcxl.device.trace_format import LINE
+from pfcxl.device.appliance.timing import host_ranges
+from pfcxl.device.fabric.telemetry import CAP_NS, COARSE_NS, FINE_NS, Telemetry, _bins, percentiles
+from pfcxl.device.trace.records import LINE
 
 TOPO = topology.load(topology.resolve("pf-appliance"))
 APP = TOPO.appliance
@@ -149,7 +149,7 @@ def test_records_outside_the_hosts_ranges_are_counted_not_modelled():
 
 
 def test_the_host_ranges_cover_its_dax_devices_and_direct_nvdimms():
-    from pfcxl.device import address_map
+    from pfcxl.device.topology import address_map
     offsets = {"shared": 0, "private/3": APP.shared + 3 * APP.private}
     ranges = host_ranges(TOPO, offsets, slot=3)
     dax = address_map.dax_placements(TOPO)
@@ -187,7 +187,8 @@ def test_bad_arguments_are_refused():
 
 
 def test_the_plugin_finds_the_appliances_ring_after_the_memory_descriptors():
-    from pfcxl.host_tools import timing, vm
+    from pfcxl.host_tools.timing import config as timing
+    from pfcxl.host_tools.vm import host as vm
     served = [d for d in TOPO.devices if d.appliance]
     n = vm.ring_fd_number(TOPO)
     assert n == vm.FIRST_MEMORY_FD + len(served)           # the memory descriptors are FIRST_MEMORY_FD .. n - 1

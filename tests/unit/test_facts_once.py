@@ -1,6 +1,6 @@
 """Every fact is written once: CXL and ACPI specification facts in
-firmware_tables/cxl_spec.py, what QEMU does in device/qemu_facts.py (the address placement
-computed from it in device/address_map.py), fabric figures in device/fabric_constants.py, guest
+device/facts/cxl_spec.py, what QEMU does in device/facts/qemu.py (the address placement
+computed from it in device/topology/address_map.py), fabric figures in device/fabric/constants.py, guest
 C constants in guest/include, one interleave decoder. A literal that restates one of them
 anywhere else in the code fails here, so two copies cannot drift apart."""
 
@@ -22,28 +22,28 @@ CODE_SUFFIXES = {".py", ".c", ".h", ".j2"}
 # (what, pattern over code with comments removed, the files allowed to hold it)
 FACTS = [
     ("the 256 MiB CFMWS/HDM granule", r"256 << 20|0x1000_?0000\b|268435456|(ALIGN|GRANULE)\w* = 256 \* MiB",
-     {"firmware_tables/cxl_spec.py"}),
-    ("the interleave ways", r"\(1, 2, 3, 4, 6, 8, 12, 16\)|\{1: 0, 2: 1, 4: 2", {"firmware_tables/cxl_spec.py"}),
+     {"device/facts/cxl_spec.py"}),
+    ("the interleave ways", r"\(1, 2, 3, 4, 6, 8, 12, 16\)|\{1: 0, 2: 1, 4: 2", {"device/facts/cxl_spec.py"}),
     ("the CFMWS restriction bits", r"0x000[fF]\b|0x3[fF]\b.*RESTRICT|\"back-invalidate\"",
-     {"device/qemu_facts.py", "firmware_tables/cxl_spec.py"}),
-    ("the CHBS register block length", r"0x10000\b|0x1_0000\b|0x2000\b", {"firmware_tables/cxl_spec.py"}),
+     {"device/facts/qemu.py", "device/facts/cxl_spec.py"}),
+    ("the CHBS register block length", r"0x10000\b|0x1_0000\b|0x2000\b", {"device/facts/cxl_spec.py"}),
     ("the 64 GB/s PCIe 5.0 x16 link", r"\b64_?000\b", set()),
-    ("QEMU's default CDAT", r"150, 250|16_?000, 16_?000|16 \* 1024, 16 \* 1024", {"device/qemu_facts.py"}),
-    ("QEMU's CXL link (68-byte flits)", r"\b68\b.*FLIT|FLIT_BYTES = ", {"device/qemu_facts.py"}),
-    ("QEMU's 'no serial' value", r"SERIAL\w* = \(1 << 64\) - 1|0xFFFF_?FFFF_?FFFF_?FFFF\b", {"device/qemu_facts.py"}),
+    ("QEMU's default CDAT", r"150, 250|16_?000, 16_?000|16 \* 1024, 16 \* 1024", {"device/facts/qemu.py"}),
+    ("QEMU's CXL link (68-byte flits)", r"\b68\b.*FLIT|FLIT_BYTES = ", {"device/facts/qemu.py"}),
+    ("QEMU's 'no serial' value", r"SERIAL\w* = \(1 << 64\) - 1|0xFFFF_?FFFF_?FFFF_?FFFF\b", {"device/facts/qemu.py"}),
     ("the appliance's socket, pid and lock names", r"\"appliance\.(sock|pid|lock|log)\"",
-     {"device/appliance_rundir.py"}),
-    ("the trace ring's header layout", r"<QIIQQQQ|HEAD_OFFSET = ", {"device/trace_format.py"}),
+     {"device/appliance/rundir.py"}),
+    ("the trace ring's header layout", r"<QIIQQQQ|HEAD_OFFSET = ", {"device/trace/records.py"}),
     ("the 2 MiB device-DAX mapping alignment", r"2 << 20|2 \* MiB|2ULL << 20",
      # the guest's C, the host's side, and the KV store's guest Python (which cannot import the host's
      # module; test_kvstore.py checks that its HOME equals data_path.DIRECT_OFFSET)
-     {"guest/include/pfcxl_mark.h", "device/data_path.py", "guest/python/pfcxl_kvlayout.py"}),
+     {"guest/include/pfcxl_mark.h", "device/topology/data_path.py", "guest/python/pfcxl_kvlayout.py"}),
     ("Linux's region and DAX names", r"f\"region\{|f\"dax\{|\"region%|\"dax%d\.0",
-     {"device/topology_model.py"}),
+     {"device/topology/model.py"}),
     ("the interleave decoder", r"//\s*\w*granularity\w*\)\s*%|%\s*(ways|modules)\b|granule\s*%\s*\w+",
-     {"device/address_map.py"}),
+     {"device/topology/address_map.py"}),
     ("compiling with gcc", r"\[\s*\"gcc\"", {"pfcxl/compile.py"}),
-    ("the idle-latency formula", r"def idle_\w*ns\b", {"device/fabric_model.py"}),
+    ("the idle-latency formula", r"def idle_\w*ns\b", {"device/fabric/model.py"}),
 ]
 
 pytestmark = pytest.mark.unit

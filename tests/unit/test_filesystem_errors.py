@@ -11,7 +11,8 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl import cache
-from pfcxl.host_tools import image, qemu
+from pfcxl.host_tools.image import initramfs as image
+from pfcxl.host_tools.vm import qemu
 
 REAL_MANIFEST = cache.manifest_path()     # before any test moves PFCXL_CACHE
 REAL_IMAGES = cache.images_dir()
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.component
 
 
 def pfcxl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], capture_output=True,
                           text=True, timeout=300, env={**os.environ, **(env or {})})
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pfcxl.host_tools.image import GUEST_SOURCES
+from pfcxl.host_tools.image.initramfs import GUEST_SOURCES
 from pfcxl.guest import pattern
 
 from .conftest import compile_guest_tool

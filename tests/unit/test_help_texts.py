@@ -10,7 +10,7 @@ import io
 
 import pytest
 
-from pfcxl.host_tools import cli
+from pfcxl.host_tools.cli import main as cli
 
 pytestmark = pytest.mark.unit
 

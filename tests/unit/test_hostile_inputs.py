@@ -8,12 +8,14 @@ import sys
 
 import pytest
 
-from pfcxl.device import fabric_constants, pool, topology
-from pfcxl.device.units import MiB
+from pfcxl.device.fabric import constants as fabric_constants
+from pfcxl.device.appliance import pool
+from pfcxl.device import topology
+from pfcxl.device.topology.units import MiB
 from pfcxl.errors import ApplianceError, TopologyError
 from pfcxl.firmware_tables import acpi, cdat, cedt
 from pfcxl.firmware_tables.layout import MAX_TABLE_BYTES, MAX_VIOLATIONS_SHOWN
-from pfcxl.host_tools.vm import FIRST_MEMORY_FD
+from pfcxl.host_tools.vm.host import FIRST_MEMORY_FD
 
 from tests.topology_docs import LARGEST_WINDOW, bridges_doc, one_bridge, pf_nic_doc, shipped, two_bridges
 
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.component
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], capture_output=True,
                           text=True, env=env)
 
 
@@ -86,7 +88,7 @@ def test_a_tiny_file_is_too_short_not_a_c_table(tmp_path):
 
 
 def test_decoding_dev_zero_stops_at_the_size_cap():
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "tables", "decode", "/dev/zero"],
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "tables", "decode", "/dev/zero"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "larger than" in done.stderr and "/dev/zero" in done.stderr
 

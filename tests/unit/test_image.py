@@ -9,7 +9,9 @@ import pytest
 from pfcxl.device import topology
 from pfcxl.guest import plan
 from pfcxl import cache
-from pfcxl.host_tools import cpio, elf_deps, image
+from pfcxl.host_tools.image import cpio
+from pfcxl.host_tools.image import elf_deps
+from pfcxl.host_tools.image import initramfs as image
 
 pytestmark = pytest.mark.component
 

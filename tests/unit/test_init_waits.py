@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from pfcxl.host_tools import image
+from pfcxl.host_tools.image import initramfs as image
 
 INIT = image.GUEST_INIT / "init"
 

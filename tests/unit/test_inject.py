@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from pfcxl.device import topology
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import inject
+from pfcxl.host_tools.vm import inject
 
 TOPO = topology.load(topology.resolve("two-hb-interleave"))
 DEV = TOPO.devices[0]

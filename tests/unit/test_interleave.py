@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pfcxl.device import address_map, fabric_engine, pool, topology
-from pfcxl.device.units import GiB, KiB, MiB
+from pfcxl.device.topology import address_map
+from pfcxl.device.fabric import engine as fabric_engine
+from pfcxl.device.appliance import pool
+from pfcxl.device import topology
+from pfcxl.device.topology.units import GiB, KiB, MiB
 from pfcxl.errors import TopologyError
 
 LAYOUTS = Path(__file__).parents[1] / "data" / "topologies"

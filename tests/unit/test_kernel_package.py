@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 
 from pfcxl import Machine
 from pfcxl.errors import PfcxlError, SetupError
-from pfcxl.host_tools import kernel_package as kp
+from pfcxl.host_tools.image import kernel_package as kp
 
 pytestmark = pytest.mark.component
 
@@ -84,13 +84,14 @@ def test_a_split_tree_boots_the_vmlinuz_under_lib_modules(tmp_path):
 def test_kernel_package_and_kernel_are_one_or_the_other():
     with pytest.raises(PfcxlError, match="give one kernel"):
         Machine("pf-nic", kernel="/nonexistent", kernel_package="latest")
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "qemu-args", "--kernel", "/k",
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "qemu-args", "--kernel", "/k",
                            "--kernel-package", "latest"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
 
 
 def test_the_option_reaches_the_machine_and_the_reuse_hash():
-    from pfcxl.host_tools import boot_options, cli
+    from pfcxl.host_tools.vm import boot_options
+    from pfcxl.host_tools.cli import main as cli
     args = cli.parser().parse_args(["run", "--kernel-package", "6.12.117", "--", "true"])
     options = boot_options.from_args(args)
     assert options.kernel_package == "6.12.117"

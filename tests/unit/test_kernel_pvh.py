@@ -7,7 +7,7 @@ import pytest
 
 from pfcxl.errors import ImageError
 from pfcxl import cache
-from pfcxl.host_tools import kernel_pvh
+from pfcxl.host_tools.image import kernel_pvh
 from pfcxl.machine import Machine
 
 pytestmark = pytest.mark.component

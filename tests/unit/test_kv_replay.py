@@ -1,4 +1,4 @@
-"""`pfcxl kv replay` (host_tools/kv_replay.py): host processes replaying a trace through the real
+"""`pfcxl kv replay` (host_tools/kv/replay.py): host processes replaying a trace through the real
 store on a pool file. Hits are checked against hand-computed ones; every load is checked."""
 
 import json
@@ -10,9 +10,9 @@ import zlib
 import pytest
 
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import kv_replay as R
-from pfcxl.host_tools.cli import main as cli_main
-from pfcxl.host_tools import kv_replay_host as H
+from pfcxl.host_tools.kv import replay as R
+from pfcxl.host_tools.cli.main import main as cli_main
+from pfcxl.host_tools.kv import replay_host as H
 from pfcxl.serving.traces import Request
 
 pytestmark = pytest.mark.component

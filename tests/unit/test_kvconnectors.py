@@ -9,7 +9,7 @@ import pytest
 
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
-from pfcxl.host_tools import debian_image
+from pfcxl.host_tools.image import debian as debian_image
 
 from .conftest import kv_pool
 

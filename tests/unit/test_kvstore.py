@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from pfcxl.device import data_path
-from pfcxl.host_tools import debian_image
+from pfcxl.device.topology import data_path
+from pfcxl.host_tools.image import debian as debian_image
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes
 from pfcxl.serving.inputs import load_model
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from pfcxl.host_tools import debian_image
+from pfcxl.host_tools.image import debian as debian_image
 
 from .conftest import compile_guest_tool, kv_pool
 

@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from pfcxl.host_tools import debian_image
+from pfcxl.host_tools.image import debian as debian_image
 
 pytestmark = pytest.mark.component
 

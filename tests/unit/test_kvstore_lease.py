@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from pfcxl.host_tools import cli, debian_image
+from pfcxl.host_tools.cli import main as cli
+from pfcxl.host_tools.image import debian as debian_image
 
 from .conftest import compile_guest_tool, kv_pool
 

@@ -1,11 +1,11 @@
-"""The KV block store under stress (host_tools/bench_kv_stress.py, a short run): host processes on
+"""The KV block store under stress (host_tools/experiments/kv_stress.py, a short run): host processes on
 one pool file with constant evictions and random SIGKILLs, every value read checked against the
 one written for its key. With reads that did not check the key in the same snapshot as the state
 and the block, these settings (4 records per host, so a slot is reused for another
 key at once) gave 2 wrong reads in each of 4 runs of 5 s here."""
 
 import pytest
-from pfcxl.host_tools import bench_kv_stress
+from pfcxl.host_tools.experiments import kv_stress as bench_kv_stress
 
 pytestmark = pytest.mark.component
 

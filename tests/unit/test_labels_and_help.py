@@ -9,9 +9,12 @@ import numpy as np
 from rich.console import Console
 
 from pfcxl import errors
-from pfcxl.device import address_map, fabric_model, topology
-from pfcxl.device import trace_format as tf
-from pfcxl.host_tools import bench_report, timing_report
+from pfcxl.device.topology import address_map
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.device import topology
+from pfcxl.device.trace import records as tf
+from pfcxl.host_tools.bench import report as bench_report
+from pfcxl.host_tools.timing import report as timing_report
 
 pytestmark = pytest.mark.unit
 
@@ -59,7 +62,7 @@ def test_bench_idle_table_names_the_model_and_a_missing_topology():
 
 def run_help(capsys, *args: str) -> str:
     """`pfcxl ARGS --help` as the user sees it (argparse prints it and exits 0)."""
-    from pfcxl.host_tools.cli import main
+    from pfcxl.host_tools.cli.main import main
     with pytest.raises(SystemExit) as done:
         main([*args, "--help"])
     assert done.value.code == 0
@@ -80,7 +83,7 @@ def test_each_kind_of_failure_exits_with_the_status_help_lists_for_it(cls, capsy
     listed = {name: code for code, name, _ in errors.exit_codes()}
     text = run_help(capsys)
     assert f"{listed[cls.__name__]} {cls.__name__}" in text
-    from pfcxl.host_tools import cli
+    from pfcxl.host_tools.cli import main as cli
 
     def fails(path):
         raise cls("what went wrong")

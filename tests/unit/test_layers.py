@@ -20,20 +20,20 @@ FOLDERS = ("device", "firmware_tables", "guest", "host_tools", "serving")
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 BASE = ("pfcxl.errors", "pfcxl.cache", "pfcxl.process", "pfcxl.compile")
-# host_tools modules built on pfcxl.Machine / pfcxl.Appliance: several hosts, kept-up machines,
-# benchmark suites and scripts. The rest of host_tools is what the API is built on.
-FLEET_AND_BENCH = tuple(f"pfcxl.host_tools.{m}" for m in (
-    "multihost", "detached", "bench", "bench_boot", "bench_model", "bench_paper_bw", "bench_paper_bw_hosts",
-    "bench_report", "bench_plots", "bench_results", "bench_appliance_timing", "bench_kv_stress", "bench_trace",
-    "data_path_bench", "kv_path_bench", "kv_replay", "kv_replay_report", "bench_console", "bench_kv_replay"))
+# host_tools packages built on pfcxl.Machine / pfcxl.Appliance: several hosts, kept-up machines,
+# the benchmark suite, the KV replay and the experiment scripts. The rest of host_tools is what
+# the API is built on.
+FLEET_AND_BENCH = ("pfcxl.host_tools.fleet", "pfcxl.host_tools.bench", "pfcxl.host_tools.experiments",
+                   "pfcxl.host_tools.kv.replay", "pfcxl.host_tools.kv.replay_host", "pfcxl.host_tools.kv.replay_report")
 LAYERS = [
     ("base", BASE),                                            # errors, the cache, running programs
-    ("facts and models", ("pfcxl.device", "pfcxl.firmware_tables", "pfcxl.guest", "pfcxl.serving")),
-    ("host tools", ("pfcxl.host_tools",)),                     # vm, console, image, timing, provision
+    ("device", ("pfcxl.device",)),                             # topology, appliance, fabric, trace, facts
+    ("tables, guest and serving", ("pfcxl.firmware_tables", "pfcxl.guest", "pfcxl.serving")),
+    ("host tools", ("pfcxl.host_tools",)),                     # vm, image, timing, provision
     ("public API", ("pfcxl", "pfcxl.machine", "pfcxl.pytest_plugin")),
     ("fleet and benchmarks", FLEET_AND_BENCH),
     ("command line", ("pfcxl.host_tools.cli", "pfcxl.host_tools.provision.cli",
-                      "pfcxl.host_tools.provision.__main__")),          # and every cli_*.py
+                      "pfcxl.host_tools.provision.__main__")),
 ]
 
 
@@ -41,10 +41,7 @@ def layer_of(module: str) -> int:
     best, depth = -1, -1
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
-            leaf = module.rsplit(".", 1)[-1]
-            hit = module == p or (p != "pfcxl" and module.startswith(p + ".")) or (
-                p == "pfcxl.host_tools.cli" and module.startswith("pfcxl.host_tools.")
-                and (leaf == "cli" or leaf.startswith("cli_")))
+            hit = module == p or (p != "pfcxl" and module.startswith(p + "."))
             if hit and len(p) > depth:
                 best, depth = i, len(p)
     return best
@@ -95,7 +92,7 @@ MODULES = package_modules()
 
 
 def test_the_contract_reads_the_whole_package():
-    assert {"pfcxl.machine", "pfcxl.device.topology", "pfcxl.host_tools.cli", "pfcxl.host_tools.vm",
+    assert {"pfcxl.machine", "pfcxl.device.topology", "pfcxl.host_tools.cli.main", "pfcxl.host_tools.vm.host",
             "pfcxl.firmware_tables.cedt", "pfcxl.serving.sim", "pfcxl.errors"} <= set(MODULES)
     assert all(layer_of(m) >= 0 for m in MODULES), [m for m in MODULES if layer_of(m) < 0]
 
@@ -103,10 +100,10 @@ def test_the_contract_reads_the_whole_package():
 def test_the_rules_catch_an_upward_import(tmp_path):
     # the checker itself: a device module importing the CLI and one importing host_tools are caught
     bad = tmp_path / "bad.py"
-    bad.write_text("from pfcxl.host_tools import cli\ndef f():\n    from pfcxl.host_tools.vm import VM\n")
+    bad.write_text("from pfcxl.host_tools import cli\ndef f():\n    from pfcxl.host_tools.vm.host import VM\n")
     found = [(line, name) for line, name in imports_of("pfcxl.device.bad", bad)
              if name in MODULES and layer_of(name) > layer_of("pfcxl.device.bad")]
-    assert found == [(1, "pfcxl.host_tools.cli"), (3, "pfcxl.host_tools.vm")]
+    assert found == [(1, "pfcxl.host_tools.cli"), (3, "pfcxl.host_tools.vm.host")]
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -9,8 +9,8 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl.errors import PfcxlError, VMError
-from pfcxl.host_tools import multihost
-from pfcxl.host_tools.boot_options import BootOptions
+from pfcxl.host_tools.fleet import multihost
+from pfcxl.host_tools.vm.boot_options import BootOptions
 
 pytestmark = pytest.mark.unit
 

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pfcxl.device import topology, topology_rules
+from pfcxl.device import topology
+from pfcxl.device.topology import rules as topology_rules
 from pfcxl.errors import PfcxlError, TopologyError
-from pfcxl.host_tools import detached
-from pfcxl.host_tools.cli import main
+from pfcxl.host_tools.fleet import detached
+from pfcxl.host_tools.cli.main import main
 
 ROOT = Path(detached.__file__).resolve().parents[1]
 SOURCES = ("device", "firmware_tables", "guest", "host_tools", "pfcxl", "serving")

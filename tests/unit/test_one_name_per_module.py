@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import pfcxl
-from pfcxl.device import fabric_constants
+from pfcxl.device.fabric import constants as fabric_constants
 
 REPO = Path(pfcxl.__file__).resolve().parent.parent
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.component
 PROBE = '''
 from pathlib import Path
 
-from pfcxl.device import fabric_constants
+from pfcxl.device.fabric import constants as fabric_constants
 from pfcxl import cache
 
 
@@ -37,7 +37,7 @@ def test_a_clone_runs_its_own_code(tmp_path):
     done = subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(clone)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    constants = clone / "device" / "fabric_constants.py"
+    constants = clone / "device" / "fabric" / "constants.py"
     text = constants.read_text()
     before = f"PF_T_REQ_NS = {fabric_constants.PF_T_REQ_NS} "
     assert before in text

@@ -14,7 +14,9 @@ import pytest
 from pfcxl.errors import ImageError
 from pfcxl.guest import plan
 from pfcxl import cache
-from pfcxl.host_tools import elf_deps, kernel_pvh, own_kernel
+from pfcxl.host_tools.image import elf_deps
+from pfcxl.host_tools.image import kernel_pvh
+from pfcxl.host_tools.image import own_kernel
 from pfcxl.machine import Machine
 
 MANIFEST = cache.read_manifest()
@@ -107,7 +109,7 @@ def _plan_lines(initrd: Path) -> list[str]:
 def test_the_cli_refuses_a_tree_without_cxl_mem_before_boot(tmp_path):
     tree = install_tree(tmp_path / "mods", drop=("cxl_mem",))
     run_dir = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "run", "--kernel", str(VMLINUZ),
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "run", "--kernel", str(VMLINUZ),
                            "--modules", str(tree), "--run-dir", str(run_dir), "--", "true"],
                           capture_output=True, text=True)
     assert done.returncode != 0

@@ -5,10 +5,11 @@ import dataclasses
 
 import pytest
 
-from pfcxl.device import fabric_constants as fc
-from pfcxl.device import fabric_model, qemu_facts
+from pfcxl.device.fabric import constants as fc
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.device.facts import qemu as qemu_facts
 from pfcxl.device import topology
-from pfcxl.host_tools import perf_predict as pp
+from pfcxl.host_tools.vm import perf_predict as pp
 
 pytestmark = pytest.mark.unit
 

@@ -5,10 +5,11 @@ import tomllib
 
 import pytest
 
-from pfcxl.device import address_map, topology
-from pfcxl.device.units import MiB
+from pfcxl.device.topology import address_map
+from pfcxl.device import topology
+from pfcxl.device.topology.units import MiB
 from pfcxl.guest import plan
-from pfcxl.host_tools import discovery
+from pfcxl.host_tools.vm import discovery
 
 pytestmark = pytest.mark.unit
 

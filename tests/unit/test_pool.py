@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pfcxl.device.crc_zeros import crc32_zeros
-from pfcxl.device.pool import Pool, bytes_per_module, where
-from pfcxl.device.topology_model import Appliance
-from pfcxl.device.units import KiB, MiB
+from pfcxl.device.appliance.crc_zeros import crc32_zeros
+from pfcxl.device.appliance.pool import Pool, bytes_per_module, where
+from pfcxl.device.topology.model import Appliance
+from pfcxl.device.topology.units import KiB, MiB
 from pfcxl.errors import ApplianceError
 
 SMALL = Appliance(modules=4, module_capacity=256 * MiB, hbm_cache=0, ports=2, granularity=4 * KiB,

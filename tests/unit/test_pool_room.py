@@ -1,5 +1,5 @@
 """A pool larger than the file system under it: refused at start in one line naming the file
-system (device/fs_room.py), and a SIGBUS while a host tool touches a pool file turned into one
+system (device/appliance/fs_room.py), and a SIGBUS while a host tool touches a pool file turned into one
 line naming it (host_tools/bus_error.py)."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pfcxl.device import fs_room, topology
-from pfcxl.device.pool import Pool
+from pfcxl.device.appliance import fs_room
+from pfcxl.device import topology
+from pfcxl.device.appliance.pool import Pool
 from pfcxl.device.topology import Topology
-from pfcxl.device.units import GiB, MiB
+from pfcxl.device.topology.units import GiB, MiB
 from pfcxl.errors import ApplianceError
 from pfcxl.host_tools import appliance
 
@@ -71,7 +72,8 @@ def test_a_pool_that_fits_its_room_still_starts(tmp_path):
 # size): either way the next page the store touches cannot be had and the kernel sends SIGBUS.
 BENCH_ON_A_VANISHING_FILE = textwrap.dedent("""
     import os, sys
-    from pfcxl.host_tools import cli, cli_kv
+    from pfcxl.host_tools.cli import main as cli
+    from pfcxl.host_tools.cli import kv as cli_kv
     pool = sys.argv[1]
     assert cli.main(["kv", "format", "--pool", pool]) == 0
     put = cli_kv.kv.Store.put

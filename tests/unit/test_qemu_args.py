@@ -10,9 +10,9 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl.device.topology import BACKEND_PREFIX
-from pfcxl.device.units import MiB, parse_size
+from pfcxl.device.topology.units import MiB, parse_size
 from pfcxl.errors import VMError
-from pfcxl.host_tools import qemu
+from pfcxl.host_tools.vm import qemu
 
 CONSOLE_FD, QMP_FD, OUTPUT_FD = 7, 11, 13
 REPO_INIT = Path(__file__).resolve().parents[2] / "guest" / "init" / "init"
@@ -176,7 +176,7 @@ def test_command_output_has_a_virtio_serial_port_on_its_fd(rendered):
 
 def test_a_vm_hands_qemu_distinct_descriptors(rendered, tmp_path):
     """The console, QMP, output port, appliance memory and trace ring numbers never collide."""
-    from pfcxl.host_tools import vm as vm_mod
+    from pfcxl.host_tools.vm import host as vm_mod
     topo = rendered[0]
     guest = vm_mod.VM(topo, vm_mod.BootImage(tmp_path / "k", tmp_path / "i", "6.12", False), tmp_path, lean=False)
     memory = list(guest.memory_fds().values())

@@ -8,11 +8,12 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl.errors import VMError
-from pfcxl.host_tools import qemu, qemu_binary
-from pfcxl.host_tools.image import BootImage
-from pfcxl.host_tools.vm import VM
-from pfcxl.host_tools.cli import parser
-from pfcxl.host_tools.boot_options import from_args
+from pfcxl.host_tools.vm import qemu
+from pfcxl.host_tools.vm import qemu_binary
+from pfcxl.host_tools.image.initramfs import BootImage
+from pfcxl.host_tools.vm.host import VM
+from pfcxl.host_tools.cli.main import parser
+from pfcxl.host_tools.vm.boot_options import from_args
 
 pytestmark = pytest.mark.component
 

@@ -3,8 +3,9 @@ topology, tests/data/topologies/qemu-qtest-cxl.toml: its command line, and its C
 QEMU's golden table, with the differences explained."""
 
 import pytest
-from pfcxl.device import address_map, topology
-from pfcxl.device.units import GiB, KiB, MiB
+from pfcxl.device.topology import address_map
+from pfcxl.device import topology
+from pfcxl.device.topology.units import GiB, KiB, MiB
 from pfcxl.firmware_tables import cedt, table_files
 
 from .topology_data import GOLDEN_CEDT, QTEST, argv_of, doc_of, values_of

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pfcxl.host_tools import cli
+from pfcxl.host_tools.cli import main as cli
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()

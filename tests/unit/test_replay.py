@@ -1,4 +1,4 @@
-"""Replay at a chosen offered load (device/fabric_replay.py, `pfcxl model replay`): streams keep
+"""Replay at a chosen offered load (device/fabric/replay.py, `pfcxl model replay`): streams keep
 their accesses and order; at load 1.0 every PF port carries its 25.6 GB/s while the electrical
 pool's shared switch link is the limit."""
 
@@ -9,9 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from pfcxl.device import address_map, fabric_constants as fc, fabric_model as fm, fabric_replay as fr
-from pfcxl.device import fabric_workloads as wl, topology
-from pfcxl.host_tools import model_runs
+from pfcxl.device.topology import address_map
+from pfcxl.device.fabric import constants as fc
+from pfcxl.device.fabric import model as fm
+from pfcxl.device.fabric import replay as fr
+from pfcxl.device.fabric import workloads as wl
+from pfcxl.device import topology
+from pfcxl.host_tools.timing import model_runs
 
 TOPO = topology.load(topology.resolve("pf-appliance"))
 APP = TOPO.appliance
@@ -78,7 +82,7 @@ def test_the_electrical_knee_lies_where_the_switch_link_fills():
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "model", "replay", *args],
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "model", "replay", *args],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -155,7 +159,7 @@ def test_the_curve_command_saves_a_png_and_names_each_knee(tmp_path):
     path = tmp_path / "sixteen.npy"
     model_runs.save_trace(path, captured(hosts=16, n=10_000))
     png = tmp_path / "curve.png"
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "model", "curve", str(path), "-t",
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "model", "curve", str(path), "-t",
                            "pf-appliance", "--loads", "0.5,0.6,0.7,1.0", "--out", str(png), "--json"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -174,8 +178,8 @@ def test_replay_at_a_light_load_gives_what_the_traced_run_printed(size):
     """`model replay --load 0.01` of a trace and the traced run's table (timing_report.model_trace)
     model the same accesses: whole 64-byte lines whatever bytes the program touched, so at a load
     too light to queue both give each system's idle read and write latency."""
-    from pfcxl.device import trace_format as tf
-    from pfcxl.host_tools import timing_report
+    from pfcxl.device.trace import records as tf
+    from pfcxl.host_tools.timing import report as timing_report
     topo = topology.load(topology.resolve("pf-nic"))
     n = 600
     records = np.zeros(n, np.dtype(tf.RECORD_FIELDS))

@@ -9,10 +9,12 @@ import random
 import numpy as np
 import pytest
 
-from pfcxl.device import address_map, fabric_replay as fr
-from pfcxl.device.fabric_engine import trace_dtype
-from pfcxl.device import fabric_systems
-from pfcxl.host_tools import argtypes, model_runs
+from pfcxl.device.topology import address_map
+from pfcxl.device.fabric import replay as fr
+from pfcxl.device.fabric.engine import trace_dtype
+from pfcxl.device.fabric import systems as fabric_systems
+from pfcxl.host_tools.timing import model_runs
+from pfcxl.host_tools import argtypes
 from pfcxl.errors import TimingError
 
 from . import bounded_cli

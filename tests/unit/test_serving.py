@@ -155,7 +155,7 @@ def test_stored_calibration_is_what_refitting_gives():
 
 
 def pfcxl(*args):
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "serving", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "serving", *args], capture_output=True,
                           text=True, timeout=300)
 
 

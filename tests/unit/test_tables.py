@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pfcxl.device import fabric_constants, fabric_model, topology
+from pfcxl.device.fabric import constants as fabric_constants
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.device import topology
 from pfcxl.errors import TableError
 from pfcxl.firmware_tables import acpi, boot_policy, cdat, cedt, generate, iasl, table_files
 from pfcxl.firmware_tables.layout import decode, encode
@@ -306,7 +308,7 @@ def test_truncated_tables_are_reported_not_raised(cut):
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], capture_output=True,
                           text=True, cwd=cwd)
 
 

@@ -17,11 +17,14 @@ import numpy as np
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from pfcxl.device import address_map, data_path, topology
-from pfcxl.device import trace_format as tf
+from pfcxl.device.topology import address_map
+from pfcxl.device.topology import data_path
+from pfcxl.device import topology
+from pfcxl.device.trace import records as tf
 from pfcxl.errors import BuildError, VMError
-from pfcxl.device import trace_ring
-from pfcxl.host_tools import timing, timing_plugin
+from pfcxl.device.trace import ring as trace_ring
+from pfcxl.host_tools.timing import config as timing
+from pfcxl.host_tools.timing import plugin as timing_plugin
 
 REPO = Path(timing.__file__).resolve().parent.parent
 GUEST_SRC = REPO / "guest" / "src"

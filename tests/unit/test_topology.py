@@ -8,8 +8,9 @@ import tomllib
 
 import pytest
 
-from pfcxl.device import address_map, topology
-from pfcxl.device.units import GiB, KiB, MiB, parse_size
+from pfcxl.device.topology import address_map
+from pfcxl.device import topology
+from pfcxl.device.topology.units import GiB, KiB, MiB, parse_size
 from pfcxl.errors import TopologyError
 
 pytestmark = pytest.mark.component
@@ -158,7 +159,7 @@ def test_cli_rejects_bad_topology_without_traceback(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(topology.resolve("two-hb-interleave").read_text().replace('granularity = "8K"',
                                                                               'granularity = "6K"'))
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "run", "--topology", str(bad),
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "run", "--topology", str(bad),
                            "--", "true"], capture_output=True, text=True)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
@@ -222,7 +223,7 @@ def test_cli_gives_one_line_per_mistake_and_boots_nothing(tmp_path, name, base, 
     doc = _mutate(base, change)
     bad = tmp_path / "bad.toml"
     bad.write_text(_to_toml(doc))
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli", "run", "--topology", str(bad),
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "run", "--topology", str(bad),
                            "--run-dir", str(tmp_path / "run"), "--", "true"], capture_output=True, text=True)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr

@@ -5,12 +5,14 @@ import copy
 
 import pytest
 
-from pfcxl.device import address_map, topology
-from pfcxl.device.units import GiB, KiB, MiB
+from pfcxl.device.topology import address_map
+from pfcxl.device import topology
+from pfcxl.device.topology.units import GiB, KiB, MiB
 from pfcxl.errors import TopologyError, VMError
 from pfcxl.firmware_tables import cdat, generate
 from pfcxl.guest import plan
-from pfcxl.host_tools import discovery, qemu
+from pfcxl.host_tools.vm import discovery
+from pfcxl.host_tools.vm import qemu
 
 from .topology_data import PMEM, argv_of, doc_of, values_of
 

@@ -1,12 +1,12 @@
-"""The appliance's capture of drained trace records (device/trace_capture.py)."""
+"""The appliance's capture of drained trace records (device/trace/capture.py)."""
 
 import json
 
 import numpy as np
 import pytest
 
-from pfcxl.device import trace_capture
-from pfcxl.device.trace_format import RECORD_FIELDS
+from pfcxl.device.trace import capture as trace_capture
+from pfcxl.device.trace.records import RECORD_FIELDS
 from pfcxl.errors import ApplianceError, PfcxlError
 
 pytestmark = pytest.mark.component

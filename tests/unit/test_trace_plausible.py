@@ -1,4 +1,4 @@
-"""Which trace records a plugin can have written (device/trace_plausible.py): generated streams
+"""Which trace records a plugin can have written (device/trace/plausible.py): generated streams
 of several vCPUs with implausible records mixed in, checked against a record-by-record reading
 of the two rules, across drains."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import numpy as np
 
-from pfcxl.device import trace_format as tf
-from pfcxl.device.trace_plausible import MAX_INSN_PER_SECOND, SLACK_SECONDS, Plausible
+from pfcxl.device.trace import records as tf
+from pfcxl.device.trace.plausible import MAX_INSN_PER_SECOND, SLACK_SECONDS, Plausible
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from pfcxl.errors import VMError
-from pfcxl.host_tools import vm as vm_mod
-from pfcxl.host_tools.console import Console
+from pfcxl.host_tools.vm import host as vm_mod
+from pfcxl.host_tools.vm.console import Console
 from pfcxl.device import topology
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from pfcxl.host_tools import qemu
+from pfcxl.host_tools.vm import qemu
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 PMEM = DATA / "topologies" / "pmem.toml"

@@ -1,0 +1,1 @@
+"""`pfcxl bench`: the guest benchmark suite, its modelled columns, results files, reports and plots."""

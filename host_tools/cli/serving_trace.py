@@ -1,0 +1,206 @@
+"""`pfcxl serving --trace FILE`: replay a request trace (pfcxl.serving.trace_sim), one run per KV
+tier or a capacity sweep. host_tools/cli/serving.py parses the options and hands over here."""
+
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+
+from rich.markup import escape
+
+from pfcxl.errors import ServingError
+from pfcxl.serving import inputs
+from pfcxl.serving.traces import SWEEP_DEFAULT, TRACE_MODEL
+
+from pfcxl.host_tools.ui import err, out
+
+_BYTES = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+          "TIB": 2**40}
+TRACE_ONLY = ("block_tokens", "time_scale", "kv_capacity", "capacity_sweep", "sequence_only")
+
+
+def parse_capacity(flag: str, text: str, kv_bytes_per_token: int) -> float:
+    """'6e6' (tokens) or a size with a unit ('2TB', '500GiB'): KV-tier capacity in tokens."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m[2].upper() if m else ""
+    if not m or (unit and unit not in _BYTES):
+        raise ServingError(f"{flag}: '{text}' must be tokens (e.g. 6e6) or bytes with a unit "
+                           f"({', '.join(u if len(u) < 3 else u[0] + 'i' + u[2] for u in _BYTES)})")
+    value = float(m[1])
+    return value * _BYTES[unit] / kv_bytes_per_token if unit else value
+
+
+def parse_sweep(text: str | None, kv_bytes_per_token: int) -> list[float]:
+    if text in (None, "default"):
+        return SWEEP_DEFAULT
+    values = sorted({parse_capacity("--capacity-sweep", part, kv_bytes_per_token) for part in text.split(",")})
+    if not values:
+        raise ServingError(f"--capacity-sweep: '{text}' lists no capacity")
+    return values
+
+
+def load_trace(args):
+    from pfcxl.serving import traces
+    path = Path(args.trace)
+    if not path.exists() and path.suffix != ".jsonl" and "/" not in args.trace:
+        path = traces.bundled(args.trace)
+    if args.block_tokens is not None and args.block_tokens < 1:
+        raise ServingError(f"--block-tokens: {args.block_tokens} must be a positive integer")
+    return traces.load(path, args.block_tokens or traces.DEFAULT_BLOCK_TOKENS)
+
+
+def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float) -> int:
+    """One replay per KV tier in `roles`, or (--capacity-sweep) a sweep with the first tier."""
+    from pfcxl.serving import trace_report
+    from pfcxl.serving.kvpolicy import Policy
+    from pfcxl.serving.trace_sim import UNBOUNDED, TraceSetup, replay
+
+    if args.time_scale is not None and not args.time_scale > 0:
+        raise ServingError(f"--time-scale: {args.time_scale!r} must be a positive number")
+    model = inputs.load_model(args.model or TRACE_MODEL)
+    policy = Policy(args.policy, args.reservation, args.hit_accounting)
+    sweep = parse_sweep(args.capacity_sweep, model.kv_bytes_per_token) if args.capacity_sweep else None
+    fixed = parse_capacity("--kv-capacity", args.kv_capacity, model.kv_bytes_per_token) if args.kv_capacity else None
+    if sweep and fixed is not None:
+        raise ServingError("--kv-capacity and --capacity-sweep both set the KV tier's capacity: give one")
+    trace = load_trace(args)
+
+    def setup(tier, capacity):
+        return TraceSetup(trace, model, gpu, w.gpus, tier, capacity, tflops * 1e12, w.gpu_memory_utilization,
+                          args.time_scale or 1.0, policy, args.sequence_only)
+
+    def capacity_of(tier):
+        return fixed if fixed is not None else tier.capacity_bytes / model.kv_bytes_per_token
+
+    mode = setup(tiers[roles[0]], 0).mode
+    title = (f"{trace.name} trace ({len(trace.requests):,} requests over {trace.span_ms / 1000:,.0f} s, "
+             f"{trace.block_tokens}-token blocks), {model.name} on {w.gpus} x {gpu.name}; {mode}; policy "
+             f"{policy.label}; time scale x{args.time_scale or 1:g}")
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.out or Path("results") / f"serving-trace-{stamp}-{trace.name}")
+    doc = {"trace": trace.path, "block_tokens": trace.block_tokens, "model": model.name, "gpu": gpu.name,
+           "gpus": w.gpus, "mode": mode, "policy": policy.label, "time_scale": args.time_scale or 1.0,
+           "prefill_tflops_per_gpu": tflops, "kv_bytes_per_token": model.kv_bytes_per_token}
+    with err.status("replaying") as status:
+        if sweep:
+            tier = tiers[roles[0]]
+            points = []
+            for capacity in sweep:
+                status.update(f"{capacity:,.0f} tokens")
+                points.append((capacity, replay(setup(tier, capacity))))
+            status.update("unbounded")
+            ceiling = replay(setup(tier, UNBOUNDED))
+        else:
+            runs = {}
+            for role in roles:
+                status.update(role)
+                runs[role] = replay(setup(tiers[role], capacity_of(tiers[role])))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if sweep:
+        marks = {"host DRAM " + f"{tiers['host'].capacity_tb:g} TB": tiers["host"].capacity_bytes / model.kv_bytes_per_token,
+                 "appliance " + f"{tiers['appliance'].capacity_tb:g} TB":
+                 tiers["appliance"].capacity_bytes / model.kv_bytes_per_token}
+        sweep_title = f"{title}; sweep of " + ("the cache's capacity" if args.sequence_only else
+                                               f"the {roles[0]} tier's capacity (its load times)")
+        out.print(trace_report.sweep_table(points, ceiling, sweep_title))
+        for label, tokens in marks.items():
+            out.print(f"{label} holds {tokens:,.0f} tokens of {model.name} KV ({model.kv_bytes_per_token:,} B a token)")
+        trace_report.write_json(out_dir / "results.json", {**doc, "marks_tokens": marks}, sweep=points, ceiling=ceiling)
+        written = [trace_report.sweep_plot(points, ceiling, marks, out_dir / "capacity_sweep.png", sweep_title)]
+    else:
+        out.print(trace_report.runs_table(runs, title))
+        busy = max(r.summary().get("prefill_utilisation", 0) for r in runs.values())
+        if busy > 1:
+            err.print(f"[yellow]prefill needs {busy:.0%} of the trace's span: the GPUs cannot keep up and requests "
+                      f"queue through the trace (slow arrivals down with --time-scale, e.g. {busy * 1.25:.1f})[/yellow]")
+        trace_report.write_json(out_dir / "results.json", doc, runs=runs)
+        written = [] if args.sequence_only else [trace_report.ttft_cdf(runs, out_dir / "ttft_cdf.png", title)]
+    err.print(f"results in {escape(str(out_dir / 'results.json'))}" +
+              (f"; plots: {', '.join(p.name for p in written)}" if written else ""))
+    return 0
+
+
+def add_options(p) -> None:
+    """The trace options of `pfcxl serving` (added to its parser)."""
+    g = p.add_argument_group("trace replay (see docs/serving.md)")
+    g.add_argument("--trace", help="replay a request trace: a JSON-lines file (Mooncake's format) or a shipped "
+                   "trace's name (conversation, synthetic); the model defaults to llama-70b")
+    g.add_argument("--block-tokens", type=int, help="tokens per hash block in the trace (default 512)")
+    g.add_argument("--time-scale", type=float, help="multiply the trace's arrival times by this (default 1)")
+    g.add_argument("--kv-capacity", help="KV-tier capacity: tokens (e.g. 6e6) or bytes with a unit (2TB, "
+                   "500GiB); default: the tier files'")
+    g.add_argument("--capacity-sweep", nargs="?", const="default", metavar="LIST",
+                   help="hit rate against KV-tier capacity: 10^4..10^9 tokens per half decade, or a list "
+                   "(tokens or sizes, comma-separated)")
+    g.add_argument("--sequence-only", action="store_true",
+                   help="one cache, requests in trace order, no GPU tier, no timing (how published hit-rate "
+                   "curves are drawn)")
+    g.add_argument("--policy", default="chunk-lru", help="KV policy: chunk-lru (default) or radix-lru "
+                   "(LLMServingSim's radix tree); also for the session model")
+    g.add_argument("--reservation", action="store_true",
+                   help="radix-lru: the KV tier first reserves room for every running request's full KV")
+    p.add_argument("table", nargs="?", choices=("retrieval",),
+                   help="retrieval: the paper's Table I, loading KV from host memory or disk vs recomputing it")
+    r = p.add_argument_group("retrieval table")
+    r.add_argument("--disk", default="nvme-gen4", help="disk tier: a name in serving/data/disks or a TOML path "
+                   "(read_gbs and its source; default nvme-gen4)")
+    r.add_argument("--disk-gbs", type=float, help="disk read bandwidth in GB/s instead of the file's")
+    g.add_argument("--hit-accounting", default="any-tier",
+                   help="what the hit rate counts: any-tier (default) or kv-beyond-gpu (LLMServingSim's "
+                   "second-tier count)")
+
+
+def check_trace_only(args) -> None:
+    """Trace options given without --trace are a mistake, not silently ignored."""
+    if args.trace:
+        return
+    for name in TRACE_ONLY:
+        value = getattr(args, name)
+        if value not in (None, False):
+            raise ServingError(f"--{name.replace('_', '-')} is a trace-replay option: use it with --trace FILE")
+
+
+def cmd_retrieval(args, host, cal_tflops: float) -> int:
+    """`pfcxl serving retrieval`: the paper's Table I from the serving model (serving/retrieval.py)."""
+    from rich.table import Table
+
+    from pfcxl.serving import retrieval
+    disk = retrieval.load_disk(args.disk)
+    if args.disk_gbs is not None:
+        if not args.disk_gbs > 0:
+            raise ServingError(f"--disk-gbs: {args.disk_gbs!r} must be a positive number")
+        disk = retrieval.Disk(disk.name, args.disk_gbs, "--disk-gbs")
+    fraction = retrieval.fitted_fraction(cal_tflops, inputs.load_gpu("h200"))
+    t = Table(title=f"Loading KV vs recomputing it: speedup ranges over batch {list(retrieval.BATCHES)} and "
+              f"contexts 1K..4M tokens that fit the GPUs; prefill at {fraction:.1%} of each GPU's dense BF16 peak "
+              f"(calibrated on h200); host DRAM {host.dram_bandwidth_gbs:g} GB/s; disk {disk.name} "
+              f"{disk.read_gbs:g} GB/s ({disk.source})", title_justify="left")
+    for col in ("model", "GPUs", "contexts", "host: model", "paper", "ratio lo/hi", "disk: model", "paper",
+                "ratio lo/hi"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    rows = []
+    for (name, gpu_name, gpus), (paper_host, paper_disk) in retrieval.PAPER.items():
+        model, gpu = inputs.load_model(name), inputs.load_gpu(gpu_name)
+        pts = retrieval.points(model, gpu, gpus, host, disk, fraction * gpu.bf16_dense_tflops * 1e12)
+        if not pts:
+            raise ServingError(f"{name} on {gpus} x {gpu_name}: no batch of 1K tokens fits the GPUs' HBM")
+        host_range = (min(p.host_speedup for p in pts), max(p.host_speedup for p in pts))
+        disk_range = (min(p.disk_speedup for p in pts), max(p.disk_speedup for p in pts))
+        row = {"model": name, "gpu": gpu_name, "gpus": gpus, "max_context": max(p.context for p in pts),
+               "host": host_range, "paper_host": paper_host, "disk": disk_range, "paper_disk": paper_disk}
+        rows.append(row)
+
+        def cells(mine, paper):
+            ratio = f"{mine[0] / paper[0]:.2f} / {mine[1] / paper[1]:.2f}" if paper else "-"
+            return [f"{mine[0]:.1f}x-{mine[1]:.1f}x", f"{paper[0]:g}x-{paper[1]:g}x" if paper else "-", ratio]
+        t.add_row(name, f"{gpus} x {gpu_name}", f"1K-{row['max_context'] // 1024:,}K",
+                  *cells(host_range, paper_host), *cells(disk_range, paper_disk))
+    out.print(t)
+    if args.out:
+        import json
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "retrieval.json").write_text(json.dumps({"disk": vars(disk), "prefill_fraction": fraction,
+                                                                  "rows": rows}, indent=1))
+        err.print(f"results in {escape(str(Path(args.out) / 'retrieval.json'))}")
+    return 0

@@ -1,0 +1,116 @@
+"""Speed of the KV store's lookups and of `pfcxl kv replay` on the host (docs/kvstore.md, "Replay").
+
+    python -m pfcxl.host_tools.experiments.kv_replay lookup      # lookup cost against slots per host
+    python -m pfcxl.host_tools.experiments.kv_replay replay      # the conversation trace, 10 hosts, both modes
+
+`lookup`: for 1K, 16K and 128K slots per host (4 hosts, 500 blocks stored), the index bytes a
+lookup reads and its time, two ways in one run: the store's lookup (each host's WINDOW lines from
+the key's bucket) and a byte search over each host's whole segment, which is how lookups worked
+before the store's version 3 (mmap.find over slots x 64 bytes per host), on the same store.
+
+`replay`: the whole trace replayed by N host processes on a pool file in /dev/shm or --dir; wall
+seconds, CPU seconds (this process and its hosts) and requests per second, per mode. The machine's
+other load inflates wall time: compare CPU seconds between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+from pfcxl.host_tools.kv import replay as kv_replay
+from pfcxl.host_tools.kv.replay_host import kv
+
+
+def _pool(where: str, size: int, hosts: int, slots: int) -> str:
+    path = Path(where) / f"bench_kv_replay.{os.getpid()}.pool"
+    path.write_bytes(b"")
+    os.truncate(path, size)
+    kv.format(str(path), hosts=hosts, slots=slots, chunk_tokens=512)
+    return str(path)
+
+
+def lookup(where: str, lookups: int = 2000) -> list[dict]:
+    rows = []
+    for slots in (1 << 10, 1 << 14, 1 << 17):
+        hosts = 4
+        path = _pool(where, (8 << 20) + hosts * slots * kv.LINE + hosts * (4 << 20), hosts, slots)
+        try:
+            with kv.Store.open(path, host=0) as w:
+                for i in range(500):
+                    w.put(b"b%d" % i, bytes(4096))
+            with kv.Store.open(path) as r:
+                keys = [b"b%d" % (i % 1000) for i in range(lookups)]       # half of them absent
+                t0 = time.perf_counter()
+                for k in keys:
+                    r.find(k)
+                window_s = (time.perf_counter() - t0) / lookups
+                window_bytes = r.index_bytes / lookups
+                seg = r.slots * kv.LINE
+                t0 = time.perf_counter()
+                for k in keys:                                   # the old lookup: search every segment
+                    d = kv.key_digest(k)
+                    for h in range(r.hosts):
+                        start = r.m.base + r._slot_at(h, 0)
+                        r.m.map.find(d, start, start + seg)
+                scan_s = (time.perf_counter() - t0) / lookups
+            rows.append(dict(slots=slots, hosts=hosts, window_bytes=window_bytes, window_us=window_s * 1e6,
+                             scan_bytes=hosts * seg, scan_us=scan_s * 1e6, speedup=scan_s / window_s))
+        finally:
+            os.unlink(path)
+    return rows
+
+
+def replay(where: str, trace: str, hosts: int, capacity: int, routing: str, block_bytes: int) -> list[dict]:
+    from pfcxl.serving import traces
+    requests = list(traces.load(traces.bundled(trace)).requests)
+    store_hosts = max(hosts, 16)
+    size = kv_replay.region_bytes(store_hosts, capacity, block_bytes) + (4 << 20)
+    path = _pool(where, size, store_hosts, 64)
+    rows = []
+    try:
+        setup = kv_replay.Setup(path, None, hosts, capacity, block_bytes, routing=routing)
+        for mode in kv_replay.MODES:
+            cpu0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+            t0 = time.perf_counter()
+            out = kv_replay.run(setup, requests, mode)
+            wall = time.perf_counter() - t0
+            cpu1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+            cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(cpu0, cpu1))
+            o = out["overall"]
+            rows.append(dict(trace=trace, mode=mode, routing=routing, hosts=hosts, capacity=capacity,
+                             requests=o["requests"], blocks=o["blocks"], hit_rate=o["hits"] / o["blocks"],
+                             wall_s=wall, cpu_s=cpu, requests_per_s=o["requests"] / wall, bad=o["bad"] + out["check"]["bad"]))
+    finally:
+        os.unlink(path)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("part", choices=("lookup", "replay"))
+    ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(),
+                    help="where the pool file goes (default /dev/shm)")
+    ap.add_argument("--trace", default="conversation")
+    ap.add_argument("--hosts", type=int, default=10)
+    ap.add_argument("--capacity", type=int, default=10000, help="blocks per host (default 10000)")
+    ap.add_argument("--routing", default="round-robin", choices=kv_replay.ROUTINGS)
+    ap.add_argument("--block-bytes", type=int, default=4096)
+    args = ap.parse_args(argv)
+    if args.part == "lookup":
+        for row in lookup(args.dir):
+            print(json.dumps(row))
+        return 0
+    rows = replay(args.dir, args.trace, args.hosts, args.capacity, args.routing, args.block_bytes)
+    for row in rows:
+        print(json.dumps(row))
+    return 1 if any(r["bad"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""Modelled time to load one KV chunk, beside the store's measured figures (`pfcxl kv bench`):
+from the PF appliance, the electrical pool and host DRAM (the fabric models, one host reading the
+chunk as 4 KiB requests all issued at once), and the time to recompute it instead (the serving
+model's prefill FLOPs at its calibrated throughput)."""
+
+from __future__ import annotations
+
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.serving import calibrate, compute, inputs
+from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes
+from pfcxl.serving.tiers import appliance_fabric, stream_seconds
+
+MODELS = ("llama-8b", "llama-70b", "llama-405b")
+GPU, GPUS = "h200", 8            # the paper's serving node
+RECOMPUTE_CONTEXT = 32768        # tokens already cached before the recomputed chunk
+
+
+def chunk_load_rows() -> tuple[list[dict], str]:
+    """One row per model: chunk bytes and milliseconds per tier; and the recompute assumption."""
+    tier = inputs.load_tier("appliance-32tb")
+    pf, appliance = appliance_fabric(tier)
+    g = appliance.granularity
+    electrical = fabric_model.electrical_pool(jitter=False)
+    dram = fabric_model.local_dram()
+    gpu = inputs.load_gpu(GPU)
+    flops = calibrate.load().prefill_tflops_per_gpu * 1e12 * GPUS
+    rows = []
+    for name in MODELS:
+        model = inputs.load_model(name)
+        size = chunk_bytes(model.kv_bytes_per_token)
+        rows.append(dict(model=name, chunk_bytes=size,
+                         pf_ms=stream_seconds(pf, size, g) * 1e3,
+                         electrical_ms=stream_seconds(electrical, size, g) * 1e3,
+                         dram_ms=stream_seconds(dram, size, g) * 1e3,
+                         recompute_ms=compute.prefill_seconds(model, KV_CHUNK_TOKENS, RECOMPUTE_CONTEXT, flops) * 1e3))
+    assumption = (f"recompute: the prefill FLOPs of {KV_CHUNK_TOKENS} new tokens after {RECOMPUTE_CONTEXT} cached "
+                  f"(serving/compute.py) on {GPUS} x {gpu.name} at the calibrated "
+                  f"{flops / GPUS / 1e12:.0f} TFLOP/s per GPU (serving/data/calibration.toml); loads: one host "
+                  f"reading the chunk as {g // 1024} KiB requests all at once, no GPU PCIe hop")
+    return rows, assumption
+

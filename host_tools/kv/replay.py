@@ -1,0 +1,256 @@
+"""`pfcxl kv replay`: a request trace replayed through the real KV block store by N host processes
+on the pool file (docs/kvstore.md, "Replay"). This module routes the requests, runs the hosts
+(host_tools/kv/replay_host.py) and gathers what they did; host_tools/kv/replay_report.py prints it.
+
+Requests run in batches: the requests whose arrival lies within `window_ms` of the batch's first
+run at once (each host serves its share in trace order), batches one after the other. Routing is
+decided at a batch's start, from the store as the earlier batches left it.
+
+Each mode starts from an empty store: the replay formats the existing store anew (its host count
+kept; an arena that holds `capacity` blocks, and two index slots per block, so that each host's
+hash table is at most half full and a key's window rarely forces an eviction of its own), after
+checking every input, so bad input leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from pfcxl.errors import PfcxlError
+from pfcxl.serving.traces import Request
+
+from pfcxl.host_tools.kv import replay_host as kv_replay_host
+from pfcxl.host_tools.kv.replay_host import COUNTS, WIDTH, block_key, kv, payload
+
+ROUTINGS = ("round-robin", "session", "prefix")
+MODES = ("local", "shared")
+
+
+@dataclass(frozen=True)
+class Setup:
+    path: str
+    base: int | None
+    hosts: int
+    capacity: int                   # blocks per host
+    block_bytes: int                # scaled payload per block
+    block_tokens: int = 512
+    routing: str = "round-robin"
+    window_ms: int = 0
+    stale_s: float = 1.0
+    kill_host: int | None = None
+    kill_at: float = 0.0
+
+
+def slots_for(capacity: int) -> int:
+    return min(2 * capacity, kv.MAX_SLOTS)
+
+
+def region_bytes(store_hosts: int, capacity: int, block_bytes: int) -> int:
+    """Bytes from the store's base for `store_hosts` arenas of `capacity` blocks."""
+    arena_off = kv.geometry(1 << 62, store_hosts, slots_for(capacity))["arena_off"]
+    return arena_off + store_hosts * kv.up(capacity * kv.up(block_bytes, kv.LINE), kv.PAGE)
+
+
+def check(setup: Setup, requests: list[Request]) -> int:
+    """Every input against the store that is there; the region size to format. Writes nothing."""
+    if setup.routing not in ROUTINGS:
+        raise PfcxlError(f"routing {setup.routing!r} is not one of {', '.join(ROUTINGS)}")
+    if not requests:
+        raise PfcxlError("the trace has no requests")
+    if setup.kill_host is not None and not 0 <= setup.kill_host < setup.hosts:
+        raise PfcxlError(f"--kill-host {setup.kill_host} is not one of the replay's hosts 0..{setup.hosts - 1}")
+    if setup.window_ms < 0:
+        raise PfcxlError(f"--window {setup.window_ms} must not be negative")
+    if setup.kill_at < 0:
+        raise PfcxlError(f"--at {setup.kill_at} must not be negative")
+    try:
+        with kv.Store.open(setup.path, base=setup.base) as s:
+            store_hosts, room = s.hosts, s.m.size
+    except kv.KVError as exc:
+        raise PfcxlError(str(exc)) from exc
+    if setup.hosts > store_hosts:
+        raise PfcxlError(f"--hosts {setup.hosts} is more than the store's {store_hosts} hosts "
+                         f"(pfcxl kv format --hosts {setup.hosts})")
+    need = region_bytes(store_hosts, setup.capacity, setup.block_bytes)
+    if need > room:
+        raise PfcxlError(f"--capacity {setup.capacity} blocks of {setup.block_bytes} bytes for the store's "
+                         f"{store_hosts} hosts needs {need} bytes; {setup.path} has {room} from the store's base")
+    return need
+
+
+def batches(requests: list[Request], window_ms: int):
+    """Lists of request indices: each starts at a request and takes the ones within window_ms."""
+    i = 0
+    while i < len(requests):
+        j = i + 1
+        while j < len(requests) and requests[j].timestamp_ms - requests[i].timestamp_ms <= window_ms:
+            j += 1
+        yield list(range(i, j))
+        i = j
+
+
+class Router:
+    """Picks a live host for each request (ROUTINGS; the module doc)."""
+
+    def __init__(self, kind: str, hosts: int, requests: list[Request], held) -> None:
+        self.kind, self.held = kind, held
+        self.count = [0] * hosts
+        self.turn = 0
+        self.sessions: dict[int, int] = {}
+        first = requests[0].hash_ids
+        self.common = next((i for i in range(len(first))
+                            if any(len(r.hash_ids) <= i or r.hash_ids[i] != first[i] for r in requests)), len(first))
+
+    def session(self, r: Request):
+        """The conversation a request belongs to: its first block after the prefix every request of
+        the trace shares (a system prompt), else its last block."""
+        return r.hash_ids[min(self.common, len(r.hash_ids) - 1)] if r.hash_ids else None
+
+    def pick(self, r: Request, live: list[int]) -> int:
+        if self.kind == "prefix":
+            depth = self.held(r.hash_ids, live)
+            host = min(live, key=lambda h: (-depth[h], self.count[h], h))
+        elif self.kind == "session" and (key := self.session(r)) in self.sessions and self.sessions[key] in live:
+            host = self.sessions[key]
+        else:
+            host = live[self.turn % len(live)]
+            self.turn += 1
+            if self.kind == "session":
+                self.sessions[self.session(r)] = host
+        self.count[host] += 1
+        return host
+
+
+def held_prefixes(reader):
+    """For prefix routing: per live host, how many of a request's first blocks its arena holds."""
+    def depth(blocks, live):
+        out = dict.fromkeys(live, 0)
+        going = set(live)
+        for i, block in enumerate(blocks):
+            going &= {h for h, _, _ in reader.find(block_key(block))}
+            for h in going:
+                out[h] = i + 1
+            if not going:
+                break
+        return out
+    return depth
+
+
+def final_check(reader, requests: list[Request], size: int) -> dict:
+    """Every published block in the store read back and compared with the bytes its id defines."""
+    name = {kv.key_digest(block_key(b)): b for b in {b for r in requests for b in r.hash_ids}}
+    good, bad, claims = 0, 0, 0
+    for h, slot, rec, state in reader.scan():
+        if state & 1:
+            claims += 1
+        elif state:
+            data = rec and reader.read_block(h, slot, rec)
+            block = rec and name.get(rec["key"])
+            ok = data is not None and block is not None and data == payload(block, size)
+            good += ok
+            bad += not ok
+    return dict(good=good, bad=bad, claims=claims)
+
+
+def run(setup: Setup, requests: list[Request], mode: str) -> dict:
+    """One mode's replay on a freshly formatted store: per-request results and per-host totals."""
+    local = mode == "local"
+    need = check(setup, requests)
+    with kv.Store.open(setup.path, base=setup.base) as s:
+        store_hosts = s.hosts
+    kv.format(setup.path, hosts=store_hosts, slots=slots_for(setup.capacity), chunk_tokens=setup.block_tokens,
+              size=need, base=setup.base)
+    ctx = multiprocessing.get_context("fork")
+    conns, procs = [], []
+    table = ctx.RawArray("q", len(requests) * WIDTH)
+    for h in range(setup.hosts):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=kv_replay_host.main, daemon=True,
+                        args=(child, table, setup.path, setup.base, h, local, setup.block_bytes, setup.stale_s))
+        p.start()
+        child.close()
+        conns.append(parent)
+        procs.append(p)
+    reader = kv.Store.open(setup.path, base=setup.base)
+    try:
+        for h, c in enumerate(conns):
+            try:
+                msg = c.recv()
+            except EOFError as exc:
+                raise PfcxlError(f"replay host {h} died before it started (exit code {procs[h].exitcode})") from exc
+            if msg[0] == "error":
+                raise PfcxlError(f"replay host {h}: {msg[1]}")
+        return _drive(setup, requests, mode, reader, conns, procs, table)
+    finally:
+        for c, p in zip(conns, procs):
+            if p.is_alive():
+                try:
+                    c.send(None)
+                except OSError:
+                    pass
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        reader.close()
+
+
+def _drive(setup: Setup, requests, mode, reader, conns, procs, table) -> dict:
+    live = list(range(setup.hosts))
+    router = Router(setup.routing, setup.hosts, requests, held_prefixes(reader))
+    host_of: list[int | None] = [None] * len(requests)
+    killed = None
+    t0 = time.monotonic()
+    for batch in batches(requests, setup.window_ms):
+        if not live:
+            break
+        share: dict[int, list] = {}
+        for i in batch:
+            host_of[i] = h = router.pick(requests[i], live)
+            share.setdefault(h, []).append((i, list(requests[i].hash_ids)))
+        for h, work in share.items():
+            conns[h].send(work)
+        pending = set(share)
+        while pending:
+            due = None if killed or setup.kill_host is None else t0 + setup.kill_at - time.monotonic()
+            ready = multiprocessing.connection.wait([conns[h] for h in pending], None if due is None else max(due, 0))
+            if due is not None and t0 + setup.kill_at <= time.monotonic():
+                h = setup.kill_host
+                os.kill(procs[h].pid, signal.SIGKILL)
+                procs[h].join()
+                killed = dict(host=h, at_s=round(time.monotonic() - t0, 3))
+                live.remove(h)
+                pending.discard(h)
+                ready = [c for c in ready if c is not conns[h]]
+            for c in ready:
+                h = conns.index(c)
+                try:
+                    c.recv()
+                except EOFError as exc:
+                    raise PfcxlError(f"replay host {h} died unexpectedly (exit code {procs[h].exitcode})") from exc
+                pending.discard(h)
+    seconds = time.monotonic() - t0
+    rows = [table[i * WIDTH:(i + 1) * WIDTH] for i in range(len(requests))]
+    results = [dict(zip(COUNTS, row)) if row[-1] else None for row in rows]
+    stats = reader.stats()["hosts"]
+    hosts = []
+    for h in range(setup.hosts):
+        mine = [i for i in range(len(requests)) if host_of[i] == h]
+        row = dict(host=h, requests=sum(results[i] is not None for i in mine),
+                   **{k: sum(results[i][k] for i in mine if results[i] is not None) for k in COUNTS},
+                   evictions=stats[h]["evictions"])
+        hosts.append(row)
+    if killed is not None:
+        killed["unfinished"] = [i for i in range(len(requests)) if host_of[i] == killed["host"] and results[i] is None]
+    elif setup.kill_host is not None:
+        killed = dict(host=setup.kill_host, at_s=None, unfinished=[])     # the replay ended first
+    never = [i for i in range(len(requests)) if host_of[i] is None]
+    overall = {k: sum(r[k] for r in hosts) for k in hosts[0] if k != "host"}
+    return dict(mode=mode, routing=setup.routing, hosts=hosts, overall=overall, host_of=host_of, results=results,
+                killed=killed, never_routed=never, seconds=seconds,
+                check=final_check(reader, requests, setup.block_bytes))

@@ -1,0 +1,113 @@
+"""What `pfcxl kv replay` prints: per host and overall counts of each mode, local against shared,
+the killed host, and each request's modelled TTFT.
+
+The payloads the store moved are scaled (`--block-bytes`); the modelled TTFT uses the model's real
+block (kv bytes per token x block tokens, e.g. 160 MiB per 512-token block of LLaMA-3.1-70B):
+the hit blocks loaded one after another at the fabric model's time for one real block (host_tools/
+host_tools/kv/model.py's setting: one host, 4 KiB requests all at once), then the prefill of the tokens past
+the hits (serving/compute.py at the calibrated throughput). No queueing, no GPU tier: a lower bound
+per request that compares the modes, not a serving simulation (that is `pfcxl serving`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from pfcxl.device.fabric import model as fabric_model
+from pfcxl.device.topology.units import human
+from pfcxl.serving import calibrate, compute, inputs
+from pfcxl.serving.tiers import appliance_fabric, stream_seconds
+
+from pfcxl.host_tools.kv.model import GPU, GPUS
+from pfcxl.host_tools.ui import out
+
+FABRICS = ("pf", "electrical")
+COLUMNS = (("requests", "requests"), ("hit rate", None), ("loaded own", "own"), ("loaded other", "other"),
+           ("stored", "stored"), ("evictions", "evictions"), ("races lost", "lost"), ("failed check", "bad"),
+           ("read", "read"), ("written", "written"))
+
+
+def hit_rate(row: dict) -> float:
+    return row["hits"] / row["blocks"] if row["blocks"] else 0.0
+
+
+@lru_cache(maxsize=None)
+def block_load_seconds(model_name: str, block_tokens: int) -> dict:
+    """Seconds to load one real block from each fabric, and its bytes."""
+    model = inputs.load_model(model_name)
+    size = model.kv_bytes_per_token * block_tokens
+    pf, appliance = appliance_fabric(inputs.load_tier("appliance-32tb"))
+    g = appliance.granularity
+    return dict(bytes=size, pf=stream_seconds(pf, size, g),
+                electrical=stream_seconds(fabric_model.electrical_pool(jitter=False), size, g))
+
+
+def ttft(result: dict, requests, model_name: str, block_tokens: int) -> dict:
+    """p50/p99 modelled TTFT (ms) of the finished requests, per fabric (the module doc)."""
+    model = inputs.load_model(model_name)
+    flops = calibrate.load().prefill_tflops_per_gpu * 1e12 * GPUS
+    per_block = block_load_seconds(model_name, block_tokens)
+    done = [(r, requests[i]) for i, r in enumerate(result["results"]) if r is not None]
+    prefill = np.array([compute.prefill_seconds(model, max(q.input_length - r["hits"] * block_tokens, 0),
+                                                min(r["hits"] * block_tokens, q.input_length), flops) for r, q in done])
+    hits = np.array([r["hits"] for r, _ in done])
+    outp = {}
+    for f in FABRICS:
+        ms = (hits * per_block[f] + prefill) * 1e3
+        outp[f] = dict(p50_ms=float(np.percentile(ms, 50)), p99_ms=float(np.percentile(ms, 99)))
+    return outp
+
+
+def summary(result: dict, requests, model_name: str, block_tokens: int) -> dict:
+    """The JSON of one mode: everything but the per-request lists, plus the TTFT."""
+    keep = {k: v for k, v in result.items() if k not in ("results", "host_of")}
+    for row in keep["hosts"] + [keep["overall"]]:
+        row["hit_rate"] = hit_rate(row)
+    keep["requests_per_s"] = keep["overall"]["requests"] / keep["seconds"] if keep["seconds"] else None
+    keep["ttft"] = ttft(result, requests, model_name, block_tokens)
+    return keep
+
+
+def assumption(model_name: str, block_tokens: int, block_bytes: int) -> str:
+    real = block_load_seconds(model_name, block_tokens)
+    return (f"payloads scaled to {human(block_bytes)} per block; the TTFT uses {model_name}'s real "
+            f"{human(real['bytes'])} per {block_tokens}-token block: {real['pf'] * 1e3:.1f} ms to load one from "
+            f"the PF appliance, {real['electrical'] * 1e3:.1f} ms from the electrical pool (fabric model, one host), "
+            f"prefill on {GPUS} x {GPU} (serving/compute.py); no queueing")
+
+
+def render(summaries: list[dict], note: str) -> None:
+    from rich.table import Table
+    for s in summaries:
+        t = Table(title=f"{s['mode']}: {s['routing']} routing, {s['overall']['requests']} requests in "
+                  f"{s['seconds']:.1f} s ({s['requests_per_s']:.0f}/s)")
+        t.add_column("host", justify="right")
+        for title, _ in COLUMNS:
+            t.add_column(title, justify="right")
+        for row in s["hosts"] + [dict(s["overall"], host="all")]:
+            t.add_row(str(row["host"]), *(f"{row['hit_rate']:.1%}" if key is None else
+                                          human(row[key]) if key in ("read", "written") else str(row[key])
+                                          for _, key in COLUMNS))
+        out.print(t)
+        k = s["killed"]
+        if k is not None and k["at_s"] is None:
+            out.print(f"host {k['host']} was not killed: the replay ended first", highlight=False)
+        elif k is not None:
+            out.print(f"host {k['host']} killed (SIGKILL) at {k['at_s']:.2f} s: {len(k['unfinished'])} requests "
+                      f"not finished {k['unfinished'][:20]}{' ...' if len(k['unfinished']) > 20 else ''}",
+                      highlight=False)
+        c = s["check"]
+        out.print(f"store afterwards: {c['good']} blocks read back and checked, {c['bad']} wrong, "
+                  f"{c['claims']} unpublished claims", highlight=False)
+    t = Table(title="local against shared: overall")
+    for col in ("mode", "hit rate", "races lost", "evictions", "TTFT p50 / p99 PF (ms)",
+                "TTFT p50 / p99 electrical (ms)"):
+        t.add_column(col, justify="right")
+    for s in summaries:
+        o, tt = s["overall"], s["ttft"]
+        t.add_row(s["mode"], f"{o['hit_rate']:.1%}", str(o["lost"]), str(o["evictions"]),
+                  *(f"{tt[f]['p50_ms']:,.0f} / {tt[f]['p99_ms']:,.0f}" for f in FABRICS))
+    out.print(t)
+    out.print(f"[dim]{note}[/dim]")

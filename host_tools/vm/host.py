@@ -1,0 +1,347 @@
+"""One emulated host: a QEMU process, its serial console (host_tools/vm/console.py) and its QMP monitor (qemu.qmp).
+
+Lifecycle, after qemu.machine: explicit states; `launch()` either leaves a running VM or cleans
+up and raises one VMError carrying the command line and the log tail; `shutdown()` is graceful
+(QMP quit), then forced (SIGTERM, SIGKILL), always reached from `__exit__`, harmless twice.
+The console and QMP ride on socket pairs handed to QEMU as file descriptors: no paths to race on.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from qemu.qmp import QMPError
+from qemu.qmp.legacy import QEMUMonitorProtocol
+
+from pfcxl.device.topology import Topology
+from pfcxl.errors import CommandError, VMError
+from pfcxl.firmware_tables.generate import TableSet, tables_for
+from pfcxl.firmware_tables.table_files import write as write_tables
+
+from pfcxl.host_tools.image import kernel_pvh
+from pfcxl.host_tools.vm import qemu
+from pfcxl.host_tools.vm.console import CommandRunner, Console, ConsoleClosed, ConsoleTimeout, shell_command
+from pfcxl.host_tools.image.initramfs import BootImage
+from pfcxl.process import describe_exit, spawn
+
+# Descriptor numbers QEMU gets: the console, QMP and command-output socket pairs, then each
+# appliance-served device's memory in device order. Fixed, so the printed command line is the exec'd one.
+CONSOLE_FD, QMP_FD, OUTPUT_FD, FIRST_MEMORY_FD = 3, 4, 5, 6
+
+# init's verdict, or the kernel giving up (a panic, also when init itself dies); each is followed by
+# the rest of its line
+READY_MARKERS = [b"PFCXL-READY {", b"PFCXL-FAILED {", b"Kernel panic - not syncing:"]
+PANIC_RE = re.compile(r"Kernel panic - not syncing:[^\n]*")
+STAGE_RE = re.compile(r"PFCXL-STAGE (\w+)")   # guest/init announces each stage it enters
+CONSOLE_TAIL_LINES = 25
+
+
+class VMState(enum.Enum):
+    CREATED = "created"
+    BOOTING = "booting"
+    READY = "ready"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+# How long after its limit a command's status may take to come back (the rest of its output
+# draining through the serial line) before the guest is taken for stuck.
+STATUS_GRACE = 60
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    command: str
+    data: bytes             # the command's output, byte for byte (over the serial line: its CR LF back to LF)
+    status: int
+
+    @property
+    def output(self) -> str:
+        """The output as text (bytes that are not UTF-8 become U+FFFD)."""
+        return self.data.decode(errors="replace")
+
+
+def ring_fd_number(topo: Topology) -> int:
+    """The descriptor number QEMU (and its TCG plugin, as ring=/proc/self/fd/N) finds a timed
+    appliance's trace ring at: the one after the appliance's memory descriptors."""
+    return FIRST_MEMORY_FD + sum(1 for d in topo.devices if d.appliance)
+
+
+class VM:
+    """A guest booted from a topology. Use as a context manager; see module docstring."""
+
+    def __init__(self, topo: Topology, image: BootImage, run_dir: Path, *, name: str = "guest",
+                 extra_cmdline: str = "", tables: TableSet | None = None,
+                 appliance_fds: dict[str, int] | None = None, extra_args: list[str] | None = None,
+                 lean: bool = True, ring_fd: int | None = None, qemu_path: str | None = None,
+                 qemu_args: list[str] | None = None) -> None:
+        self.topo, self.image, self.name = topo, image, name
+        self.extra_args = list(extra_args or [])   # appended to QEMU's argv (e.g. a TCG plugin)
+        self.qemu_path = qemu_path or qemu.qemu_binary()
+        self.qemu_args = list(qemu_args or [])     # the user's own (--qemu-arg), last so they can override
+        self.run_dir = Path(run_dir)
+        self.cmdline = qemu.kernel_cmdline(topo, extra_cmdline, lean)
+        # lean: the kernel's own ELF at its PVH entry, no bzImage decompression under TCG
+        self.kernel = (image.pvh or kernel_pvh.uncompressed(image.kernel)) if lean else image.kernel
+        self.state = VMState.CREATED
+        self.console_log = self.run_dir / f"{name}.console.log"
+        self.qemu_log = self.run_dir / f"{name}.qemu.log"
+        self.tables = tables if tables is not None else tables_for(topo)
+        self.appliance_fds = appliance_fds or {}     # device id -> descriptor from the appliance
+        self.ring_fd = ring_fd                       # a timed appliance's trace ring, at ring_fd_number()
+        self.argv: list[str] = []
+        self.ready_info: dict = {}
+        self._proc: subprocess.Popen | None = None
+        self._console: Console | None = None
+        self._commands: CommandRunner | None = None
+        self._console_sock: socket.socket | None = None
+        self._output_sock: socket.socket | None = None     # the virtio-serial port commands write to
+        self._output: Console | None = None
+        self._serial_commands: CommandRunner | None = None  # output over the serial line
+        self._qmp: QEMUMonitorProtocol | None = None
+        self._log_file = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> "VM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def memory_fds(self) -> dict[str, int]:
+        """Device id -> the descriptor number QEMU finds its appliance memory at."""
+        served = sorted(d.id for d in self.topo.devices if d.appliance)
+        return {dev_id: FIRST_MEMORY_FD + i for i, dev_id in enumerate(served)}
+
+    def tables_dir(self) -> Path:
+        return self.run_dir / f"{self.name}.tables"
+
+    def planned_argv(self) -> list[str]:
+        """QEMU's argv for this VM, with every file named where launch() writes it: a pure
+        function of the topology, image, run directory and options (pfcxl qemu-args prints it)."""
+        backing: dict[str, Path | str] = dict(qemu.backing_paths(self.topo, self.run_dir))
+        backing.update(qemu.inherited_backing(self.memory_fds()))
+        cdat_files = {k: self.tables_dir() / f"{k}.cdat" for k in {**self.tables.device_cdat, **self.tables.switch_cdat}}
+        boot = qemu.BootFiles(self.kernel, self.image.initrd, self.cmdline)
+        return qemu.argv(self.topo, boot, backing, console_fd=CONSOLE_FD, qmp_fd=QMP_FD, output_fd=OUTPUT_FD,
+                         qemu=self.qemu_path,
+                         cdat=cdat_files, numa_args=self.tables.numa_args,
+                         extra_args=self.extra_args + self.qemu_args)
+
+    def launch(self) -> None:
+        if self.state is not VMState.CREATED:
+            raise VMError(f"{self.name}: launch() called in state {self.state.value}")
+        missing = [d.id for d in self.topo.devices if d.appliance and d.id not in self.appliance_fds]
+        if missing:
+            raise VMError(f"devices {', '.join(missing)} are served by the appliance: attach this host "
+                          "first (pfcxl run --host N, with 'pfcxl appliance start' running)")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.argv = self.planned_argv()
+        qemu.prepare_backing(self.topo, self.run_dir)
+        if self.tables.device_cdat or self.tables.switch_cdat:
+            write_tables(self.topo, self.tables_dir(), self.tables)
+        console_ours, console_qemu = socket.socketpair()
+        qmp_ours, qmp_qemu = socket.socketpair()
+        output_ours, output_qemu = socket.socketpair()
+        fds = {CONSOLE_FD: console_qemu.fileno(), QMP_FD: qmp_qemu.fileno(), OUTPUT_FD: output_qemu.fileno()}
+        fds.update({self.memory_fds()[dev]: fd for dev, fd in self.appliance_fds.items()})
+        if self.ring_fd is not None:
+            fds[ring_fd_number(self.topo)] = self.ring_fd
+        self.qemu_log.write_text(f"# {qemu.show(self.argv)}\n")
+        self.state = VMState.BOOTING
+        try:
+            self._proc = spawn(self.argv, log=self.qemu_log, fds=fds)
+            for theirs in (console_qemu, qmp_qemu, output_qemu):
+                theirs.close()
+            self._console_sock, self._output_sock = console_ours, output_ours
+            self._log_file = open(self.console_log, "wb")
+            self._console = Console(console_ours, self._log_file)
+            self._output = Console(output_ours, None)
+            self._qmp = QEMUMonitorProtocol(qmp_ours)
+            self._qmp.settimeout(30)
+            self._qmp.connect(negotiate=True)
+        except Exception as exc:
+            message = self._failure(f"QEMU did not start: {exc}")
+            self.shutdown()
+            self.state = VMState.FAILED
+            raise VMError(message) from exc
+
+    def wait_ready(self, timeout: float = 180) -> dict:
+        """Wait for init's PFCXL-READY line; return its JSON. Raises VMError with the console tail."""
+        self._require(VMState.BOOTING)
+        try:
+            deadline = time.monotonic() + timeout
+            kind, _ = self._console.expect_exact(READY_MARKERS, timeout)
+            rest = self._console.line(deadline - time.monotonic()).decode(errors="replace")
+        except ConsoleTimeout:
+            self._fail(f"guest did not become ready within {timeout:.0f}s, {self._stage()}")
+        except ConsoleClosed:
+            self._fail(self._panic() or f"QEMU exited before the guest became ready, {self._stage()}")
+        if kind == 2:
+            self._fail(f"kernel panic, {self._stage()}: Kernel panic - not syncing:{rest.rstrip()}")
+        info = json.loads("{" + rest)
+        if kind == 1:
+            self._fail(f"guest init failed at stage '{info.get('stage')}': {info.get('error')}")
+        self.ready_info = info
+        # init opened the output port when the kernel has virtio_console (its "output" key)
+        self._serial_commands = CommandRunner(self._console)
+        self._commands = CommandRunner(self._console, self._output if info.get("output") == "port" else None)
+        self.state = VMState.READY
+        return info
+
+    def shutdown(self, timeout: float = 10) -> None:
+        """Stop QEMU: QMP quit, then SIGTERM, then SIGKILL. Safe in any state, twice."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            if self._qmp is not None:
+                try:
+                    self._qmp.cmd("quit")
+                except (QMPError, OSError, EOFError, Exception):
+                    pass   # QEMU may close the monitor before answering; the wait below decides
+            for sig, wait in (("quit", timeout), ("term", 5), ("kill", 5)):
+                if sig == "term":
+                    proc.terminate()
+                elif sig == "kill":
+                    proc.kill()
+                try:
+                    proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        for closer in (self._qmp, self._console_sock, self._output_sock, self._log_file):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception:
+                    pass
+        self._qmp = self._console_sock = self._output_sock = self._log_file = None
+        self._console = self._output = self._commands = self._serial_commands = None
+        if self.state is not VMState.FAILED:
+            self.state = VMState.STOPPED
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    # ------------------------------------------------------------------ console
+
+    def run(self, command: str | Sequence[str], timeout: float = 120, *, serial: bool = False) -> CommandResult:
+        """Run a command in the guest; return its output and exit status. A string is shell
+        syntax; a list is argv (each word quoted). The command has no stdin (/dev/null). One
+        that runs longer than `timeout` is killed in the guest (VMError); the guest stays up.
+        The output comes over the virtio-serial port when the guest has one, else (or with
+        `serial`, for comparison) over the serial console."""
+        return self.finish_command(self.start_command(command, timeout, serial=serial), timeout)
+
+    def start_command(self, command: str | Sequence[str], timeout: float = 120, *,
+                      serial: bool = False) -> tuple[str, str, float, CommandRunner]:
+        """Start a command and return at once (several guests can then work at the same time);
+        the guest kills it once it has run `timeout` seconds."""
+        self._require(VMState.READY)
+        command = shell_command(command)
+        runner = self._serial_commands if serial else self._commands
+        try:
+            return runner.start(command, timeout), command, timeout, runner
+        except ConsoleTimeout:
+            self._fail(f"the guest shell did not take the command: {command[:200]}")
+        except ConsoleClosed:
+            self._fail(f"QEMU exited while sending: {command[:200]}")
+
+    def finish_command(self, started: tuple[str, str, float, CommandRunner], timeout: float = 120) -> CommandResult:
+        """Wait for a command from start_command; its output and exit status."""
+        tag, command, limit, runner = started
+        try:
+            data, status = runner.finish(tag, max(timeout, limit) + STATUS_GRACE)
+        except ConsoleTimeout:
+            self._fail(f"command did not finish within {timeout:g}s, and the guest did not end it: {command[:200]}")
+        except ConsoleClosed:
+            self._fail(self._panic() or f"QEMU exited while running: {command[:200]}")
+        if status == "syntax":
+            raise CommandError(f"{self.name}: the command is not valid shell syntax (sh -n): "
+                               f"{' '.join(data.decode(errors='replace').split())}; command: {command[:200]}")
+        if status == "late":
+            raise VMError(f"{self.name}: command did not finish within {limit:g}s: the guest killed it "
+                          f"(its process group); the guest is still up: {command[:200]}")
+        return CommandResult(command, data, int(status))
+
+    def check(self, command: str, timeout: float = 120) -> str:
+        """Run a command that must succeed; return its output."""
+        result = self.run(command, timeout)
+        if result.status != 0:
+            raise VMError(f"{self.name}: '{command}' exited with status {result.status}:\n"
+                          f"{result.output.strip()[-2000:]}")
+        return result.output
+
+    def qmp(self, command: str, **arguments: object) -> object:
+        if self._qmp is None:
+            raise VMError(f"{self.name}: QMP is not connected (state {self.state.value})")
+        try:
+            return self._qmp.cmd(command, **arguments)
+        except QMPError as exc:
+            raise VMError(f"{self.name}: QMP {command} failed: {exc}") from exc
+
+    @property
+    def console_fd(self) -> int:
+        self._require(VMState.BOOTING, VMState.READY)
+        return self._console_sock.fileno()
+
+    def console_tail(self, lines: int = CONSOLE_TAIL_LINES) -> str:
+        text = self._console_text()
+        return "\n".join(text.rstrip().splitlines()[-lines:]) or "(no console output)"
+
+    # ------------------------------------------------------------------ failures
+
+    def _require(self, *states: VMState) -> None:
+        if self.state not in states:
+            raise VMError(f"{self.name}: not possible in state {self.state.value}")
+
+    def _console_text(self) -> str:
+        if self._log_file is not None:
+            self._log_file.flush()
+        try:
+            text = self.console_log.read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+
+    def _stage(self) -> str:
+        """Where the boot got to, from the markers guest/init prints."""
+        stages = STAGE_RE.findall(self._console_text())
+        if stages:
+            return f"at stage '{stages[-1]}' of pfcxl's init"
+        return "at stage 'kernel' (firmware and kernel: pfcxl's init had not started)"
+
+    def _panic(self) -> str | None:
+        found = PANIC_RE.search(self._console_text())
+        return f"kernel panic, {self._stage()}: {found.group(0).strip()}" if found else None
+
+    def _failure(self, reason: str) -> str:
+        exit_note = ""
+        if self._proc is not None and self._proc.poll() is not None:
+            exit_note = f" ({describe_exit(self.argv, self._proc.returncode)})"
+        qemu_tail = ""
+        try:
+            log = self.qemu_log.read_text(errors="replace").strip().splitlines()[1:]
+            if log:
+                qemu_tail = "\nQEMU said:\n  " + "\n  ".join(log[-10:])
+        except FileNotFoundError:
+            pass
+        return (f"{self.name}: {reason}{exit_note}\n"
+                f"last console lines:\n  " + self.console_tail().replace("\n", "\n  ") + qemu_tail +
+                f"\nconsole log: {self.console_log}\nQEMU log: {self.qemu_log}\n"
+                f"command line: {qemu.show(self.argv)}")
+
+    def _fail(self, reason: str) -> None:
+        message = self._failure(reason)
+        self.state = VMState.FAILED
+        self.shutdown()
+        raise VMError(message)
