@@ -105,7 +105,7 @@ def test_the_inject_latency_help_states_is_the_one_the_plugin_is_given(capsys):
 
 
 def test_every_inject_profile_gives_the_plugin_its_idle_latencies():
-    from pfcxl.device import fabric_constants
+    from pfcxl.device.fabric import constants as fabric_constants
     from pfcxl.machine import timing_config
     for profile in fabric_constants.PROFILES:
         config = timing_config("inject", profile=profile)
