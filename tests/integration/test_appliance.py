@@ -35,7 +35,7 @@ def test_four_hosts_each_verify_every_other_hosts_slice(running_appliance, tmp_p
     run_dir = running_appliance()
     path = topology.resolve("pf-appliance")
     results = multihost.run(topology.load(path), path, 4,
-                            "slices /dev/dax0.0 --host {host} --hosts {hosts} --slice 8M --timeout 600",
+                            "slices /dev/dax0.0 --host {host} --hosts {hosts} --slice 2M --timeout 600",
                             run_dir=tmp_path / "hosts", appliance_dir=run_dir)
     assert [r.host for r in results] == [0, 1, 2, 3]
     assert sorted(r.port for r in results) == [0, 1, 2, 3]
