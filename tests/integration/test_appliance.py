@@ -145,7 +145,7 @@ def test_a_crashed_appliance_restarts_on_the_pool_its_guests_still_write(running
         vm1, _ = boot_on_appliance(boot, c1, 1)
         before = daxio(vm0, "fill /dev/dax0.0 --size 8M --seed 21")              # done before the crash
         assert before["status"] == 0
-        ranges = {0: (16 * MiB, 32 * MiB), 1: (64 * MiB, 32 * MiB)}
+        ranges = {0: (16 * MiB, 8 * MiB), 1: (64 * MiB, 8 * MiB)}
 
         def fills(h: int) -> str:
             # rewrites its range for 8 s (seed 99), then once more with the seed it is checked
