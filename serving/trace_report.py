@@ -30,6 +30,22 @@ def runs_table(results: dict[str, TraceResult], title: str) -> Table:
     return t
 
 
+def hosts_table(results: list, title: str) -> Table:
+    """N-host replays (hosts_sim.HostsResult), one row per host and an overall row per result."""
+    t = Table(title=title, title_justify="left")
+    for col in ("cache", "host", "requests", "hit rate", "blocks hit", "own", "other", "present", "stored",
+                "evictions"):
+        t.add_column(col, justify="left" if col == "cache" else "right")
+    for r in results:
+        s = r.summary()
+        for row in [*s["hosts"], {"host": "all", **s["overall"]}]:
+            rate = row["hit_tokens"] / row["input_tokens"] if row["input_tokens"] else 0.0
+            t.add_row(r.setup.cache, str(row["host"]), f"{row['requests']:,}", f"{rate:.2%}",
+                      *(f"{row[k]:,}" for k in ("hits", "own", "other", "present", "stored", "evictions")),
+                      end_section=row["host"] == "all")
+    return t
+
+
 def sweep_table(points: list[tuple[float, TraceResult]], ceiling: TraceResult, title: str) -> Table:
     t = Table(title=title, title_justify="left")
     for col in ("KV-tier capacity (tokens)", "hit rate", "of ceiling", "KV tier", "TTFT p50 ms", "p99 ms"):

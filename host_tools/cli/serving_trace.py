@@ -17,7 +17,8 @@ from pfcxl.host_tools.ui import err, out
 
 _BYTES = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
           "TIB": 2**40}
-TRACE_ONLY = ("block_tokens", "time_scale", "kv_capacity", "capacity_sweep", "sequence_only")
+TRACE_ONLY = ("block_tokens", "time_scale", "kv_capacity", "capacity_sweep", "sequence_only", "hosts", "routing",
+              "cache")
 
 
 def parse_capacity(flag: str, text: str, kv_bytes_per_token: int) -> float:
@@ -65,6 +66,14 @@ def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float) -> int
     if sweep and fixed is not None:
         raise ServingError("--kv-capacity and --capacity-sweep both set the KV tier's capacity: give one")
     trace = load_trace(args)
+    if args.hosts is not None:
+        if sweep:
+            raise ServingError("--hosts replays one capacity per host: give --kv-capacity, not --capacity-sweep")
+        capacity = fixed if fixed is not None else tiers[roles[0]].capacity_bytes / model.kv_bytes_per_token
+        return _cmd_hosts(args, trace, capacity // trace.block_tokens, model)
+    for name in ("routing", "cache"):
+        if getattr(args, name) is not None:
+            raise ServingError(f"--{name} is an option of the N-host replay: use it with --hosts N")
 
     def setup(tier, capacity):
         return TraceSetup(trace, model, gpu, w.gpus, tier, capacity, tflops * 1e12, w.gpu_memory_utilization,
@@ -121,6 +130,32 @@ def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float) -> int
     return 0
 
 
+def _cmd_hosts(args, trace, capacity_blocks: float, model) -> int:
+    """`--hosts N`: the sequence-only N-host replay (serving/hosts_sim.py), each cache mode asked
+    for (both by default), as `pfcxl kv replay` routes and counts on the real store."""
+    import json
+
+    from pfcxl.serving import trace_report
+    from pfcxl.serving.hosts_sim import CACHES, HostsSetup, replay_hosts
+    caches = [args.cache] if args.cache else list(CACHES)
+    setups = [HostsSetup(trace, args.hosts, c, args.routing or "round-robin", capacity_blocks) for c in caches]
+    with err.status("replaying"):
+        results = [replay_hosts(s) for s in setups]
+    title = (f"{trace.name} trace ({len(trace.requests):,} requests, {trace.block_tokens}-token blocks) on "
+             f"{args.hosts} hosts, routing {setups[0].routing}; {capacity_blocks:,.0f} blocks of {model.name} KV "
+             f"per host ({capacity_blocks * trace.block_tokens * model.kv_bytes_per_token / 1e12:,.2f} TB); "
+             f"sequence-only (chunk-lru, trace order, no GPU tier, no timing)")
+    out.print(trace_report.hosts_table(results, title))
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.out or Path("results") / f"serving-hosts-{stamp}-{trace.name}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"trace": trace.path, "block_tokens": trace.block_tokens, "model": model.name,
+           "runs": [{**r.summary(), "host_of": r.host_of, "hits": r.hits} for r in results]}
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
+    err.print(f"results in {escape(str(out_dir / 'results.json'))}")
+    return 0
+
+
 def add_options(p) -> None:
     """The trace options of `pfcxl serving` (added to its parser)."""
     g = p.add_argument_group("trace replay (see docs/serving.md)")
@@ -136,6 +171,13 @@ def add_options(p) -> None:
     g.add_argument("--sequence-only", action="store_true",
                    help="one cache, requests in trace order, no GPU tier, no timing (how published hit-rate "
                    "curves are drawn)")
+    h = p.add_argument_group("several hosts (the model side of `pfcxl kv replay`, docs/kvstore.md)")
+    h.add_argument("--hosts", type=int, metavar="N",
+                   help="N inference hosts, sequence-only: each request routed to one host, its prefix looked up "
+                   "in that host's cache (local) or one tier all hosts share (shared); capacity per host from "
+                   "--kv-capacity or the host tier's file")
+    h.add_argument("--routing", help="with --hosts: round-robin (default), session or prefix, as kv replay routes")
+    h.add_argument("--cache", help="with --hosts: local or shared (default: both, one after the other)")
     g.add_argument("--policy", default="chunk-lru", help="KV policy: chunk-lru (default) or radix-lru "
                    "(LLMServingSim's radix tree); also for the session model")
     g.add_argument("--reservation", action="store_true",

@@ -22,12 +22,12 @@ import time
 from dataclasses import dataclass
 
 from pfcxl.errors import PfcxlError
+from pfcxl.serving.routing import ROUTINGS, Router, batches, held_depths
 from pfcxl.serving.traces import Request
 
 from pfcxl.host_tools.kv import replay_host as kv_replay_host
 from pfcxl.host_tools.kv.replay_host import COUNTS, WIDTH, block_key, kv, payload
 
-ROUTINGS = ("round-robin", "session", "prefix")
 MODES = ("local", "shared")
 
 
@@ -83,62 +83,9 @@ def check(setup: Setup, requests: list[Request]) -> int:
     return need
 
 
-def batches(requests: list[Request], window_ms: int):
-    """Lists of request indices: each starts at a request and takes the ones within window_ms."""
-    i = 0
-    while i < len(requests):
-        j = i + 1
-        while j < len(requests) and requests[j].timestamp_ms - requests[i].timestamp_ms <= window_ms:
-            j += 1
-        yield list(range(i, j))
-        i = j
-
-
-class Router:
-    """Picks a live host for each request (ROUTINGS; the module doc)."""
-
-    def __init__(self, kind: str, hosts: int, requests: list[Request], held) -> None:
-        self.kind, self.held = kind, held
-        self.count = [0] * hosts
-        self.turn = 0
-        self.sessions: dict[int, int] = {}
-        first = requests[0].hash_ids
-        self.common = next((i for i in range(len(first))
-                            if any(len(r.hash_ids) <= i or r.hash_ids[i] != first[i] for r in requests)), len(first))
-
-    def session(self, r: Request):
-        """The conversation a request belongs to: its first block after the prefix every request of
-        the trace shares (a system prompt), else its last block."""
-        return r.hash_ids[min(self.common, len(r.hash_ids) - 1)] if r.hash_ids else None
-
-    def pick(self, r: Request, live: list[int]) -> int:
-        if self.kind == "prefix":
-            depth = self.held(r.hash_ids, live)
-            host = min(live, key=lambda h: (-depth[h], self.count[h], h))
-        elif self.kind == "session" and (key := self.session(r)) in self.sessions and self.sessions[key] in live:
-            host = self.sessions[key]
-        else:
-            host = live[self.turn % len(live)]
-            self.turn += 1
-            if self.kind == "session":
-                self.sessions[self.session(r)] = host
-        self.count[host] += 1
-        return host
-
-
 def held_prefixes(reader):
-    """For prefix routing: per live host, how many of a request's first blocks its arena holds."""
-    def depth(blocks, live):
-        out = dict.fromkeys(live, 0)
-        going = set(live)
-        for i, block in enumerate(blocks):
-            going &= {h for h, _, _ in reader.find(block_key(block))}
-            for h in going:
-                out[h] = i + 1
-            if not going:
-                break
-        return out
-    return depth
+    """For prefix routing: the hosts whose arena holds a block, as the store's index says."""
+    return held_depths(lambda block: {h for h, _, _ in reader.find(block_key(block))})
 
 
 def final_check(reader, requests: list[Request], size: int) -> dict:

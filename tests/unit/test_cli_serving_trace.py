@@ -155,3 +155,28 @@ def test_disk_file_must_name_its_source(tmp_path):
     bad = tmp_path / "disk.toml"
     bad.write_text('name = "x"\nread_gbs = 3\n')
     one_line(pfcxl("retrieval", "--disk", str(bad)), tmp_path, "disk.toml: source: missing")
+
+
+def test_hosts_replay_from_the_command_line_gives_the_hand_computed_hits(tmp_path):
+    from .replay_cases import DOZEN, HAND
+    trace = tmp_path / "dozen.jsonl"
+    trace.write_text("".join(json.dumps(dict(timestamp=1000 * i, input_length=512 * len(b), output_length=1,
+                                             hash_ids=b)) + "\n" for i, b in enumerate(DOZEN)))
+    done = pfcxl("--trace", str(trace), "--hosts", "3", "--routing", "round-robin", "--out", str(tmp_path / "o"))
+    assert done.returncode == 0, done.stderr
+    runs = json.loads((tmp_path / "o" / "results.json").read_text())["runs"]
+    assert [r["hosts"][0]["host"] for r in runs] == [0, 0] and len(runs) == 2      # local, then shared
+    for cache, run in zip(("local", "shared"), runs):
+        assert [(h["hits"], h["own"], h["other"]) for h in run["hosts"]] == HAND[(cache, "round-robin")]
+    assert "3 hosts, routing round-robin" in done.stdout.replace("\n", " ")
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--hosts", "0"], "--hosts: 0 must be"),
+    (["--hosts", "2", "--cache", "global"], "--cache: 'global' must be one of local, shared"),
+    (["--hosts", "2", "--capacity-sweep"], "--hosts replays one capacity per host"),
+    (["--cache", "local"], "--cache is an option of the N-host replay: use it with --hosts N")])
+def test_hosts_replay_bad_options_are_one_line(tmp_path, args, words):
+    done = pfcxl("--trace", str(small_trace(tmp_path)), *args, "--out", str(tmp_path / "o"))
+    assert done.returncode != 0 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "o").exists()

@@ -17,24 +17,7 @@ from pfcxl.serving.traces import Request
 
 pytestmark = pytest.mark.component
 
-# a dozen requests, one per second (so each runs alone, in order), blocks named by hand
-DOZEN = [[1, 2, 3], [1, 2, 4], [5, 6], [1, 2, 3, 7], [5, 6, 8], [9], [1, 2, 4, 10], [5, 14], [1, 2, 3, 7, 11],
-         [9, 12], [5, 6, 8, 13], [1, 2]]
-# per host (hits, loaded from its own arena, from others'), worked out by hand in docs order:
-# round-robin sends request i to host i % 3; session keys on the first block (1 -> 0, 5 -> 1, 9 -> 2);
-# prefix follows the longest held prefix, ties to the host with the fewest requests (here = session)
-HAND = {
-    ("local", "round-robin"): [(5, 5, 0), (4, 4, 0), (2, 2, 0)],
-    ("shared", "round-robin"): [(7, 5, 2), (8, 1, 7), (6, 0, 6)],
-    ("local", "session"): [(14, 14, 0), (6, 6, 0), (1, 1, 0)],
-    ("shared", "session"): [(14, 14, 0), (6, 6, 0), (1, 1, 0)],
-    ("local", "prefix"): [(14, 14, 0), (6, 6, 0), (1, 1, 0)],
-    ("shared", "prefix"): [(14, 14, 0), (6, 6, 0), (1, 1, 0)],
-}
-
-
-def requests(lists, step_ms=1000):
-    return [Request(i * step_ms, len(b) * 512, 1, tuple(b)) for i, b in enumerate(lists)]
+from .replay_cases import DOZEN, HAND, requests
 
 
 def pool(tmp_path, hosts=4, size=64 << 20):
@@ -185,35 +168,6 @@ def test_bad_input_at_the_command_is_one_line_and_leaves_the_store(tmp_path, cap
         status, _, err = cli(capsys, *argv, "--pool", path, "--compare")
         assert status != 0 and words in err and len(err.strip().splitlines()) == 1, err
     assert open(path, "rb").read() == before
-
-
-def model_hits(reqs, capacity_blocks):
-    """The serving model's sequence-only replay (one chunk-lru tier, no GPU tier): hit tokens per request."""
-    from pfcxl.serving import calibrate, inputs, traces
-    from pfcxl.serving.trace_sim import TraceSetup, replay
-    trace = traces.Trace("sub", 512, tuple(reqs))
-    setup = TraceSetup(trace, inputs.load_model("llama-70b"), inputs.load_gpu("h200"), 8,
-                       inputs.load_tier("host-dram-2tb"), capacity_blocks * 512,
-                       calibrate.load().prefill_tflops_per_gpu * 1e12, sequence_only=True)
-    result = replay(setup)
-    return [int(t) for t in result.kv_hit_tokens], trace
-
-
-def test_local_hosts_hit_what_the_serving_model_computes_for_each_hosts_requests(tmp_path):
-    """Store replay against the serving model (serving/trace_sim.py), different code: with room for
-    every block, each local host's hits equal the model's over the requests routed to it."""
-    from pfcxl.serving import traces
-    reqs = list(traces.load(traces.bundled("synthetic")).requests[:300])
-    blocks = len({b for r in reqs for b in r.hash_ids})
-    path = pool(tmp_path, size=128 << 20)
-    out = R.run(R.Setup(path, None, 3, blocks, 1024, routing="session"), reqs, "local")
-    assert out["overall"]["evictions"] == 0 and out["overall"]["hits"] > 0
-    for h in range(3):
-        mine = [i for i in range(len(reqs)) if out["host_of"][i] == h]
-        expected, trace = model_hits([reqs[i] for i in mine], blocks)
-        got = [trace.prefix_tokens(reqs[i], out["results"][i]["hits"]) for i in mine]
-        assert got == expected
-
 
 
 def test_a_host_that_cannot_open_the_store_is_one_line(tmp_path, monkeypatch):
