@@ -64,6 +64,22 @@ def add_data_path(p: argparse.ArgumentParser) -> None:
                    "topology's [guest] data_path, itself cxl by default)")
 
 
+def packages(text: str) -> tuple[str, ...]:
+    """--packages: comma-separated Debian package names (a malformed one: argparse's one line)."""
+    from pfcxl.host_tools.image.debian_packages import parse_names
+    try:
+        return parse_names(text)
+    except PfcxlError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--packages: ")) from exc
+
+
+def add_packages(p: argparse.ArgumentParser) -> None:
+    """--packages for every command that takes --image (host_tools/image/debian_packages.py)."""
+    p.add_argument("--packages", type=packages, metavar="A,B", default=(),
+                   help="more Debian trixie packages in the Debian image (with --image debian), with their "
+                   "dependencies, e.g. numactl; downloaded into the cache, the image reused for the same list")
+
+
 def add_own_qemu(p: argparse.ArgumentParser) -> None:
     """--qemu and --qemu-arg for every command that boots (host_tools/vm/qemu_binary.py)."""
     p.add_argument("--qemu", metavar="PATH", help="the QEMU binary to boot with (10.0 or newer; default "

@@ -137,6 +137,8 @@ class Machine:
     `run --reuse` matches on); then give none of them as keywords.
     kernel_package: instead of kernel, a Debian kernel by version or "latest" from bookworm-backports,
     trixie or trixie-backports, downloaded and unpacked into the cache here (host_tools/image/kernel_package.py).
+    packages: more Debian trixie packages in the Debian image (image="debian"), e.g. ["numactl"],
+    with their dependencies (host_tools/image/debian_packages.py).
     """
 
     def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
@@ -149,13 +151,14 @@ class Machine:
                  lean: bool = True, qemu: str | Path | None = None, qemu_args: Sequence[str] = (),
                  kernel: str | Path | None = None, modules: str | Path | None = None,
                  kernel_package: str | None = None, issue: str = "dependent",
-                 options: BootOptions | None = None) -> None:
+                 packages: Sequence[str] = (), options: BootOptions | None = None) -> None:
         given = BootOptions(timing=timing, inject_profile=inject_profile, baseline_ns=baseline_ns, issue=issue,
                             image=image, host=host, appliance=appliance,
                             run_dir=str(run_dir) if run_dir is not None else None, cedt=cedt, append=append,
                             lean=lean, data_path=data_path, qemu=str(qemu) if qemu is not None else None,
                             qemu_args=qemu_args, kernel=str(kernel) if kernel is not None else None,
-                            modules=str(modules) if modules is not None else None, kernel_package=kernel_package)
+                            modules=str(modules) if modules is not None else None, kernel_package=kernel_package,
+                            packages=tuple(packages) if not isinstance(packages, str) else packages)
         if options is not None and given != BootOptions():
             raise PfcxlError("give the boot options once: as options=BootOptions(...) or as keywords")
         self.options = options = options if options is not None else given
@@ -169,6 +172,9 @@ class Machine:
             raise PfcxlError(f"cedt '{cedt}' is not one of {', '.join(boot_policy.CEDT_MODES)}")
         if image not in image_mod.IMAGE_KINDS:
             raise PfcxlError(f"image '{image}' is not one of {', '.join(image_mod.IMAGE_KINDS)}")
+        if options.packages and image != "debian":
+            raise PfcxlError(f"--packages {','.join(options.packages)}: packages go into the Debian image; "
+                             "add --image debian")
         if ready_timeout <= 0:
             raise PfcxlError(f"ready timeout must be positive, not {ready_timeout}")
         self.timing_config = timing_config(timing, profile=inject_profile, baseline_ns=baseline_ns)
@@ -210,7 +216,8 @@ class Machine:
         if self._image is None:
             ours = boot_policy.cedt_for_boot(self.topology, self.cedt)
             self._image = image_mod.build(self.topology, progress=progress or self.say, kind=self.image_kind,
-                                          acpi_tables={"CEDT": ours} if ours else None, kernel=self.own_kernel)
+                                          acpi_tables={"CEDT": ours} if ours else None, kernel=self.own_kernel,
+                                          packages=self.options.packages)
         return self._image
 
     def _vm(self, run_dir: Path, plugin_args: list[str], appliance_fds: dict[str, int] | None = None,
@@ -264,7 +271,7 @@ class Machine:
         try:
             self.run_dir = stack.enter_context(_run_directory(self.run_dir_arg, self.keep, self.say))
             if self._pick_name:   # guests sharing a run directory each get their own log names
-                self.name = stack.enter_context(guest_name(self.run_dir, DEFAULT_NAME))
+                self.name = stack.enter_context(guest_name(self.run_dir, self.name))
             fds = self._attach(stack)
             self.boot_image()
             config = self.timing_config
@@ -340,6 +347,9 @@ class Machine:
         probe = Machine(self.topology, ready_timeout=self.ready_timeout, name="calibrate", progress=self.say,
                         options=dataclasses.replace(self.options, timing="count", baseline_ns=None,
                                                     run_dir=str(self.run_dir / "calibrate")))
+        # two inject runs on one --run-dir calibrate side by side: calibrate, calibrate-1, ... (the
+        # logs and the plugin's event log, which the baseline is read from, are named after it)
+        probe._pick_name = True
         with probe:
             return calibration.calibrate_baseline(probe)["baseline_ns"]
 

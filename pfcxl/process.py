@@ -26,6 +26,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def starved_seconds(pid: int) -> float:
+    """How long the process's most delayed thread has waited runnable for a CPU that the host gave
+    to other processes (proc(5): /proc/PID/task/TID/schedstat, its second field, in ns); 0 for a
+    process or thread that has gone."""
+    worst = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return 0.0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                worst = max(worst, int(f.read().split()[1]))
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+    return worst / 1e9
+
+
 def describe_exit(argv: Sequence[str], returncode: int) -> str:
     if returncode < 0:
         try:

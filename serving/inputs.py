@@ -8,10 +8,10 @@ file, the field, the bad value and the rule.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from pfcxl import text_files
 from pfcxl.device.fabric import constants as fc
 from pfcxl.device.topology.appliance import MAX_MODULES
 from pfcxl.errors import ServingError
@@ -173,17 +173,7 @@ def shipped_names(kind: str) -> list[str]:
 
 def read_toml(path: Path) -> dict:
     """A TOML file's tables; ServingError naming the file if it is missing or malformed."""
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ServingError(f"{path}: no such file") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ServingError(f"{path.name}: not valid TOML: {exc}") from exc
-    except RecursionError as exc:
-        raise ServingError(f"{path.name}: not valid TOML here: arrays or tables nested too deeply for "
-                           "Python's TOML reader") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ServingError(f"{path}: cannot read: {exc}") from exc
+    return text_files.read_toml(path, ServingError)
 
 
 def _fields(doc: dict, source: str, where: str, required: dict, optional: dict | None = None,

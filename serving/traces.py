@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pfcxl.errors import ServingError
+from pfcxl.text_files import read_text
 
 # Defaults of a trace replay (pfcxl serving --trace): the model it assumes, the capacity sweep.
 TRACE_MODEL = "llama-70b"
@@ -130,16 +131,7 @@ def load(path, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> Trace:
     if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
         raise ServingError(f"block tokens: {block_tokens!r} must be a positive integer")
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise ServingError(f"trace {path}: no such file") from e
-    except IsADirectoryError as e:
-        raise ServingError(f"trace {path}: is a directory, not a trace file") from e
-    except UnicodeDecodeError as e:
-        raise ServingError(f"trace {path}: not UTF-8 text (byte {e.start})") from e
-    except OSError as e:
-        raise ServingError(f"trace {path}: cannot read ({e.strerror})") from e
+    text = read_text(path, ServingError, f"trace {path}")
     requests: list[Request] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 from pathlib import Path
 
 from pfcxl.errors import TopologyError
+from pfcxl.text_files import read_toml
 
 from pfcxl.device.topology import data_path
 from pfcxl.device.fabric import constants as fabric_constants
@@ -43,7 +43,7 @@ from pfcxl.device.topology.rules import (BACKEND_PREFIX, DIRECT_PREFIX, LSA_PREF
 from pfcxl.device.topology.units import GiB, MiB, human
 
 TOPOLOGY_DIR = Path(__file__).parent.parent / "topologies"
-SOURCE_ROOT = Path(__file__).resolve().parent.parent   # the checkout, for an editable install
+SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the checkout, for an editable install
 DEFAULT_TOPOLOGY = "pf-nic"
 __all__ = [
     "BACKEND_PREFIX", "DEFAULT_TOPOLOGY", "DIRECT_PREFIX", "LSA_PREFIX", "MAX_GRANULARITY", "MAX_RESTRICTIONS", "MAX_WINDOW_TARGETS",
@@ -83,17 +83,7 @@ def load(path: str | Path) -> Topology:
     """Read and validate a topology file. Raises TopologyError listing every mistake."""
     path = Path(path)
     source = path.name
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise TopologyError(f"{path}: no such topology file") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise TopologyError(f"{source}: not valid TOML: {exc}") from exc
-    except RecursionError as exc:
-        raise TopologyError(f"{source}: not valid TOML here: arrays or tables nested too deeply for "
-                            "Python's TOML reader") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"{path}: cannot read: {exc}") from exc
+    doc = read_toml(path, TopologyError, f"topology file {path}")
     return from_dict(doc, source=source, default_name=path.stem)
 
 

@@ -48,6 +48,15 @@ struct kv_record {  /* state: 0 empty, 2*seq+1 claim, 2*seq published */
 _Static_assert(sizeof(struct kv_record) == KV_LINE, "one record per cache line");
 _Static_assert(sizeof(struct kv_super) == 68, "superblock as the Python side packs it");
 
+struct kv_mine {    /* one slot of our own segment, as its only writer last wrote it */
+    uint64_t offset, length, last_use;
+    int live;          /* a published record of ours */
+};
+
+struct kv_gap {
+    uint64_t lo, hi;   /* [lo, hi): free bytes of our arena, line aligned */
+};
+
 struct kv {
     char *base;
     uint64_t size;
@@ -55,6 +64,13 @@ struct kv {
     int host;          /* -1: read only */
     double stale_s;
     uint64_t lease;    /* our nonce in the host's header while we hold its lease */
+    /* the writer's own state (pfcxl_kvwrite.h, kv_recover), so that a put probes like a lookup
+     * instead of reading its whole segment: as pfcxl_kvstore.Store's own, lru and space */
+    struct kv_mine *mine;
+    struct kv_gap *gaps;
+    uint32_t ngaps, gaps_cap;
+    int merged;
+    uint64_t index_lines; /* index lines lookups read: the index's cost (as Store.index_bytes / 64) */
 };
 
 /* ------------------------------------------------------------ BLAKE2b-128 of a key (RFC 7693) */
@@ -111,15 +127,14 @@ static inline void kv_b2_compress(uint64_t h[8], const uint8_t block[128], uint6
         h[i] ^= v[i] ^ v[i + 8];
 }
 
-/* The 16 bytes the index holds for a key: BLAKE2b with a 16-byte digest, no key (as Python's
- * hashlib.blake2b(key, digest_size=16)). */
-static inline void kv_digest(const void *key, size_t len, uint8_t out[16])
+/* BLAKE2b of `len` bytes with an `outlen`-byte digest (1..64), no key (hashlib.blake2b). */
+static inline void kv_blake2b(const void *key, size_t len, uint8_t *out, unsigned outlen)
 {
     uint64_t h[8];
     uint8_t block[128];
     const uint8_t *p = key;
     memcpy(h, KV_B2_IV, sizeof h);
-    h[0] ^= 0x01010000ULL ^ 16;
+    h[0] ^= 0x01010000ULL ^ outlen;
     uint64_t t = 0;
     while (len > 128) {
         t += 128;
@@ -130,8 +145,11 @@ static inline void kv_digest(const void *key, size_t len, uint8_t out[16])
     memset(block, 0, sizeof block);
     memcpy(block, p, len);
     kv_b2_compress(h, block, t + len, 1);
-    memcpy(out, h, 16);
+    memcpy(out, h, outlen);
 }
+
+/* The 16 bytes the index holds for a key: BLAKE2b-128 (hashlib.blake2b(key, digest_size=16)). */
+static inline void kv_digest(const void *key, size_t len, uint8_t out[16]) { kv_blake2b(key, len, out, 16); }
 
 /* ------------------------------------------------------------ crc32 of any length, fences */
 
@@ -236,6 +254,11 @@ static inline const char *kv_attach(struct kv *s, void *base, uint64_t size, int
     s->host = host;
     s->stale_s = 5.0;
     s->lease = 0;
+    s->mine = NULL;
+    s->gaps = NULL;
+    s->ngaps = s->gaps_cap = 0;
+    s->merged = 1;
+    s->index_lines = 0;
     memcpy(&s->sb, base, sizeof s->sb);
     if (memcmp(s->sb.magic, KV_MAGIC, 8) != 0)
         return KV_NO_STORE;
@@ -316,18 +339,60 @@ static inline uint32_t kv_probe(const struct kv *s, const uint8_t d[16], uint32_
     return (uint32_t)(((uint64_t)kv_bucket(s, d) + k) % s->sb.slots);
 }
 
-/* First published record of d: 1 and (*host, *slot, *rec), or 0. */
-static inline int kv_find(const struct kv *s, const uint8_t d[16], int *host, uint32_t *slot,
-                          struct kv_record *rec)
+#ifdef KV_TEST_HOOKS
+/* Tests only (tests/unit/test_kvstore_c.py builds kvstore with -DKV_TEST_HOOKS; the guest's
+ * tools never have it): once, between a key's match and the read of its record, say so on
+ * descriptor W and wait for a byte on R (PFCXL_KV_TEST_PAUSE="W,R"), so that the test can evict
+ * and republish the slot exactly there. */
+static inline void kv_after_key_match(void)
 {
-    for (int h = 0; h < (int)s->sb.hosts; h++)
-        for (uint32_t k = 0, i; k < kv_window(s); k++)
-            if (kv_key_is(s, h, i = kv_probe(s, d, k), d) && kv_valid(s, h, i, rec, d)) {
-                *host = h;
-                *slot = i;
-                return 1;
-            }
+    static int done;
+    const char *fds = getenv("PFCXL_KV_TEST_PAUSE");
+    int w, r;
+    char byte = 'm';
+    if (done || !fds || sscanf(fds, "%d,%d", &w, &r) != 2)
+        return;
+    done = 1;
+    if (write(w, &byte, 1) != 1 || read(r, &byte, 1) != 1)
+        die("PFCXL_KV_TEST_PAUSE: the test's pipes are closed");
+}
+#else
+static inline void kv_after_key_match(void) {}
+#endif
+
+/* The first published record of d in host h's window from slot *slot on: 1 and (*slot, *rec),
+ * else 0. Counts the window's lines it reads. */
+static inline int kv_find_at(struct kv *s, int h, const uint8_t d[16], uint32_t *slot, struct kv_record *rec)
+{
+    for (uint32_t k = *slot; k < kv_window(s); k++) {
+        uint32_t i = kv_probe(s, d, k);
+        s->index_lines++;
+        if (kv_key_is(s, h, i, d) && (kv_after_key_match(), kv_valid(s, h, i, rec, d))) {
+            *slot = k;
+            return 1;
+        }
+    }
     return 0;
+}
+
+/* First published record of d (in our own segment only if `alone`): 1 and (*host, *slot, *rec), or 0. */
+static inline int kv_find_in(struct kv *s, const uint8_t d[16], int alone, int *host, uint32_t *slot,
+                             struct kv_record *rec)
+{
+    for (int h = alone ? s->host : 0; h < (alone ? s->host + 1 : (int)s->sb.hosts); h++) {
+        uint32_t k = 0;
+        if (kv_find_at(s, h, d, &k, rec)) {
+            *host = h;
+            *slot = kv_probe(s, d, k);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static inline int kv_find(struct kv *s, const uint8_t d[16], int *host, uint32_t *slot, struct kv_record *rec)
+{
+    return kv_find_in(s, d, 0, host, slot, rec);
 }
 
 /* Copy the block into buf (rec->length bytes) and accept it only if its crc matches and the

@@ -65,87 +65,176 @@ static inline void kv_release_lease(struct kv *s)
 
 static inline int kv_own_lease(const struct kv *s) { return s->lease && kv_hdr(s, s->host)->lease == s->lease; }
 
-/* Withdraw our claims left by a crash; records that fail their check are dropped too. */
-static inline void kv_recover(struct kv *s)
+/* ------------------------------------------------------------ our arena's free gaps
+ * As pfcxl_kvarena.Arena: a list of free gaps, first fit, adjacent gaps merged when nothing fits,
+ * so that the C and Python writers place blocks alike. */
+
+static inline uint64_t kv_up(uint64_t n) { return (n + KV_LINE - 1) & ~(uint64_t)(KV_LINE - 1); }
+
+static inline void kv_gap_add(struct kv *s, uint64_t lo, uint64_t hi)
 {
-    struct kv_record rec;
-    for (uint32_t i = 0; i < s->sb.slots; i++) {
-        volatile struct kv_record *r = kv_rec(s, s->host, i);
-        if (r->state && !kv_valid(s, s->host, i, &rec, NULL)) {
-            r->state = 0;
-            kv_fence(r);
-        }
+    if (s->ngaps == s->gaps_cap) {
+        s->gaps_cap = s->gaps_cap ? 2 * s->gaps_cap : 64;
+        s->gaps = realloc(s->gaps, s->gaps_cap * sizeof *s->gaps);
+        if (!s->gaps)
+            die("out of memory for %u free gaps", s->gaps_cap);
     }
+    s->gaps[s->ngaps++] = (struct kv_gap){lo, hi};
 }
 
-struct kv_extent {
-    uint64_t lo, hi; /* [lo, hi): a live block, its end rounded up to a line */
-};
-
-static inline int kv_extent_cmp(const void *a, const void *b)
+static inline int kv_gap_cmp(const void *a, const void *b)
 {
-    const struct kv_extent *x = a, *y = b;
+    const struct kv_gap *x = a, *y = b;
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
-/* A free slot and extent of len bytes in our arena, evicting least recently used records. The
- * own segment is read once per attempt into local memory: on the CXL path every load of the
- * device is an emulator callback. First fit walks the live extents in offset order, as the
- * Python side does; an empty block (length 0) takes no room and never holds the walk back. */
+static inline void kv_gaps_merge(struct kv *s)
+{
+    qsort(s->gaps, s->ngaps, sizeof *s->gaps, kv_gap_cmp);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->ngaps; i++) {
+        if (n && s->gaps[n - 1].hi == s->gaps[i].lo)
+            s->gaps[n - 1].hi = s->gaps[i].hi;
+        else
+            s->gaps[n++] = s->gaps[i];
+    }
+    s->ngaps = n;
+    s->merged = 1;
+}
+
+/* A line-aligned offset with len free bytes from it, now used; 0 if no gap fits (the arena
+ * never starts at byte 0 of the store). */
+static inline uint64_t kv_take(struct kv *s, uint64_t len)
+{
+    const uint64_t need = kv_up(len);
+    if (need == 0)
+        return kv_arena(s, s->host); /* an empty block takes no room */
+    for (;;) {
+        for (uint32_t i = 0; i < s->ngaps; i++) {
+            struct kv_gap *g = &s->gaps[i];
+            if (g->hi - g->lo < need)
+                continue;
+            const uint64_t at = g->lo;
+            if (g->hi - g->lo == need)
+                memmove(g, g + 1, (s->ngaps-- - i - 1) * sizeof *g);
+            else
+                g->lo += need;
+            return at;
+        }
+        if (s->merged)
+            return 0;
+        kv_gaps_merge(s);
+    }
+}
+
+static inline void kv_give(struct kv *s, uint64_t offset, uint64_t len)
+{
+    if (kv_up(offset + len) > offset) {
+        kv_gap_add(s, offset, kv_up(offset + len));
+        s->merged = 0;
+    }
+}
+
+/* Withdraw our claims left by a crash (records that fail their check are dropped too), and learn
+ * our published records and our arena's free gaps: the one read of our whole segment. */
+static inline void kv_recover(struct kv *s)
+{
+    struct kv_record rec;
+    free(s->mine);
+    s->mine = calloc(s->sb.slots, sizeof *s->mine);
+    if (!s->mine)
+        die("out of memory for %u index records", s->sb.slots);
+    struct kv_gap *used = malloc(((uint64_t)s->sb.slots + 1) * sizeof *used);
+    if (!used)
+        die("out of memory for %u extents", s->sb.slots);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->sb.slots; i++) {
+        volatile struct kv_record *r = kv_rec(s, s->host, i);
+        if (!r->state)
+            continue;
+        if (!kv_valid(s, s->host, i, &rec, NULL)) {
+            r->state = 0;
+            kv_fence(r);
+            continue;
+        }
+        s->mine[i] = (struct kv_mine){rec.offset, rec.length, rec.last_use, 1};
+        used[n++] = (struct kv_gap){rec.offset, kv_up(rec.offset + rec.length)};
+    }
+    qsort(used, n, sizeof *used, kv_gap_cmp);
+    s->ngaps = 0;
+    uint64_t at = kv_arena(s, s->host);
+    const uint64_t hi = at + s->sb.arena_bytes;
+    for (uint32_t k = 0; k < n; k++) {
+        if (used[k].lo > at)
+            kv_gap_add(s, at, used[k].lo);
+        if (used[k].hi > at)
+            at = used[k].hi;
+    }
+    if (at < hi)
+        kv_gap_add(s, at, hi);
+    s->merged = 1;
+    free(used);
+}
+
+/* Our published record in slot i withdrawn (state first: readers re-check it), its space free. */
+static inline void kv_withdraw(struct kv *s, uint32_t i)
+{
+    kv_rec(s, s->host, i)->state = 0;
+    kv_fence(kv_rec(s, s->host, i));
+    s->mine[i].live = 0;
+    kv_give(s, s->mine[i].offset, s->mine[i].length);
+}
+
+static inline void kv_evict(struct kv *s, uint32_t i)
+{
+    kv_withdraw(s, i);
+    kv_hdr(s, s->host)->evictions++;
+}
+
+/* A hit on our own slot i: most recently used now. */
+static inline void kv_touch(struct kv *s, uint32_t i)
+{
+    const uint64_t clock = ++kv_hdr(s, s->host)->clock;
+    kv_rec(s, s->host, i)->last_use = clock;
+    s->mine[i].last_use = clock;
+    kv_beat(s);
+}
+
+/* A free slot in d's window (else the window's least recently used record of ours is evicted)
+ * and a free extent of len bytes in our arena (evicting our least recently used records until
+ * one exists), as pfcxl_kvstore.Store._place: the window's lines and our own state, never the
+ * whole segment. 0, or -1 if it cannot fit. */
 static inline int kv_place(struct kv *s, const uint8_t d[16], uint64_t len, uint32_t *slot, uint64_t *offset)
 {
-    const uint64_t lo = kv_arena(s, s->host), hi = lo + s->sb.arena_bytes;
-    if (len > hi - lo)
+    if (len > s->sb.arena_bytes)
         return -1;
-    struct kv_record *snap = malloc(s->sb.slots * sizeof *snap);
-    struct kv_extent *ext = malloc(s->sb.slots * sizeof *ext);
-    if (!snap || !ext)
-        die("out of memory for %u index records", s->sb.slots);
-    for (;;) {
-        int64_t free_slot = -1, lru = -1, wlru = -1;
-        uint64_t lru_use = UINT64_MAX, at = lo;
-        uint32_t n = 0;
-        for (uint32_t i = 0; i < s->sb.slots; i++) {
-            int live = kv_valid(s, s->host, i, &snap[i], NULL);
-            if (!live)
-                continue;
-            /* offset + length <= hi (kv_valid), and hi is page aligned: no wrap */
-            ext[n++] = (struct kv_extent){snap[i].offset,
-                                          (snap[i].offset + snap[i].length + KV_LINE - 1) & ~(uint64_t)(KV_LINE - 1)};
-            if (snap[i].last_use < lru_use) {
-                lru_use = snap[i].last_use;
-                lru = i;
-            }
-        }
-        for (uint32_t k = 0; k < kv_window(s) && free_slot < 0; k++) { /* a slot in d's window */
-            uint32_t i = kv_probe(s, d, k);
-            if (snap[i].state == 0)
-                free_slot = i;
-            else if (snap[i].state && !(snap[i].state & 1) && (wlru < 0 || snap[i].last_use < snap[wlru].last_use))
-                wlru = i;
-        }
-        if (free_slot < 0 && wlru >= 0)
-            lru = wlru; /* a full window: its least recently used record goes first */
-        qsort(ext, n, sizeof *ext, kv_extent_cmp);
-        for (uint32_t k = 0; k < n; k++) { /* first fit */
-            if (ext[k].lo >= at && ext[k].lo - at >= len)
-                break;
-            if (ext[k].hi > at)
-                at = ext[k].hi;
-        }
-        if ((free_slot >= 0 && hi - at >= len) || lru < 0) {
-            free(snap);
-            free(ext);
-            if (free_slot < 0 || hi - at < len)
-                return -1;
-            *slot = (uint32_t)free_slot;
-            *offset = at;
-            return 0;
-        }
-        kv_rec(s, s->host, (uint32_t)lru)->state = 0; /* before its space is reused */
-        kv_fence(kv_rec(s, s->host, (uint32_t)lru));
-        kv_hdr(s, s->host)->evictions++;
+    int64_t free_slot = -1, wlru = -1;
+    for (uint32_t k = 0; k < kv_window(s) && free_slot < 0; k++) {
+        const uint32_t i = kv_probe(s, d, k);
+        if (!s->mine[i].live && kv_rec(s, s->host, i)->state == 0)
+            free_slot = i;
+        else if (s->mine[i].live && (wlru < 0 || s->mine[i].last_use < s->mine[wlru].last_use))
+            wlru = i;
     }
+    if (free_slot < 0) {
+        if (wlru < 0)
+            return -1; /* a window of claims only */
+        kv_evict(s, (uint32_t)wlru);
+        free_slot = wlru;
+    }
+    uint64_t at;
+    while ((at = kv_take(s, len)) == 0) {
+        int64_t lru = -1;
+        for (uint32_t i = 0; i < s->sb.slots; i++) /* our own state, in local memory */
+            if (s->mine[i].live && (lru < 0 || s->mine[i].last_use < s->mine[lru].last_use))
+                lru = i;
+        if (lru < 0)
+            return -1;
+        kv_evict(s, (uint32_t)lru);
+    }
+    *slot = (uint32_t)free_slot;
+    *offset = at;
+    return 0;
 }
 
 /* After our claim: may we write? (docs/kvstore.md, "Contention") */
@@ -199,8 +288,9 @@ static inline int kv_contend(struct kv *s, const uint8_t d[16])
 }
 
 /* Store len bytes under d: 1 stored, 0 already there or lost the race, -1 does not fit, -2 our
- * lease was taken by another process (nothing published). */
-static inline int kv_put(struct kv *s, const uint8_t d[16], const void *data, uint64_t len)
+ * lease was taken by another process (nothing published). alone: a private cache's put: only our
+ * segment is looked at, no rendezvous with others (as Store.put's alone). */
+static inline int kv_put(struct kv *s, const uint8_t d[16], const void *data, uint64_t len, int alone)
 {
     int h;
     uint32_t slot;
@@ -208,7 +298,7 @@ static inline int kv_put(struct kv *s, const uint8_t d[16], const void *data, ui
     if (!kv_own_lease(s))
         return -2;
     kv_beat(s);
-    if (kv_find(s, d, &h, &slot, &rec))
+    if (kv_find_in(s, d, alone, &h, &slot, &rec))
         return 0;
     uint64_t offset;
     if (kv_place(s, d, len, &slot, &offset) != 0)
@@ -219,9 +309,10 @@ static inline int kv_put(struct kv *s, const uint8_t d[16], const void *data, ui
     memcpy((void *)r->key, d, 16);
     r->state = 2 * seq + 1; /* the claim */
     kv_fence(r);
-    if (!kv_contend(s, d)) {
+    if (!alone && !kv_contend(s, d)) {
         r->state = 0;
         kv_fence(r);
+        kv_give(s, offset, len);
         return 0;
     }
     for (uint64_t at = 0; at < len; at += 1 << 20) {
@@ -246,6 +337,7 @@ static inline int kv_put(struct kv *s, const uint8_t d[16], const void *data, ui
         return -2;
     r->state = rec.state;
     kv_fence(r);
+    s->mine[slot] = (struct kv_mine){offset, len, rec.last_use, 1};
     return 1;
 }
 

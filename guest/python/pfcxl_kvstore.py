@@ -118,8 +118,11 @@ class Store:
     def _header_at(self, host: int) -> int:
         return self.sb["headers_off"] + host * LINE
 
-    def _header(self, host: int) -> dict:
+    def header(self, host: int) -> dict:
+        """Host `host`'s header line: heartbeat, next_seq, clock, evictions, lease."""
         return HEADER.unpack(self.m.mem, self._header_at(host))
+
+    _header = header
 
     def _set_header(self, **fields) -> None:
         at = self._header_at(self.host)

@@ -86,7 +86,7 @@ static void open_store(const char *dev, int host)
 /* kv_put, or one line if the block cannot be stored */
 static int put_block(const uint8_t d[16], const void *data, uint64_t size)
 {
-    int r = kv_put(&g_kv, d, data, size);
+    int r = kv_put(&g_kv, d, data, size, 0);
     if (r == -1)
         die("block of %" PRIu64 " bytes does not fit in an arena of %" PRIu64 " bytes", size,
             g_kv.sb.arena_bytes);
@@ -138,10 +138,8 @@ static int get(const uint8_t d[16], void **out, uint64_t *len)
         free(buf);
         return 0;
     }
-    if (h == g_kv.host) {
-        kv_rec(&g_kv, h, slot)->last_use = ++kv_hdr(&g_kv, h)->clock;
-        kv_beat(&g_kv);
-    }
+    if (h == g_kv.host)
+        kv_touch(&g_kv, slot);
     *out = buf;
     *len = rec.length;
     return 1;
@@ -348,10 +346,8 @@ static int cmd_bench(struct opt *o, const char *dev)
         struct kv_record rec;
         snprintf(key, sizeof key, "bench/%d/%" PRIu64, (int)getpid(), i);
         kv_digest(key, strlen(key), d);
-        if (kv_find(&g_kv, d, &h, &sl, &rec) && h == g_kv.host) {
-            kv_rec(&g_kv, h, sl)->state = 0;
-            kv_fence(kv_rec(&g_kv, h, sl));
-        }
+        if (kv_find(&g_kv, d, &h, &sl, &rec) && h == g_kv.host)
+            kv_withdraw(&g_kv, sl);
     }
     printf("{\"tool\":\"kvstore\",\"op\":\"bench\",\"base\":%" PRIu64 ",\"blocks\":%" PRIu64
            ",\"size\":%" PRIu64 ",\"stored\":%" PRIu64 ",\"loaded\":%" PRIu64 ",\"store_ns\":%" PRIu64

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from pfcxl.errors import PfcxlError
+from pfcxl.text_files import read_text
 
 
 def load(path: str | Path) -> dict:
@@ -17,14 +18,9 @@ def load(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / "results.json"
+    text = read_text(path, PfcxlError)
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except FileNotFoundError as exc:
-        raise PfcxlError(f"no results at {path}") from exc
-    except OSError as exc:
-        raise PfcxlError(f"{path}: cannot read: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise PfcxlError(f"{path} is not a results file: not UTF-8 text (byte {exc.start})") from exc
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise PfcxlError(f"{path} is not a results file: {exc}") from exc
     except RecursionError as exc:

@@ -121,6 +121,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--topology", "-t", help="the topology to boot (default pf-nic)")
     p.add_argument("--suite", default="quick", help="quick (default, a minute or two), full, or a JSON suite file")
     p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox", help="guest image (default busybox)")
+    argtypes.add_packages(p)
     p.add_argument("--timing", choices=("trace",), help="also model each CXL run's whole trace (idle latency "
                    "from the traced chase)")
     argtypes.add_data_path(p)

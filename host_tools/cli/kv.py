@@ -167,19 +167,33 @@ def _check_room(s, host: int, blocks: int, size: int) -> None:
 
 
 def cmd_replay(args) -> int:
-    """A trace through the store by --hosts host processes (host_tools/kv/replay.py), in one
-    mode or both (--compare); every input is checked before the store is formatted anew."""
+    """A trace through the store by --hosts hosts (host_tools/kv/replay.py): processes on the pool
+    file, or kvreplay in guests of the appliance (host_tools/kv/replay_guest.py), in one mode or
+    both (--compare); every input is checked before the store is formatted anew."""
     from pfcxl.host_tools.kv import replay as kv_replay
     from pfcxl.host_tools.kv import replay_report as kv_replay_report
     from pfcxl.host_tools.cli.serving_trace import load_trace
     requests = list(load_trace(args).requests)
-    setup = kv_replay.Setup(path=str(pool_file(args)), base=args.base, hosts=args.hosts, capacity=args.capacity,
-                            block_bytes=args.block_bytes, block_tokens=args.block_tokens, routing=args.routing,
-                            window_ms=args.window, stale_s=args.stale, kill_host=args.kill_host, kill_at=args.at)
-    kv_replay.check(setup, requests)
     modes = kv_replay.MODES if args.compare else (args.mode,)
-    summaries = [kv_replay_report.summary(kv_replay.run(setup, requests, m), requests, args.model, args.block_tokens)
-                 for m in modes]
+    guests = args.on == "guests"
+    if not guests and (args.timing or args.data_path):
+        raise PfcxlError(f"--{'timing' if args.timing else 'data-path'} is for --on guests: the appliance times and "
+                         "reaches guests, not host processes")
+    setup = kv_replay.Setup(path="" if guests else str(pool_file(args)), base=args.base, hosts=args.hosts,
+                            capacity=args.capacity, block_bytes=args.block_bytes, block_tokens=args.block_tokens,
+                            routing=args.routing, window_ms=args.window, stale_s=args.stale,
+                            kill_host=args.kill_host, kill_at=args.at)
+    if guests:
+        from pfcxl.host_tools.kv.replay_guest import run_on_guests
+        from pfcxl.host_tools.ui import err
+        path = topology.resolve(args.topology or DEFAULT_APPLIANCE)
+        results = run_on_guests(topology.load(path), path, setup, requests, modes, data_path=args.data_path,
+                                timing=args.timing, say=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
+                                appliance_dir=Path(args.run_dir) if args.run_dir else None)
+    else:
+        kv_replay.check(setup, requests)
+        results = [kv_replay.run(setup, requests, m) for m in modes]
+    summaries = [kv_replay_report.summary(r, requests, args.model, args.block_tokens) for r in results]
     note = kv_replay_report.assumption(args.model, args.block_tokens, args.block_bytes)
     if args.json:
         print(json.dumps(dict(modes=summaries, note=note), indent=1))
@@ -265,7 +279,13 @@ def add_parsers(sub) -> None:
     p.add_argument("trace", help="a trace file in Mooncake's format (serving/traces.py), or a bundled trace's name: "
                    "conversation, synthetic")
     p.add_argument("--hosts", type=argtypes.count, default=4, help="host processes (at most the store's hosts)")
-    p.add_argument("--on", choices=("host",), default="host", help="where the hosts run: processes on the pool file")
+    p.add_argument("--on", choices=("host", "guests"), default="host",
+                   help="where the hosts run: processes on the pool file (host), or the C kvreplay tool in one "
+                   "guest each of the appliance, booted here (guests; the store in the appliance's pool)")
+    argtypes.add_data_path(p)
+    p.add_argument("--timing", choices=("pf", "electrical"),
+                   help="with --on guests: the appliance models every guest's traffic with this fabric; the "
+                   "report adds each host's modelled latency, rate and the requests' TTFT from them")
     p.add_argument("--routing", choices=("round-robin", "session", "prefix"), default="round-robin",
                    help="which host takes a request: in turn, by session (its first block after the shared "
                    "prefix), or the host holding the longest prefix of its blocks (default round-robin)")

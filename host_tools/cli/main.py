@@ -150,7 +150,7 @@ def cmd_qemu_args(args) -> int:
 def cmd_image(args) -> int:
     from pfcxl.machine import Machine
     topo = cli_topology.load(args.topology)
-    img = _build_image(Machine(topo, cedt=args.cedt, image=args.image))
+    img = _build_image(Machine(topo, cedt=args.cedt, image=args.image, packages=args.packages))
     print(json.dumps({"kernel": str(img.kernel), "initrd": str(img.initrd),
                       "kernel_release": img.kernel_release, "rebuilt": img.rebuilt}))
     return 0
@@ -246,6 +246,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: boo
     p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox",
                    help="guest image: busybox (default, small) or debian (trixie with python3 and the "
                    "pfcxl_guest module; built once with mmdebstrap)")
+    argtypes.add_packages(p)
     p.add_argument("--cedt", choices=boot_policy.CEDT_MODES, default="auto",
                    help="whose CEDT the guest sees: QEMU's, or ours through the initrd table upgrade; "
                    "auto (default) uses ours only when the topology sets fields QEMU cannot write")
@@ -255,7 +256,8 @@ def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: boo
         p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
         argtypes.add_data_path(p)
         p.add_argument("--timeout", type=argtypes.seconds, default=300,
-                       help="seconds to wait for the guest to become ready (default 300)")
+                       help="seconds to wait for the guest to become ready, not counting time a loaded "
+                       "host keeps QEMU waiting for a CPU (default 300)")
         p.add_argument("--append", default="", help="extra kernel command line")
         p.add_argument("--host", type=int, default=0,
                        help="host id on the appliance, for topologies whose devices it serves (default 0)")

@@ -2,6 +2,7 @@
 
     python -m pfcxl.host_tools.experiments.kv_replay lookup      # lookup cost against slots per host
     python -m pfcxl.host_tools.experiments.kv_replay replay      # the conversation trace, 10 hosts, both modes
+    python -m pfcxl.host_tools.experiments.kv_replay guests --hosts 4 --requests 1000 --data-path direct
 
 `lookup`: for 1K, 16K and 128K slots per host (4 hosts, 500 blocks stored), the index bytes a
 lookup reads and its time, two ways in one run: the store's lookup (each host's WINDOW lines from
@@ -11,6 +12,12 @@ before the store's version 3 (mmap.find over slots x 64 bytes per host), on the 
 `replay`: the whole trace replayed by N host processes on a pool file in /dev/shm or --dir; wall
 seconds, CPU seconds (this process and its hosts) and requests per second, per mode. The machine's
 other load inflates wall time: compare CPU seconds between runs.
+
+`guests`: the trace's first --requests requests replayed by kvreplay in --hosts guests of a
+temporary pf-appliance (`kv replay --on guests`), both modes: wall seconds from the appliance's
+start to the last reply (boots included), each mode's seconds and requests per second (guest
+wall clock under TCG: the emulator's speed, not the fabric's), and the guests' lookup cost
+(index bytes kvreplay read per lookup).
 """
 
 from __future__ import annotations
@@ -91,9 +98,37 @@ def replay(where: str, trace: str, hosts: int, capacity: int, routing: str, bloc
     return rows
 
 
+def guests(trace: str, hosts: int, requests: int, capacity: int, routing: str, block_bytes: int,
+           data_path: str) -> list[dict]:
+    import pfcxl
+    from pfcxl.device import topology
+    from pfcxl.serving import traces
+
+    from pfcxl.host_tools.kv.replay_guest import run_on_guests
+    reqs = list(traces.load(traces.bundled(trace)).requests[:requests])
+    path = topology.resolve("pf-appliance")
+    t0 = time.perf_counter()
+    with pfcxl.Appliance("pf-appliance") as app:
+        out = run_on_guests(topology.load(path), path, kv_replay.Setup("", None, hosts, capacity, block_bytes,
+                                                                      routing=routing),
+                            reqs, kv_replay.MODES, data_path=data_path, timing=None,
+                            say=lambda m: print(f"# {m}", flush=True), appliance_dir=app.run_dir)
+    wall = time.perf_counter() - t0
+    rows = []
+    for r in out:
+        o, n = r["overall"], sum(h["lookups"] for h in r["lookups"])
+        lines = sum(h["index_lines"] for h in r["lookups"])
+        rows.append(dict(trace=trace, on="guests", data_path=data_path, mode=r["mode"], routing=routing, hosts=hosts,
+                         capacity=capacity, requests=o["requests"], blocks=o["blocks"], hit_rate=o["hits"] / o["blocks"],
+                         evictions=o["evictions"], lost=o["lost"], mode_s=r["seconds"],
+                         requests_per_s=o["requests"] / r["seconds"], wall_s_with_boots=wall, lookups=n,
+                         index_bytes_per_lookup=64 * lines / n, bad=o["bad"] + r["check"]["bad"]))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", choices=("lookup", "replay"))
+    ap.add_argument("part", choices=("lookup", "replay", "guests"))
     ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(),
                     help="where the pool file goes (default /dev/shm)")
     ap.add_argument("--trace", default="conversation")
@@ -101,7 +136,15 @@ def main(argv=None) -> int:
     ap.add_argument("--capacity", type=int, default=10000, help="blocks per host (default 10000)")
     ap.add_argument("--routing", default="round-robin", choices=kv_replay.ROUTINGS)
     ap.add_argument("--block-bytes", type=int, default=4096)
+    ap.add_argument("--requests", type=int, default=1000, help="guests: the trace's first N requests")
+    ap.add_argument("--data-path", default="direct", choices=("cxl", "direct"), help="guests: the data path")
     args = ap.parse_args(argv)
+    if args.part == "guests":
+        rows = guests(args.trace, args.hosts, args.requests, args.capacity, args.routing, args.block_bytes,
+                      args.data_path)
+        for row in rows:
+            print(json.dumps(row))
+        return 1 if any(r["bad"] for r in rows) else 0
     if args.part == "lookup":
         for row in lookup(args.dir):
             print(json.dumps(row))

@@ -23,6 +23,7 @@ from pfcxl.guest import plan
 from pfcxl import cache
 from pfcxl.host_tools.image import cpio
 from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.host_tools.image import debian_packages
 from pfcxl.compile import compile_cached
 from pfcxl.process import run
 
@@ -139,14 +140,16 @@ def _with_directories(entries: list[cpio.Entry]) -> list[cpio.Entry]:
     return out + sorted(entries, key=lambda e: e.path)
 
 
-def _debian_rootfs(say) -> tuple[bytes, set[str]]:
-    """The Debian rootfs as a gzipped archive (cached) and the set of paths it holds."""
+def _debian_rootfs(say, packages: tuple[str, ...] = ()) -> tuple[bytes, set[str]]:
+    """The Debian rootfs, with `packages` (--packages) laid over it, as a gzipped archive (cached
+    by the tarballs it is made of) and the set of paths it holds."""
     tar = debian_image.rootfs_tar(say)
-    cached = cache.images_dir() / f"rootfs-{tar.stem}.cpio.gz"
+    tars = [tar] + ([debian_packages.layer(packages, tar, say)] if packages else [])
+    cached = cache.images_dir() / f"rootfs-{'+'.join(t.stem for t in tars)}.cpio.gz"
     listing = cached.with_suffix(".paths")          # what it holds, so the tar is read only once
     if not (cached.exists() and listing.exists()):
-        say(f"packing the Debian rootfs ({tar.stat().st_size >> 20} MiB)")
-        entries = debian_image.rootfs_entries(tar)
+        say(f"packing the Debian rootfs ({sum(t.stat().st_size for t in tars) >> 20} MiB)")
+        entries = [e for t in tars for e in debian_image.rootfs_entries(t)]
         cached.parent.mkdir(parents=True, exist_ok=True)
         for path, data in ((cached, cpio.gzipped(cpio.archive(entries))),
                            (listing, "\n".join(e.path for e in entries).encode())):
@@ -179,24 +182,27 @@ IMAGE_KINDS = ("busybox", "debian")
 
 
 def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = None,
-          kind: str = "busybox", kernel: Kernel | None = None) -> BootImage:
+          kind: str = "busybox", kernel: Kernel | None = None, packages: tuple[str, ...] = ()) -> BootImage:
     """The kernel and initrd to boot `topo`, from the cache when nothing changed.
 
     `acpi_tables` (signature -> bytes) replace QEMU's tables through the initrd table upgrade.
     kind "debian" lays pfcxl's files over a Debian rootfs with python3 (host_tools/image/debian.py).
-    `kernel`: the user's (own_kernel.own); default setup's Debian kernel.
+    `kernel`: the user's (own_kernel.own); default setup's Debian kernel. `packages`: more Debian
+    packages in the "debian" image (host_tools/image/debian_packages.py).
     """
     try:
-        return _build(topo, progress, acpi_tables, kind, kernel)
+        return _build(topo, progress, acpi_tables, kind, kernel, packages)
     except OSError as exc:   # typically a read-only or full PFCXL_CACHE
         raise ImageError(f"building the guest image: {exc.filename or cache.images_dir()}: {exc.strerror} "
                          f"(the image cache is {cache.images_dir()}: PFCXL_CACHE must be writable)") from exc
 
 
 def _build(topo: Topology, progress, acpi_tables: dict[str, bytes] | None, kind: str,
-           kernel: Kernel | None) -> BootImage:
+           kernel: Kernel | None, packages: tuple[str, ...]) -> BootImage:
     if kind not in IMAGE_KINDS:
         raise ImageError(f"image kind '{kind}' must be one of {', '.join(IMAGE_KINDS)}")
+    if packages and kind != "debian":
+        raise ImageError(f"--packages {','.join(packages)} needs the Debian image (--image debian)")
     from pfcxl.host_tools.image import elf_deps
     from pfcxl.host_tools.image import own_kernel
     manifest = _manifest()
@@ -208,11 +214,11 @@ def _build(topo: Topology, progress, acpi_tables: dict[str, bytes] | None, kind:
     entries = base_entries(manifest, modules, kernel)
     rootfs = b""
     if kind == "debian":
-        rootfs, present = _debian_rootfs(say)
+        rootfs, present = _debian_rootfs(say, packages)
         # keep Debian's own programs; busybox fills in only what the rootfs lacks (cttyhack, insmod)
         entries = [e for e in entries if not (stat.S_ISLNK(e.mode) and e.data == b"/usr/bin/busybox"
                                               and e.path in present)]
-        entries += host_tools/image/debian.python_module_entries()
+        entries += debian_image.python_module_entries()
     plan_text = plan.render(topo, [m.name for m in modules])
     plan_entry = cpio.Entry.file("etc/pfcxl/plan", plan_text.encode())
     body = cpio.archive(entries + [plan_entry])

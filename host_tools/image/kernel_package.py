@@ -23,7 +23,7 @@ from pfcxl import cache
 from pfcxl.host_tools.image import own_kernel
 from pfcxl.host_tools.provision.apt import download_debs, host_mirror, private_apt_options, private_lists_state, update_private_lists
 from pfcxl.host_tools.provision.debian import render_deb822_source
-from pfcxl.host_tools.provision.runner import Setup, StepError
+from pfcxl.host_tools.provision.runner import Fetch, Setup, StepError
 from pfcxl.host_tools.provision.unpack import STAMP_NAME, deb_fields, unpack_atomically
 
 SUITES = ("bookworm-backports", "trixie", "trixie-backports")
@@ -89,17 +89,6 @@ def choose(spec: str, available: list[KernelPackage]) -> KernelPackage:
     listing = ", ".join(f"{k.upstream} ({k.version}, {k.suite})" for k in available) or "none (no lists?)"
     raise SetupError(f"--kernel-package {spec}: no such Debian kernel in {', '.join(SUITES)}; available: "
                      f"{listing}, or latest")
-
-
-class _Fetch(Setup):
-    """Setup's command runner (logged to setup.log), its progress lines to the caller's callback."""
-
-    def __init__(self, progress: Callable[[str], None]) -> None:
-        super().__init__(check_only=False)
-        self.progress = progress
-
-    def say(self, message: str) -> None:
-        self.progress(message)
 
 
 def sources_text() -> str:
@@ -173,7 +162,7 @@ def unpacked(s: Setup, k: KernelPackage) -> Path:
 
 def resolve(spec: str, progress: Callable[[str], None] = lambda message: None) -> tuple[KernelPackage, Path]:
     """(the kernel `spec` names, its unpacked tree); SetupError in one line when it cannot be had."""
-    s = _Fetch(progress)
+    s = Fetch(progress)
     cache.kernel_packages_dir().mkdir(parents=True, exist_ok=True)
     try:
         with open(cache.kernel_packages_dir() / ".lock", "w") as lock:   # one download and unpack at a time

@@ -1,6 +1,7 @@
-"""`pfcxl kv replay`: a request trace replayed through the real KV block store by N host processes
-on the pool file (docs/kvstore.md, "Replay"). This module routes the requests, runs the hosts
-(host_tools/kv/replay_host.py) and gathers what they did; host_tools/kv/replay_report.py prints it.
+"""`pfcxl kv replay`: a request trace replayed through the real KV block store by N hosts
+(docs/kvstore.md, "Replay"). This module routes the requests, runs them on a crew of hosts (host
+processes on the pool file, host_tools/kv/replay_host.py; or kvreplay in guests,
+host_tools/kv/replay_guest.py) and gathers what they did; host_tools/kv/replay_report.py prints it.
 
 Requests run in batches: the requests whose arrival lies within `window_ms` of the batch's first
 run at once (each host serves its share in trace order), batches one after the other. Routing is
@@ -56,8 +57,9 @@ def region_bytes(store_hosts: int, capacity: int, block_bytes: int) -> int:
     return arena_off + store_hosts * kv.up(capacity * kv.up(block_bytes, kv.LINE), kv.PAGE)
 
 
-def check(setup: Setup, requests: list[Request]) -> int:
-    """Every input against the store that is there; the region size to format. Writes nothing."""
+def check(setup: Setup, requests: list[Request], room: int = 0) -> int:
+    """Every input against the store that is there (with `room` more bytes after the store: the
+    guests' mailboxes), and no live writer in it; the region size to format. Writes nothing."""
     if setup.routing not in ROUTINGS:
         raise PfcxlError(f"routing {setup.routing!r} is not one of {', '.join(ROUTINGS)}")
     if not requests:
@@ -70,17 +72,39 @@ def check(setup: Setup, requests: list[Request]) -> int:
         raise PfcxlError(f"--at {setup.kill_at} must not be negative")
     try:
         with kv.Store.open(setup.path, base=setup.base) as s:
-            store_hosts, room = s.hosts, s.m.size
+            store_hosts, size = s.hosts, s.m.size
     except kv.KVError as exc:
         raise PfcxlError(str(exc)) from exc
     if setup.hosts > store_hosts:
         raise PfcxlError(f"--hosts {setup.hosts} is more than the store's {store_hosts} hosts "
                          f"(pfcxl kv format --hosts {setup.hosts})")
     need = region_bytes(store_hosts, setup.capacity, setup.block_bytes)
-    if need > room:
+    if need + room > size:
         raise PfcxlError(f"--capacity {setup.capacity} blocks of {setup.block_bytes} bytes for the store's "
-                         f"{store_hosts} hosts needs {need} bytes; {setup.path} has {room} from the store's base")
+                         f"{store_hosts} hosts needs {need + room} bytes; {setup.path} has {size} from the store's base")
+    if live := live_writers(setup.path, setup.base, setup.stale_s):
+        raise PfcxlError(f"{setup.path}: host {live[0]} of its store is open for writing by another process (its lease "
+                         f"is held and its heartbeat moves): close it before kv replay formats the store anew")
     return need
+
+
+def live_writers(path: str, base: int | None, watch_s: float) -> list[int]:
+    """The hosts of the store whose lease is held by a live process: their heartbeat moves within
+    watch_s (a lease left by a dead process stands still, and a live holder beats far more often)."""
+    with kv.Store.open(path, base=base) as s:
+        held = {h: hdr["heartbeat"] for h in range(s.hosts) if (hdr := s.header(h))["lease"]}
+        live: list[int] = []
+        since = time.monotonic()
+        while held and time.monotonic() - since < watch_s:
+            time.sleep(0.01)
+            for h, beat in list(held.items()):
+                hdr = s.header(h)
+                if not hdr["lease"]:
+                    del held[h]                  # closed meanwhile
+                elif hdr["heartbeat"] != beat:
+                    live.append(h)
+                    del held[h]
+    return sorted(live)
 
 
 def held_prefixes(reader):
@@ -104,37 +128,59 @@ def final_check(reader, requests: list[Request], size: int) -> dict:
     return dict(good=good, bad=bad, claims=claims)
 
 
-def run(setup: Setup, requests: list[Request], mode: str) -> dict:
-    """One mode's replay on a freshly formatted store: per-request results and per-host totals."""
-    local = mode == "local"
-    need = check(setup, requests)
-    with kv.Store.open(setup.path, base=setup.base) as s:
-        store_hosts = s.hosts
-    kv.format(setup.path, hosts=store_hosts, slots=slots_for(setup.capacity), chunk_tokens=setup.block_tokens,
-              size=need, base=setup.base)
-    ctx = multiprocessing.get_context("fork")
-    conns, procs = [], []
-    table = ctx.RawArray("q", len(requests) * WIDTH)
-    for h in range(setup.hosts):
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=kv_replay_host.main, daemon=True,
-                        args=(child, table, setup.path, setup.base, h, local, setup.block_bytes, setup.stale_s))
-        p.start()
-        child.close()
-        conns.append(parent)
-        procs.append(p)
-    reader = kv.Store.open(setup.path, base=setup.base)
-    try:
-        for h, c in enumerate(conns):
+class Processes:
+    """The hosts as processes on the pool file (kv_replay_host.main): batches go down a pipe, each
+    request's counts come back in a shared table."""
+
+    def __init__(self, setup: Setup, requests: int, local: bool) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self.conns, self.procs = [], []
+        self.table = ctx.RawArray("q", requests * WIDTH)
+        for h in range(setup.hosts):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=kv_replay_host.main, daemon=True, args=(
+                child, self.table, setup.path, setup.base, h, local, setup.block_bytes, setup.stale_s))
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        try:
+            for h, c in enumerate(self.conns):
+                try:
+                    msg = c.recv()
+                except EOFError as exc:
+                    raise PfcxlError(f"replay host {h} died before it started (exit code {self.procs[h].exitcode})") from exc
+                if msg[0] == "error":
+                    raise PfcxlError(f"replay host {h}: {msg[1]}")
+        except BaseException:
+            self.close()
+            raise
+
+    def post(self, h: int, work: list) -> None:
+        self.conns[h].send(work)
+
+    def ready(self, pending: set[int], timeout: float | None) -> list[int]:
+        """The pending hosts that finished their batch, waiting at most `timeout` seconds."""
+        done = []
+        for c in multiprocessing.connection.wait([self.conns[h] for h in pending], timeout):
+            h = self.conns.index(c)
             try:
-                msg = c.recv()
+                c.recv()
             except EOFError as exc:
-                raise PfcxlError(f"replay host {h} died before it started (exit code {procs[h].exitcode})") from exc
-            if msg[0] == "error":
-                raise PfcxlError(f"replay host {h}: {msg[1]}")
-        return _drive(setup, requests, mode, reader, conns, procs, table)
-    finally:
-        for c, p in zip(conns, procs):
+                raise PfcxlError(f"replay host {h} died unexpectedly (exit code {self.procs[h].exitcode})") from exc
+            done.append(h)
+        return done
+
+    def kill(self, h: int) -> None:
+        os.kill(self.procs[h].pid, signal.SIGKILL)
+        self.procs[h].join()
+
+    def results(self) -> list[dict | None]:
+        rows = [self.table[i * WIDTH:(i + 1) * WIDTH] for i in range(len(self.table) // WIDTH)]
+        return [dict(zip(COUNTS, row)) if row[-1] else None for row in rows]
+
+    def close(self) -> None:
+        for c, p in zip(self.conns, self.procs):
             if p.is_alive():
                 try:
                     c.send(None)
@@ -144,10 +190,37 @@ def run(setup: Setup, requests: list[Request], mode: str) -> dict:
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def fresh_store(setup: Setup, requests: list[Request], room: int = 0) -> int:
+    """Every input checked, then the store formatted anew for `setup` (`room` bytes kept free
+    after it): the store's region size."""
+    need = check(setup, requests, room)
+    with kv.Store.open(setup.path, base=setup.base) as s:
+        store_hosts = s.hosts
+    kv.format(setup.path, hosts=store_hosts, slots=slots_for(setup.capacity), chunk_tokens=setup.block_tokens,
+              size=need, base=setup.base)
+    return need
+
+
+def run(setup: Setup, requests: list[Request], mode: str) -> dict:
+    """One mode's replay by host processes on a freshly formatted store: per-request results and
+    per-host totals."""
+    fresh_store(setup, requests)
+    crew = None
+    reader = kv.Store.open(setup.path, base=setup.base)
+    try:
+        crew = Processes(setup, len(requests), mode == "local")
+        return drive(setup, requests, mode, reader, crew)
+    finally:
+        if crew is not None:
+            crew.close()
         reader.close()
 
 
-def _drive(setup: Setup, requests, mode, reader, conns, procs, table) -> dict:
+def drive(setup: Setup, requests, mode, reader, crew) -> dict:
+    """The batches routed and served by `crew` (Processes, or replay_mailbox.Mailboxes for
+    guests), then the per-host totals."""
     live = list(range(setup.hosts))
     router = Router(setup.routing, setup.hosts, requests, held_prefixes(reader))
     host_of: list[int | None] = [None] * len(requests)
@@ -161,29 +234,20 @@ def _drive(setup: Setup, requests, mode, reader, conns, procs, table) -> dict:
             host_of[i] = h = router.pick(requests[i], live)
             share.setdefault(h, []).append((i, list(requests[i].hash_ids)))
         for h, work in share.items():
-            conns[h].send(work)
+            crew.post(h, work)
         pending = set(share)
         while pending:
             due = None if killed or setup.kill_host is None else t0 + setup.kill_at - time.monotonic()
-            ready = multiprocessing.connection.wait([conns[h] for h in pending], None if due is None else max(due, 0))
+            done = crew.ready(pending, None if due is None else max(due, 0))
             if due is not None and t0 + setup.kill_at <= time.monotonic():
                 h = setup.kill_host
-                os.kill(procs[h].pid, signal.SIGKILL)
-                procs[h].join()
+                crew.kill(h)
                 killed = dict(host=h, at_s=round(time.monotonic() - t0, 3))
                 live.remove(h)
                 pending.discard(h)
-                ready = [c for c in ready if c is not conns[h]]
-            for c in ready:
-                h = conns.index(c)
-                try:
-                    c.recv()
-                except EOFError as exc:
-                    raise PfcxlError(f"replay host {h} died unexpectedly (exit code {procs[h].exitcode})") from exc
-                pending.discard(h)
+            pending -= set(done)
     seconds = time.monotonic() - t0
-    rows = [table[i * WIDTH:(i + 1) * WIDTH] for i in range(len(requests))]
-    results = [dict(zip(COUNTS, row)) if row[-1] else None for row in rows]
+    results = crew.results()
     stats = reader.stats()["hosts"]
     hosts = []
     for h in range(setup.hosts):

@@ -44,15 +44,22 @@ def block_load_seconds(model_name: str, block_tokens: int) -> dict:
                 electrical=stream_seconds(fabric_model.electrical_pool(jitter=False), size, g))
 
 
-def ttft(result: dict, requests, model_name: str, block_tokens: int) -> dict:
-    """p50/p99 modelled TTFT (ms) of the finished requests, per fabric (the module doc)."""
+def prefill_seconds(result: dict, requests, model_name: str, block_tokens: int) -> list[tuple[int, float]]:
+    """(request index, modelled prefill seconds of its tokens past the hits) of each finished
+    request: serving/compute.py at the calibrated throughput."""
     model = inputs.load_model(model_name)
     flops = calibrate.load().prefill_tflops_per_gpu * 1e12 * GPUS
+    return [(i, compute.prefill_seconds(model, max(requests[i].input_length - r["hits"] * block_tokens, 0),
+                                        min(r["hits"] * block_tokens, requests[i].input_length), flops))
+            for i, r in enumerate(result["results"]) if r is not None]
+
+
+def ttft(result: dict, requests, model_name: str, block_tokens: int) -> dict:
+    """p50/p99 modelled TTFT (ms) of the finished requests, per fabric (the module doc)."""
     per_block = block_load_seconds(model_name, block_tokens)
-    done = [(r, requests[i]) for i, r in enumerate(result["results"]) if r is not None]
-    prefill = np.array([compute.prefill_seconds(model, max(q.input_length - r["hits"] * block_tokens, 0),
-                                                min(r["hits"] * block_tokens, q.input_length), flops) for r, q in done])
-    hits = np.array([r["hits"] for r, _ in done])
+    done = prefill_seconds(result, requests, model_name, block_tokens)
+    prefill = np.array([p for _, p in done])
+    hits = np.array([result["results"][i]["hits"] for i, _ in done])
     outp = {}
     for f in FABRICS:
         ms = (hits * per_block[f] + prefill) * 1e3
@@ -67,6 +74,13 @@ def summary(result: dict, requests, model_name: str, block_tokens: int) -> dict:
         row["hit_rate"] = hit_rate(row)
     keep["requests_per_s"] = keep["overall"]["requests"] / keep["seconds"] if keep["seconds"] else None
     keep["ttft"] = ttft(result, requests, model_name, block_tokens)
+    if keep.get("lookups"):                      # kvreplay's own count (--on guests)
+        n = sum(h["lookups"] for h in keep["lookups"])
+        keep["lookup_cost"] = dict(lookups=n, index_lines=sum(h["index_lines"] for h in keep["lookups"]),
+                                   bytes_per_lookup=64 * sum(h["index_lines"] for h in keep["lookups"]) / n if n else None)
+    if keep.get("timing"):
+        from pfcxl.host_tools.kv.replay_timing import ttft as timed_ttft
+        keep["timing"]["ttft"] = timed_ttft(result, requests, model_name, block_tokens)
     return keep
 
 
@@ -76,6 +90,24 @@ def assumption(model_name: str, block_tokens: int, block_bytes: int) -> str:
             f"{human(real['bytes'])} per {block_tokens}-token block: {real['pf'] * 1e3:.1f} ms to load one from "
             f"the PF appliance, {real['electrical'] * 1e3:.1f} ms from the electrical pool (fabric model, one host), "
             f"prefill on {GPUS} x {GPU} (serving/compute.py); no queueing")
+
+
+def render_timing(tm: dict, mode: str) -> None:
+    """Per host: the appliance's modelled figures of the mode and its requests' modelled TTFT."""
+    from rich.table import Table
+    t = Table(title=f"{mode}: modelled by the appliance ({tm['fabric']}), {tm['model_s'] * 1e3:.2f} ms of model time, "
+              f"{tm['dropped']} ring records dropped")
+    for col in ("host", "reads", "moved", "read p50 / p99 (ns)", "load rate (GB/s)", "TTFT p50 / p99 (ms)"):
+        t.add_column(col, justify="right")
+    ttft_of = {h["host"]: h for h in tm["ttft"]["hosts"]}
+    for h in tm["hosts"]:
+        tt = ttft_of.get(h["host"], {})
+        t.add_row(str(h["host"]), str(h["reads"]), human(h["bytes"]), f"{h['read_p50_ns']} / {h['read_p99_ns']}",
+                  f"{h['rate_gbs']:.2f}" if h["rate_gbs"] else "-",
+                  f"{tt['p50_ms']:,.0f} / {tt['p99_ms']:,.0f}" if tt.get("p50_ms") is not None else "-")
+    out.print(t)
+    out.print("[dim]model figures (host_tools/kv/replay_timing.py), not the guests' clocks: a real block loads at its "
+              "host's modelled rate; read latency percentiles run from the guests' start[/dim]")
 
 
 def render(summaries: list[dict], note: str) -> None:
@@ -98,6 +130,12 @@ def render(summaries: list[dict], note: str) -> None:
             out.print(f"host {k['host']} killed (SIGKILL) at {k['at_s']:.2f} s: {len(k['unfinished'])} requests "
                       f"not finished {k['unfinished'][:20]}{' ...' if len(k['unfinished']) > 20 else ''}",
                       highlight=False)
+        if s.get("lookup_cost"):
+            lc = s["lookup_cost"]
+            out.print(f"guest lookups (kvreplay's count): {lc['lookups']}, {lc['bytes_per_lookup']:.0f} index bytes "
+                      f"each ({lc['bytes_per_lookup'] / 64:.1f} lines)", highlight=False)
+        if s.get("timing"):
+            render_timing(s["timing"], s["mode"])
         c = s["check"]
         out.print(f"store afterwards: {c['good']} blocks read back and checked, {c['bad']} wrong, "
                   f"{c['claims']} unpublished claims", highlight=False)

@@ -65,6 +65,18 @@ class Setup:
             raise StepError(f"{what} needs root (run `make setup` as root)")
 
 
+class Fetch(Setup):
+    """Setup's command runner (logged to setup.log) for fetches outside setup (--kernel-package,
+    --packages): its progress lines go to the caller's callback."""
+
+    def __init__(self, progress: Callable[[str], None]) -> None:
+        super().__init__(check_only=False)
+        self.progress = progress
+
+    def say(self, message: str) -> None:
+        self.progress(message)
+
+
 @dataclass
 class Step:
     name: str

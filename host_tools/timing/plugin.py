@@ -33,8 +33,10 @@ def build_plugin(out_dir: Path | None = None) -> Path:
 def doorbell_hpas(topo: Topology) -> list[int]:
     """Physical addresses of the marker lines, the last 64 bytes of a DAX device (the guest side,
     guest/include/pfcxl_mark.h, stores to device offset size - 64): the first CXL DAX device's,
-    then each direct device's (its devdax namespace ends where its NVDIMM ends)."""
-    cxl = address_map.dax_placements(topo)[:1] if data_path.has_cxl(topo) else []
+    then each direct device's (its devdax namespace ends where its NVDIMM ends). A system-ram
+    region has no DAX device to mark through: its memory is the kernel's, so it is skipped."""
+    devdax = [p for p, r in zip(address_map.dax_placements(topo), topo.regions) if r.mode != "system-ram"]
+    cxl = devdax[:1] if data_path.has_cxl(topo) else []
     direct = address_map.direct_placements(topo) if data_path.has_direct(topo) else []
     return [p.base + p.size - tf.LINE for p in cxl + direct]
 
@@ -43,5 +45,6 @@ def doorbell_hpa(topo: Topology) -> int:
     """The first marker line (doorbell_hpas)."""
     lines = doorbell_hpas(topo)
     if not lines:
-        raise TimingError(f"topology '{topo.name}' has no region, so no DAX device for the doorbell")
+        raise TimingError(f"topology '{topo.name}' has no devdax region, so no DAX device for the timing "
+                          "plugin's doorbell (a system-ram region's memory is the kernel's)")
     return lines[0]

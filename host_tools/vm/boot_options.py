@@ -15,6 +15,7 @@ from typing import Any
 
 from pfcxl.device.fabric.modes import ISSUES
 from pfcxl.errors import PfcxlError
+from pfcxl.host_tools.image.debian_packages import parse_names
 
 # A command-line option whose name is not the field's.
 FIELD_OF_DEST = {"appliance_dir": "appliance"}
@@ -64,7 +65,8 @@ class BootOptions:
     "ours". append: extra kernel command line. lean: the lean kernel command line. data_path:
     "cxl", "direct", "both" or None (the topology's). qemu, qemu_args: a QEMU of one's own and
     more arguments. kernel, modules: a kernel of one's own and its modules; kernel_package: a Debian
-    kernel by version or "latest" instead (host_tools/image/kernel_package.py)."""
+    kernel by version or "latest" instead (host_tools/image/kernel_package.py). packages: more Debian
+    packages in the Debian image, e.g. ("numactl",) (host_tools/image/debian_packages.py)."""
 
     timing: Any = None
     inject_profile: str = "pf"
@@ -83,6 +85,7 @@ class BootOptions:
     kernel: str | None = None
     modules: str | None = None
     kernel_package: str | None = None
+    packages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # paths as absolute text: a daemon in another directory, and the key, see the same file
@@ -96,6 +99,7 @@ class BootOptions:
         if isinstance(self.qemu_args, (str, bytes)) or not all(isinstance(a, str) for a in self.qemu_args):
             raise PfcxlError(f"qemu_args must be a list of strings, not {self.qemu_args!r}")
         object.__setattr__(self, "qemu_args", tuple(self.qemu_args))
+        object.__setattr__(self, "packages", parse_names(self.packages))
         if self.issue not in ISSUES:
             raise PfcxlError(f"issue '{self.issue}' is not one of {', '.join(ISSUES)}")
         object.__setattr__(self, "lean", self.lean is not False)
@@ -104,6 +108,7 @@ class BootOptions:
         """The fields as JSON values (request.json of a kept-up machine; --dry-run)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["qemu_args"] = list(self.qemu_args)
+        values["packages"] = list(self.packages)
         if dataclasses.is_dataclass(self.timing):
             values["timing"] = dataclasses.asdict(self.timing)
         if _is_appliance(self.appliance):

@@ -30,7 +30,7 @@ from pfcxl.host_tools.image import kernel_pvh
 from pfcxl.host_tools.vm import qemu
 from pfcxl.host_tools.vm.console import CommandRunner, Console, ConsoleClosed, ConsoleTimeout, shell_command
 from pfcxl.host_tools.image.initramfs import BootImage
-from pfcxl.process import describe_exit, spawn
+from pfcxl.process import describe_exit, spawn, starved_seconds
 
 # Descriptor numbers QEMU gets: the console, QMP and command-output socket pairs, then each
 # appliance-served device's memory in device order. Fixed, so the printed command line is the exec'd one.
@@ -42,6 +42,11 @@ READY_MARKERS = [b"PFCXL-READY {", b"PFCXL-FAILED {", b"Kernel panic - not synci
 PANIC_RE = re.compile(r"Kernel panic - not syncing:[^\n]*")
 STAGE_RE = re.compile(r"PFCXL-STAGE (\w+)")   # guest/init announces each stage it enters
 CONSOLE_TAIL_LINES = 25
+# The ready timeout counts the time QEMU ran or could have run: time it waited for a CPU that a
+# loaded host gave to others does not count (two guests booting on two busy cores took over 300 s
+# of wall time). READY_WALL_FACTOR times the timeout of wall time ends even a starved boot.
+READY_WALL_FACTOR = 10
+READY_POLL = 5.0      # seconds between looks at QEMU's scheduling figures
 
 
 class VMState(enum.Enum):
@@ -176,12 +181,13 @@ class VM:
             raise VMError(message) from exc
 
     def wait_ready(self, timeout: float = 180) -> dict:
-        """Wait for init's PFCXL-READY line; return its JSON. Raises VMError with the console tail."""
+        """Wait for init's PFCXL-READY line; return its JSON. Raises VMError with the console tail.
+        `timeout` is of QEMU's own time: what it spent waiting for a busy host's CPUs is added
+        (READY_WALL_FACTOR)."""
         self._require(VMState.BOOTING)
         try:
-            deadline = time.monotonic() + timeout
-            kind, _ = self._console.expect_exact(READY_MARKERS, timeout)
-            rest = self._console.line(deadline - time.monotonic()).decode(errors="replace")
+            kind = self._expect_ready(timeout)
+            rest = self._console.line(timeout).decode(errors="replace")
         except ConsoleTimeout:
             self._fail(f"guest did not become ready within {timeout:.0f}s, {self._stage()}")
         except ConsoleClosed:
@@ -197,6 +203,24 @@ class VM:
         self._commands = CommandRunner(self._console, self._output if info.get("output") == "port" else None)
         self.state = VMState.READY
         return info
+
+    def _expect_ready(self, timeout: float) -> int:
+        """The first READY_MARKERS match within `timeout` seconds of wall time less the time QEMU
+        was starved (ConsoleTimeout after that, or after READY_WALL_FACTOR x timeout of wall time,
+        naming both)."""
+        start, starved0 = time.monotonic(), starved_seconds(self.pid)
+        while True:
+            wall = time.monotonic() - start
+            starved = max(starved_seconds(self.pid) - starved0, 0.0)
+            left = min(timeout - (wall - starved), READY_WALL_FACTOR * timeout - wall)
+            if left <= 0:
+                self._fail(f"guest did not become ready within {timeout:.0f}s: {wall:.0f}s of wall time, "
+                           f"{starved:.0f}s of which QEMU waited for a CPU the host gave to other processes, "
+                           f"{self._stage()}")
+            try:
+                return self._console.expect_exact(READY_MARKERS, min(left, READY_POLL))[0]
+            except ConsoleTimeout:
+                continue
 
     def shutdown(self, timeout: float = 10) -> None:
         """Stop QEMU: QMP quit, then SIGTERM, then SIGKILL. Safe in any state, twice."""

@@ -181,3 +181,22 @@ def test_inject_without_a_baseline_measures_it_first(tmp_path):
     assert calibrated and calibrated[0]["mode"] == "count"    # the measuring guest ran, in count mode
     assert start["mode"] == "inject" and start["baseline_ns"] > 0
     assert start["profiles"][0]["read_ns"] == fabric_model.idle_ns(profile, False)
+
+
+def test_an_inject_run_calibrates_under_its_own_name_beside_another_on_the_same_run_dir(tmp_path):
+    """Two inject runs on one --run-dir: while one run's count-mode guest holds the name
+    'calibrate', the other's takes calibrate-1, so the plugin event log its baseline is read from
+    (and its console and QEMU logs) are its own. Both were named 'calibrate' before."""
+    from pfcxl import Machine
+    from pfcxl.host_tools.vm.guest_names import guest_name
+    run_dir = tmp_path / "run"
+    (run_dir / "calibrate").mkdir(parents=True)
+    with guest_name(run_dir / "calibrate", "calibrate") as held:      # the other run's calibrating guest
+        assert held == "calibrate"
+        with Machine(TOPOLOGY, timing="inject", run_dir=run_dir, ready_timeout=300) as machine:
+            events = timing.plugin_events(timing.plugin_log(run_dir, machine.name))
+    start = next(e for e in events if e["event"] == "start")
+    assert start["mode"] == "inject" and start["baseline_ns"] > 0
+    probe = timing.plugin_events(timing.plugin_log(run_dir / "calibrate", "calibrate-1"))
+    assert [e["mode"] for e in probe if e["event"] == "start"] == ["count"]
+    assert not (run_dir / "calibrate" / "calibrate.console.log").exists()

@@ -3,7 +3,6 @@ appliance_helpers.py, hostile_helpers.py, bounded_cli.py), and the compile helpe
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -34,11 +33,16 @@ def compile_guest_tool(name: str) -> Path:
         pytest.fail(f"{exc}\n(if it cannot find -lc, libc6-dev (libc.a) is missing: run 'make setup')")
 
 
+def sparse_file(path: Path, size: int) -> Path:
+    """A sparse file of `size` bytes (a stand-in for /dev/daxN.M, or a pool)."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
 def kv_pool(tmp_path: Path, size: int = 64 << 20, hosts: int = 4, slots: int = 256) -> str:
     """A pool file of `size` bytes holding an empty KV store (guest/python/pfcxl_kvstore.py)."""
-    path = tmp_path / "pool"
-    path.write_bytes(b"")
-    os.truncate(path, size)
+    path = sparse_file(tmp_path / "pool", size)
     debian_image.import_guest_module("pfcxl_kvstore").format(str(path), hosts=hosts, slots=slots,
                                                               chunk_tokens=KV_CHUNK_TOKENS)
     return str(path)

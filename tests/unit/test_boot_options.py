@@ -118,7 +118,8 @@ def test_the_reuse_key_follows_the_topology_files_bytes(tmp_path):
 def test_options_survive_the_kept_up_machines_request_file(tmp_path):
     options = BootOptions(timing="inject", baseline_ns=3.5, issue="independent", image="debian", host=2,
                           appliance="app", cedt="ours", append="quiet", lean=False, data_path="both",
-                          qemu="/opt/q", qemu_args=("-name", "x"), kernel="k", modules="m", run_dir="r")
+                          qemu="/opt/q", qemu_args=("-name", "x"), kernel="k", modules="m", run_dir="r",
+                          packages=("numactl", "strace"))
     import json
     again = BootOptions.from_dict(json.loads(json.dumps(options.as_dict())))
     assert again == options and again.key(topology.resolve("pf-nic")) == options.key(topology.resolve("pf-nic"))

@@ -21,7 +21,7 @@ import pytest
 
 from pfcxl.guest import pattern
 
-from .conftest import compile_guest_tool
+from .conftest import compile_guest_tool, sparse_file
 
 MiB = 1 << 20
 FILE_SIZE = 4 * MiB
@@ -42,10 +42,7 @@ def daxio() -> Path:
 @pytest.fixture
 def dev(tmp_path) -> Path:
     """A 4 MiB sparse file standing in for /dev/dax0.0."""
-    path = tmp_path / "dax.img"
-    with open(path, "wb") as f:
-        f.truncate(FILE_SIZE)
-    return path
+    return sparse_file(tmp_path / "dax.img", FILE_SIZE)
 
 
 def run(daxio: Path, *args) -> subprocess.CompletedProcess:

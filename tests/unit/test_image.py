@@ -196,7 +196,7 @@ def test_the_pfcxl_archive_after_a_gzipped_rootfs_starts_4_byte_aligned(tmp_path
     shutil.copytree(real_tools, cache.images_dir() / "tools")
     rootfs = cpio.gzipped(cpio.archive([cpio.Entry.file("etc/os-release", b"ID=debian\n", 0o644)]) + b"x")
     rootfs += b"\0" if len(rootfs) % 4 == 0 else b""            # make it end off a 4-byte boundary
-    monkeypatch.setattr(image, "_debian_rootfs", lambda say: (rootfs, set()))
+    monkeypatch.setattr(image, "_debian_rootfs", lambda say, packages=(): (rootfs, set()))
     data = image.build(load("pf-nic"), kind="debian").initrd.read_bytes()
     start = len(rootfs) + (-len(rootfs) % 4)
     assert data[:len(rootfs)] == rootfs and data[len(rootfs):start] == bytes(start - len(rootfs))

@@ -164,7 +164,11 @@ def test_bad_input_at_the_command_is_one_line_and_leaves_the_store(tmp_path, cap
     broken.write_text(good.read_text() + '{"timestamp": 5, "input_length": 512, "output_length": 1}\n')
     for argv, words in [([str(broken)], "hash_ids"),
                         ([str(good), "--hosts", "3"], "more than the store's 2 hosts"),
-                        ([str(good), "--hosts", "2", "--capacity", "100000"], "--capacity 100000 blocks")]:
+                        ([str(good), "--hosts", "2", "--capacity", "100000"], "--capacity 100000 blocks"),
+                        ([str(good), "--hosts", "2", "--timing", "pf"], "--timing is for --on guests"),
+                        ([str(good), "--hosts", "2", "--data-path", "direct"], "--data-path is for --on guests"),
+                        ([str(good), "--on", "guests", "--kill-host", "1"], "--kill-host is for --on host"),
+                        ([str(good), "--on", "guests", "--base", "0"], "--base 0: in guests")]:
         status, _, err = cli(capsys, *argv, "--pool", path, "--compare")
         assert status != 0 and words in err and len(err.strip().splitlines()) == 1, err
     assert open(path, "rb").read() == before
@@ -181,3 +185,27 @@ def test_a_host_that_cannot_open_the_store_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(H.kv.Store, "open", refuse_host_1)
     with pytest.raises(PfcxlError, match="^replay host 1: host 1 is open for writing by another process$"):
         R.run(R.Setup(path, None, 3, 16, 4096), requests(DOZEN), "shared")
+
+
+@pytest.mark.parametrize("writer", range(4))
+def test_replay_refuses_a_store_another_process_writes_and_leaves_it(tmp_path, writer):
+    """A host of the store open for writing elsewhere (its lease held, its heartbeat moving): the
+    replay says so in one line and formats nothing; a lease a dead process left does not stop it."""
+    path = pool(tmp_path)
+    with R.kv.Store.open(path, host=writer) as live:
+        live.put(b"theirs", b"x" * 4096)
+        for mode in R.MODES:
+            with pytest.raises(PfcxlError, match=f"host {writer} of its store is open for writing by another "
+                               "process") as e:
+                R.run(R.Setup(path, None, 3, 16, 4096, stale_s=0.5), requests(DOZEN), mode)
+            assert "\n" not in str(e.value)
+        assert live.get(b"theirs") == b"x" * 4096 and live.find(b"theirs")[0][0] == writer
+    pid = os.fork()
+    if pid == 0:                                             # opens as `writer` and dies holding the lease
+        R.kv.Store.open(path, host=writer)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    with R.kv.Store.open(path) as s:
+        assert s.header(writer)["lease"] != 0
+    out = R.run(R.Setup(path, None, 3, 16, 4096, stale_s=0.5), requests(DOZEN), "shared")
+    assert out["overall"]["requests"] == 12 and out["check"]["bad"] == 0

@@ -6,11 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import subprocess
+import zlib
 
 import pytest
 
+from pfcxl.compile import compile_cached
 from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.host_tools.image import initramfs as image
 
 from .conftest import compile_guest_tool, kv_pool
 
@@ -25,6 +29,15 @@ pytestmark = pytest.mark.component
 @pytest.fixture(scope="module")
 def tool():
     return compile_guest_tool("kvstore")
+
+
+@pytest.fixture(scope="module")
+def paused_tool(tmp_path_factory):
+    """kvstore built with -DKV_TEST_HOOKS: its reader pauses once between a key's match and the
+    read of that slot's record (kv_after_key_match in pfcxl_kvstore.h)."""
+    src = image.GUEST_SOURCES / "kvstore.c"
+    return compile_cached(src, image.tool_inputs(src), (*image.CFLAGS, "-DKV_TEST_HOOKS"),
+                          tmp_path_factory.mktemp("kvstore-paused"), "kvstore-paused")
 
 
 @pytest.fixture
@@ -236,3 +249,40 @@ def test_a_c_put_after_a_python_empty_block_returns(tool, pool):
     assert got["stored"] == 1
     with kv.Store.open(pool) as s:
         assert s.get("empty") == b"" and s.get("after") == pattern("after", 4096)
+
+
+@pytest.mark.parametrize("hosts,owner", [(1, 0), (3, 0), (3, 2)])
+@pytest.mark.parametrize("k1_size,k2_size", [(4096, 4096), (4096, 65536), (65536, 8), (8, 1 << 20)])
+def test_a_c_reader_never_returns_the_block_that_replaced_its_key_in_the_same_slot(paused_tool, tmp_path, hosts,
+                                                                                   owner, k1_size, k2_size):
+    """Issue 21 item 1, the C reader: the owner evicts k1 and publishes k2 in the same slot (one
+    slot per host) while the C `get` of k1 is paused between the key match and the record read.
+    The record no longer holds k1: a miss, never k2's block (whose crc is k2's, so it passed)."""
+    path = kv_pool(tmp_path, 32 << 20, hosts=hosts, slots=1)
+    paused_r, paused_w = os.pipe()
+    resume_r, resume_w = os.pipe()
+    with kv.Store.open(path, host=owner) as owner_store:
+        assert owner_store.put("k1", pattern("k1", k1_size))
+        reader = subprocess.Popen([str(paused_tool), "get", path, "--key", "k1", "--size", str(k1_size)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  pass_fds=(paused_w, resume_r),
+                                  env={**os.environ, "PFCXL_KV_TEST_PAUSE": f"{paused_w},{resume_r}"})
+        os.close(paused_w)
+        os.close(resume_r)
+        try:
+            assert select.select([paused_r], [], [], 60)[0], "the C reader never matched k1's key"
+            assert os.read(paused_r, 1) == b"m"
+            assert owner_store.put("k2", pattern("k2", k2_size))      # k1 evicted, k2 in its slot
+            os.write(resume_w, b"r")
+            out, err = reader.communicate(timeout=60)
+        finally:
+            reader.kill()
+            reader.wait()
+            os.close(paused_r)
+            os.close(resume_w)
+    got = json.loads(out)
+    k2_crc = f"{zlib.crc32(pattern('k2', k2_size)):#010x}"
+    assert got["hit"] == 0, f"k1 read as {got['length']} bytes, crc {got['crc32']} (k2's block: {k2_crc}); {err}"
+    # the store itself is whole: k2 is there for any reader, k1 is gone
+    assert kvstore(paused_tool, "get", path, "--key", "k2", "--size", str(k2_size))[0]["match"] == 1
+    assert kvstore(paused_tool, "get", path, "--key", "k1", status=1)[0]["hit"] == 0

@@ -19,12 +19,14 @@ REPO = Path(pfcxl.__file__).resolve().parent.parent
 FOLDERS = ("device", "firmware_tables", "guest", "host_tools", "serving")
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
-BASE = ("pfcxl.errors", "pfcxl.cache", "pfcxl.process", "pfcxl.compile")
+BASE = ("pfcxl.errors", "pfcxl.cache", "pfcxl.process", "pfcxl.compile", "pfcxl.text_files")
 # host_tools packages built on pfcxl.Machine / pfcxl.Appliance: several hosts, kept-up machines,
 # the benchmark suite, the KV replay and the experiment scripts. The rest of host_tools is what
 # the API is built on.
 FLEET_AND_BENCH = ("pfcxl.host_tools.fleet", "pfcxl.host_tools.bench", "pfcxl.host_tools.experiments",
-                   "pfcxl.host_tools.kv.replay", "pfcxl.host_tools.kv.replay_host", "pfcxl.host_tools.kv.replay_report")
+                   "pfcxl.host_tools.kv.replay", "pfcxl.host_tools.kv.replay_host", "pfcxl.host_tools.kv.replay_report",
+                   "pfcxl.host_tools.kv.replay_guest", "pfcxl.host_tools.kv.replay_mailbox",
+                   "pfcxl.host_tools.kv.replay_timing")
 LAYERS = [
     ("base", BASE),                                            # errors, the cache, running programs
     ("device", ("pfcxl.device",)),                             # topology, appliance, fabric, trace, facts

@@ -21,7 +21,7 @@ import pytest
 
 from pfcxl.guest import pattern
 
-from .conftest import compile_guest_tool
+from .conftest import compile_guest_tool, sparse_file
 
 MiB = 1 << 20
 FILE_SIZE = 64 * MiB
@@ -39,10 +39,7 @@ def slices() -> Path:
 @pytest.fixture
 def dev(tmp_path) -> Path:
     """A 64 MiB sparse file standing in for /dev/dax0.0."""
-    path = tmp_path / "pool.img"
-    with open(path, "wb") as f:
-        f.truncate(FILE_SIZE)
-    return path
+    return sparse_file(tmp_path / "pool.img", FILE_SIZE)
 
 
 def seed(epoch: int, host: int) -> int:

@@ -5,6 +5,8 @@ the QEMU options, and the guest marker header and tools on regular files."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import shutil
 import struct
@@ -21,7 +23,7 @@ from pfcxl.device.topology import address_map
 from pfcxl.device.topology import data_path
 from pfcxl.device import topology
 from pfcxl.device.trace import records as tf
-from pfcxl.errors import BuildError, VMError
+from pfcxl.errors import BuildError, TimingError, VMError
 from pfcxl.device.trace import ring as trace_ring
 from pfcxl.host_tools.timing import config as timing
 from pfcxl.host_tools.timing import plugin as timing_plugin
@@ -274,6 +276,26 @@ def test_doorbell_is_the_last_line_of_the_first_dax_device(name):
     assert hpa == dax.base + dax.size - 64
     assert hpa % 64 == 0
     assert window.base <= dax.base <= hpa < dax.base + dax.size <= window.base + window.size
+
+
+@pytest.mark.parametrize("name", [p.stem for p in topology.shipped_topologies()])
+def test_doorbell_skips_system_ram_regions_whatever_their_order(name):
+    """A system-ram region's memory is the kernel's (no /dev/daxN.0 for pfcxl_mark, pages the
+    allocator hands out): the doorbell is the last line of the first devdax region, in every
+    assignment of modes to the topology's volatile regions; with none left, one line says so."""
+    topo = topology.load(topology.resolve(name))
+    volatile = [i for i, r in enumerate(topo.regions) if r.kind == "volatile"]
+    for ram in itertools.chain.from_iterable(itertools.combinations(volatile, k) for k in range(len(volatile) + 1)):
+        modes = ["system-ram" if i in ram else "devdax" for i in range(len(topo.regions))]
+        varied = dataclasses.replace(topo, regions=tuple(dataclasses.replace(r, mode=m)
+                                                         for r, m in zip(topo.regions, modes)))
+        placements = address_map.dax_placements(varied)
+        devdax = [p for p, m in zip(placements, modes) if m == "devdax"]
+        if devdax:
+            assert timing_plugin.doorbell_hpa(varied) == devdax[0].base + devdax[0].size - 64, (name, modes)
+        else:
+            with pytest.raises(TimingError, match="has no devdax region"):
+                timing_plugin.doorbell_hpa(varied)
 
 
 def test_pf_nic_doorbell_value():

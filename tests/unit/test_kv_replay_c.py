@@ -1,0 +1,100 @@
+"""The C store's replay hosts (guest/src/kvreplay.c, fed through mailboxes in the pool by
+host_tools/kv/replay_mailbox.py, as `kv replay --on guests` feeds them in guests) against the
+Python hosts of `--on host`, here on one pool file: the same requests, routed alike, give the same
+counts request by request wherever the protocol is deterministic (one request at a time)."""
+
+import dataclasses
+
+import pytest
+
+from pfcxl.errors import PfcxlError
+from pfcxl.host_tools.kv import replay as R
+from pfcxl.host_tools.kv import replay_guest as G
+from pfcxl.serving import traces
+
+from .conftest import compile_guest_tool
+from .test_kv_replay import DOZEN, pool, requests, synthetic
+
+pytestmark = pytest.mark.component
+
+
+@pytest.fixture(scope="module")
+def tool(tmp_path_factory):
+    return compile_guest_tool("kvreplay", tmp_path_factory.mktemp("kvreplay"))
+
+
+def c_replay(setup, reqs, modes, tool):
+    return G.replay(setup, reqs, modes, lambda at: G.c_on_host(setup, tool, at), hello_s=60)
+
+
+def same(c, py):
+    """Everything the two replays report alike (the C side adds its lookup counts)."""
+    for key in ("mode", "routing", "hosts", "overall", "host_of", "results", "check", "never_routed"):
+        assert c[key] == py[key], key
+
+
+def one_at_a_time(reqs):
+    """The requests a second apart: each batch is one request, so no two hosts race for a block
+    (requests that arrive together race, and who wins is not deterministic)."""
+    return [dataclasses.replace(r, timestamp_ms=i * 1000) for i, r in enumerate(reqs)]
+
+
+CASES = [("dozen", 3, 64, 4096), ("synthetic", 3, 30, 3000), ("synthetic", 1, 40, 1000),
+         ("conversation", 2, 100, 4096), ("conversation", 4, 25, 512)]
+
+
+@pytest.mark.parametrize("trace,hosts,capacity,size", CASES)
+@pytest.mark.parametrize("routing", R.ROUTINGS)
+def test_c_hosts_count_exactly_what_python_hosts_count(tmp_path, tool, trace, hosts, capacity, size, routing):
+    reqs = (requests(DOZEN) if trace == "dozen" else synthetic(200, seed=5) if trace == "synthetic"
+            else one_at_a_time(traces.load(traces.bundled("conversation")).requests[:60]))
+    path = pool(tmp_path)
+    setup = R.Setup(path, None, hosts, capacity, size, routing=routing)
+    c = c_replay(setup, reqs, R.MODES, tool)
+    for mode, got in zip(R.MODES, c):
+        py = R.run(setup, reqs, mode)
+        same(got, py)
+        o = got["overall"]
+        assert o["bad"] == 0 and o["checked"] == o["hits"] and got["check"]["bad"] == 0
+        if mode == "local":
+            assert o["other"] == 0
+        # a lookup reads at most a window of lines per host it looks in, whatever the slots
+        for h, st in enumerate(got["lookups"]):
+            assert st["lookups"] > 0
+            assert st["index_lines"] <= st["lookups"] * R.kv.WINDOW * (1 if mode == "local" else 4)   # the store's hosts
+    if trace != "dozen":
+        assert c[0]["overall"]["evictions"] > 0
+
+
+@pytest.mark.parametrize("routing", R.ROUTINGS)
+def test_c_hosts_at_once_load_only_correct_bytes_and_account_for_every_block(tmp_path, tool, routing):
+    """One batch: four C hosts at once, with evictions. Who wins a block's race is not
+    deterministic; what must hold: every load checked and right, every block a request did not
+    hit stored, found present or lost in a race, and the store clean."""
+    path = pool(tmp_path)
+    reqs = synthetic(300, seed=7, same_time=True)
+    out, = c_replay(R.Setup(path, None, 4, 30, 3000, routing=routing), reqs, ["shared"], tool)
+    o = out["overall"]
+    assert o["requests"] == 300 and o["bad"] == 0 and o["checked"] == o["hits"] and o["evictions"] > 0
+    for r in out["results"]:
+        assert r["stored"] + r["present"] + r["lost"] == r["blocks"] - r["hits"]
+        assert r["written"] == 3000 * r["stored"] and r["read"] == 3000 * r["hits"]
+    assert out["check"]["bad"] == 0 and out["check"]["claims"] == 0
+    assert out["check"]["good"] == o["stored"] - o["evictions"]       # what was stored and not evicted
+
+
+def test_a_pool_without_room_for_the_mailboxes_is_one_line_and_left_alone(tmp_path, tool):
+    path = pool(tmp_path, hosts=2, size=4 << 20)
+    before = open(path, "rb").read()
+    with pytest.raises(PfcxlError, match="needs .* bytes") as e:
+        c_replay(R.Setup(path, None, 2, 16, 4096), requests(DOZEN), R.MODES, tool)
+    assert "\n" not in str(e.value) and open(path, "rb").read() == before
+
+
+def test_a_kvreplay_that_ends_is_one_line_not_a_wait(tmp_path, tool):
+    path = pool(tmp_path)
+    setup = R.Setup(path, None, 2, 16, 4096)
+    with pytest.raises(PfcxlError, match="ended before they started: host 0 exit 2: kvreplay: --mailbox .* is not inside") as e:
+        G.replay(setup, requests(DOZEN), R.MODES,
+                 lambda at: G.c_on_host(setup, tool, at + (64 << 20)), hello_s=60)
+    assert "\n" not in str(e.value)
