@@ -206,6 +206,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def check_options(topo: Topology, *, scan_interval: float = 5.0, idle_timeout: float | None = None,
+                  timing: str | None = None, issue: str = "dependent", capture: Path | None = None) -> None:
+    """The service's options (device/appliance/service.py), checked before anything starts: the
+    first bad one is one line (ApplianceError). The capture folder's contents are start()'s to check."""
+    if topo.appliance is None:
+        raise ApplianceError(f"topology '{topo.name}' has no [appliance] section")
+    if timing is not None and timing not in SYSTEMS:
+        raise ApplianceError(f"appliance timing '{timing}' is not one of {', '.join(SYSTEMS)}")
+    if issue not in ISSUES:
+        raise ApplianceError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
+    if capture is not None and timing is None:
+        raise ApplianceError("--capture keeps what the appliance's timing drains: give --timing pf|electrical too")
+    if idle_timeout is not None and not idle_timeout > 0:
+        raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
+    if not 0 < scan_interval < float("inf"):
+        raise ApplianceError(f"scan interval {scan_interval:g}s: it must be more than 0 seconds, and finite")
+
+
 def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = False,
           scan_interval: float = 5.0, idle_timeout: float | None = None, temporary: bool = False,
           timing: str | None = None, issue: str = "dependent", capture: Path | None = None) -> int:
@@ -215,18 +233,10 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
     traffic on that fabric (device/appliance/timing.py), with `issue` dependent or independent;
     `capture` (an absent or empty directory) keeps every host's drained records there
     (device/trace/capture.py)."""
-    if topo.appliance is None:
-        raise ApplianceError(f"topology '{topo.name}' has no [appliance] section")
-    if timing is not None and timing not in SYSTEMS:
-        raise ApplianceError(f"appliance timing '{timing}' is not one of {', '.join(SYSTEMS)}")
-    if issue not in ISSUES:
-        raise ApplianceError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
+    check_options(topo, scan_interval=scan_interval, idle_timeout=idle_timeout, timing=timing, issue=issue,
+                  capture=capture)
     if capture is not None:
-        if timing is None:
-            raise ApplianceError("--capture keeps what the appliance's timing drains: give --timing pf|electrical too")
         capture = trace_capture.check_dir(capture)
-    if idle_timeout is not None and not idle_timeout > 0:
-        raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
     socket_path = (run_dir / SOCKET).absolute()
     if len(os.fsencode(socket_path)) >= MAX_SOCKET_PATH:
         raise ApplianceError(f"run directory {run_dir}: its control socket {socket_path} would be "

@@ -1,7 +1,7 @@
 """pfcxl: emulate a photonic-fabric CXL memory appliance (see README.md and docs/ARCHITECTURE.md).
 
 The public API is `pfcxl.Machine` (one booted appliance host) and `pfcxl.Appliance` (the service
-that owns the pooled memory); see pfcxl/machine.py. They are imported on first use, so that the
+that owns the pooled memory); see pfcxl/machine.py, pfcxl/appliance.py and pfcxl/runs.py. They are imported on first use, so that the
 appliance service and the table tools do not load the QMP and console modules; a type checker
 sees them through the TYPE_CHECKING import below.
 
@@ -13,14 +13,18 @@ a checkout always runs its own code, and tools that only read files resolve ever
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Machine", "Appliance", "BootOptions", "Result", "Plan"]
+__all__ = ["Machine", "Appliance", "BootOptions", "Result", "TracedRun", "Plan"]
+_HOME = {"Machine": "machine", "BootOptions": "machine", "Plan": "machine", "Appliance": "appliance",
+         "Result": "runs", "TracedRun": "runs"}
 
 if TYPE_CHECKING:
-    from pfcxl.machine import Appliance, BootOptions, Machine, Plan, Result
+    from pfcxl.appliance import Appliance
+    from pfcxl.machine import BootOptions, Machine, Plan
+    from pfcxl.runs import Result, TracedRun
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from pfcxl import machine
-        return getattr(machine, name)
+    if name in _HOME:
+        import importlib
+        return getattr(importlib.import_module(f"pfcxl.{_HOME[name]}"), name)
     raise AttributeError(f"module 'pfcxl' has no attribute {name!r}")

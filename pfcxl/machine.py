@@ -1,4 +1,5 @@
-"""pfcxl's public API: one booted appliance host (`Machine`) and the appliance service (`Appliance`).
+"""pfcxl's public API: one booted appliance host (`Machine`). The appliance service (`Appliance`) is
+in pfcxl/appliance.py, what commands give back (`Result`, `TracedRun`) in pfcxl/runs.py.
 
     import pfcxl
     with pfcxl.Machine("two-hb-interleave") as m:
@@ -27,7 +28,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from pfcxl.device.topology import data_path as data_path_mod
 from pfcxl.device.fabric import constants as fabric_constants
@@ -50,28 +51,15 @@ from pfcxl.host_tools.timing import plugin as timing_plugin
 from pfcxl.host_tools.timing import config as timing_mod
 from pfcxl.host_tools.vm import host as vm_mod
 from pfcxl.host_tools.vm.host import VM
+from pfcxl.runs import Result, TracedRun
+from pfcxl import runs
+
+if TYPE_CHECKING:
+    from pfcxl.appliance import Appliance
 
 DEFAULT_NAME = "guest"
 # What a plan shows for a run directory that does not exist yet (a temporary one per boot).
 RUN_DIR_PLACEHOLDER = Path("RUN_DIR")
-
-
-@dataclass(frozen=True)
-class Result:
-    """A guest command's exit status and output: `data` byte for byte (the console's CR LF
-    turned into LF), `output` the same as text."""
-
-    status: int
-    data: bytes
-    command: str = ""
-
-    @property
-    def output(self) -> str:       # bytes that are not UTF-8 become U+FFFD
-        return self.data.decode(errors="replace")
-
-    @property
-    def ok(self) -> bool:
-        return self.status == 0
 
 
 @dataclass(frozen=True)
@@ -312,8 +300,12 @@ class Machine:
             return None
         if self.attachment is not None:
             return {d.id: self.attachment.region(d.appliance).fd for d in served}
-        where = self.appliance.run_dir if isinstance(self.appliance, Appliance) else (
-            Path(self.appliance) if self.appliance else appliance_mod.default_dir(self.topology))
+        if self.appliance is None:
+            where = appliance_mod.default_dir(self.topology)
+        elif isinstance(self.appliance, (str, Path)):
+            where = Path(self.appliance)
+        else:                                   # a pfcxl.Appliance
+            where = self.appliance.directory
         self._appliance_dir = where
         client = stack.enter_context(appliance_mod.Client(where))
         self.attachment = client.attach(self.host)
@@ -335,7 +327,7 @@ class Machine:
     def appliance_stats(self, sync: bool = True, timeout: float = 300) -> dict:
         """The timed appliance's telemetry (op stats): with `sync`, once everything this host's
         plugin has written so far is modelled."""
-        if self.attachment is None or self.attachment.ring_fd is None or self._appliance_dir is None:
+        if not self.on_timed_appliance or self._appliance_dir is None:
             raise PfcxlError(f"{self.name}: not attached to a timed appliance (pfcxl appliance start --timing pf)")
         with appliance_mod.Client(self._appliance_dir, timeout=timeout) as client:
             return client.call("stats", sync=sync)
@@ -402,6 +394,27 @@ class Machine:
         done = self._booted().finish_command(started, timeout)
         return Result(done.status, done.data, done.command)
 
+    def traced_run(self, command: str | Sequence[str], timeout: float = 600, *,
+                   bracket: bool | None = None) -> TracedRun:
+        """Run a command with the timing plugin watching (pfcxl/runs.py): bracketed by the phase
+        markers (bracket None: when something traces this machine and the command does not mark
+        its rows itself), its phase waited for, the trace drained (trace mode) for .model() or
+        .rows(n); on a timed appliance, .appliance_figures()."""
+        return self.finish_traced(self.start_traced(command, timeout, bracket=bracket), timeout)
+
+    def start_traced(self, command: str | Sequence[str], timeout: float = 600, *,
+                     bracket: bool | None = None) -> runs.Started:
+        """traced_run's first half: type the command and return at once (several hosts at a time)."""
+        return runs.start(self, command, timeout, bracket)
+
+    def finish_traced(self, started: runs.Started, timeout: float = 600) -> TracedRun:
+        return runs.finish(self, started, timeout)
+
+    @property
+    def on_timed_appliance(self) -> bool:
+        """Does a timed appliance drain and model this host's trace?"""
+        return self.attachment is not None and self.attachment.ring_fd is not None
+
     def qmp(self, command: str, **arguments: object) -> object:
         return self._booted().qmp(command, **arguments)
 
@@ -446,74 +459,3 @@ def _run_directory(path: Path | None, keep: bool, say: Callable[[str], None]):
         else:
             shutil.rmtree(path, ignore_errors=True)
 
-
-class Appliance:
-    """The appliance service for a topology (default pf-appliance); a context manager.
-
-    If a service already runs in `run_dir` it is used and left running; otherwise one is started
-    there (a temporary directory when run_dir is None) and stopped at exit.
-    """
-
-    def __init__(self, topology: str | Path | Topology | None = "pf-appliance", *,
-                 run_dir: str | Path | None = None, scan_interval: float = 5.0, timing: str | None = None) -> None:
-        self.topology, self.topology_path = load_topology(topology)
-        if self.topology.appliance is None:
-            raise PfcxlError(f"topology '{self.topology.name}' has no [appliance] section")
-        self.run_dir_arg = Path(run_dir) if run_dir is not None else None
-        self.scan_interval, self.timing = scan_interval, timing     # timing: pf | electrical (call("stats"))
-        self.run_dir: Path | None = None
-        self.pid: int | None = None
-        self.started_here = False
-        self._stack: contextlib.ExitStack | None = None
-        self._client: appliance_mod.Client | None = None
-
-    def __enter__(self) -> "Appliance":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def start(self) -> "Appliance":
-        if self._stack is not None:
-            raise PfcxlError("this Appliance was already started")
-        stack = self._stack = contextlib.ExitStack()
-        try:
-            if self.run_dir_arg is None:
-                self.run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pfcxl-appliance-")))
-            else:
-                self.run_dir = self.run_dir_arg
-            self.pid = appliance_mod.running_pid(self.run_dir)
-            if self.pid is None:
-                if self.topology_path is None:
-                    raise PfcxlError("the appliance service reads its topology from a file: give a "
-                                     "shipped name or a TOML path, not a Topology object")
-                self.pid = appliance_mod.start(self.topology, self.topology_path, self.run_dir,
-                                               scan_interval=self.scan_interval, timing=self.timing)
-                self.started_here = True
-                stack.callback(appliance_mod.stop, self.run_dir)
-            self._client = stack.enter_context(appliance_mod.Client(self.run_dir))
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def close(self) -> None:
-        stack, self._stack = self._stack, None
-        self._client = None
-        if stack is not None:
-            stack.close()
-
-    def call(self, op: str, **fields: object) -> dict:
-        """One control request (hello, status, layout, where, checksum, ...); its reply."""
-        if self._client is None:
-            raise PfcxlError("the Appliance is not started (use `with Appliance(...) as a:`)")
-        return self._client.call(op, **fields)
-
-    def status(self) -> dict:
-        return self.call("status")
-
-    def machine(self, host: int, **options) -> Machine:
-        """A Machine for `host` on this appliance (not yet booted)."""
-        options.setdefault("name", f"host{host}")
-        return Machine(self.topology_path or self.topology, host=host, appliance=self, **options)

@@ -4,7 +4,7 @@ the PF appliance, the electrical switch pool and local DRAM at the row's nominal
 Capture. The bench always loads the TCG plugin in trace mode. The shipped suites run the CXL
 loaded_latency and bandwidth benchmarks with `--mark-rows 1`: each row is one plugin phase, and
 the phase's request count (the plugin's log) cuts the run's captured records into the records
-each row issued (split_rows). Nothing is synthesised from the benchmark's known pattern.
+each row issued (timing.split_rows). Nothing is synthesised from the benchmark's known pattern.
 
 Replay. A row's records keep their addresses, reads and writes and their captured order; each
 moves a whole 64-byte line, as in the bench's traced idle figures (timing_report.as_lines: a CPU
@@ -28,15 +28,12 @@ direction of its links (the models' links are full duplex).
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from pfcxl.device.fabric import constants as fc
 from pfcxl.device.fabric import engine as fabric_engine
 from pfcxl.device.fabric import replay as fabric_replay
 from pfcxl.device.topology import Topology
-from pfcxl.errors import TimingError
 
 from pfcxl.device.fabric import systems as fabric_systems
 
@@ -48,23 +45,6 @@ HOST_LINK_LOAD = fc.PF_HOST_BANDWIDTH_MBS / fc.PF_PORT_BANDWIDTH_MBS   # in PF p
 HOST_LINK_GBS = fc.PF_HOST_BANDWIDTH_MBS / 1000
 # offered load per host in PF ports: up to past the host link, so both knees show
 CURVE_LOADS = [0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0]
-_MARKED = re.compile(r"--mark-rows(=|\s+)1\b")
-
-
-def marks_rows(command: str) -> bool:
-    """Does this benchmark command make each row a plugin phase?"""
-    return bool(_MARKED.search(command))
-
-
-def split_rows(records: np.ndarray, phases: list[dict]) -> list[np.ndarray]:
-    """The records of each phase (the plugin's phase events of this run, in order)."""
-    counts = [int(p["reads"]) + int(p["writes"]) for p in phases]
-    if sum(counts) != len(records):
-        raise TimingError(f"the plugin reported {sum(counts)} requests in {len(phases)} phases but "
-                          f"{len(records)} records were drained")
-    return np.split(records, np.cumsum(counts)[:-1]) if counts else []
-
-
 def _models(topo: Topology) -> dict:
     models = fabric_systems.models(topo)
     return {s: models[model_runs.SYSTEMS[s]] for s in SYSTEMS}

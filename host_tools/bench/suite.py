@@ -163,11 +163,13 @@ class Results:
 
 
 def run_suite(specs: list[BenchSpec], results: Results, *, boot: Callable, dax: str = "/dev/dax0.0",
-              before: Callable | None = None, after: Callable | None = None,
+              bracket: Callable[[BenchSpec], bool] = lambda spec: False, after: Callable | None = None,
               say: Callable[[str], None] = lambda m: None) -> Results:
-    """Run every benchmark; `boot()` gives a ready pfcxl.Machine (called again after one died).
+    """Run every benchmark as a traced run (Machine.traced_run); `boot()` gives a ready
+    pfcxl.Machine with a timing plugin (called again after one died).
 
-    `before(vm, spec)` / `after(vm, spec, result)` bracket each run (the timing trace uses them).
+    `bracket(spec)`: mark the run as one plugin phase; `after(vm, spec, result, traced)` gets the
+    pfcxl.TracedRun (its records, for the modelled columns).
     """
     vm = None
     try:
@@ -179,9 +181,8 @@ def run_suite(specs: list[BenchSpec], results: Results, *, boot: Callable, dax: 
             start = time.monotonic()
             result = BenchResult(spec.name, spec.system, command, "error", 0.0)
             try:
-                if before:
-                    before(vm, spec)
-                done = vm.run(command, timeout=spec.timeout)
+                traced = vm.traced_run(command, timeout=spec.timeout, bracket=bracket(spec))
+                done = traced.result
                 result.seconds = round(time.monotonic() - start, 3)
                 result.data = parse_output(done.output)
                 if done.status == 0 and result.data is not None:
@@ -192,7 +193,7 @@ def run_suite(specs: list[BenchSpec], results: Results, *, boot: Callable, dax: 
                     result.error = (f"benchmark {spec.name} exited with status {done.status}"
                                     + (" and printed no JSON" if result.data is None else "") + f": {tail}")
                 if after:
-                    after(vm, spec, result)
+                    after(vm, spec, result, traced)
             except PfcxlError as exc:
                 # a hang (timeout) or a crash that took the guest down: name it, reboot for the rest
                 result.seconds = round(time.monotonic() - start, 3)

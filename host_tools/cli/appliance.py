@@ -34,12 +34,18 @@ def _dir(args, topo: topology.Topology) -> Path:
     return Path(args.run_dir) if args.run_dir else appliance.default_dir(topo)
 
 
-def cmd_start(args) -> int:
+def _service(args, **options):
+    """The pfcxl.Appliance these options name (its run directory: --run-dir or the default)."""
+    from pfcxl.appliance import Appliance
     topo, path = _topology(args)
-    run_dir = _dir(args, topo)
-    pid = appliance.start(topo, path, run_dir, foreground=args.foreground, scan_interval=args.scan_interval,
-                          idle_timeout=args.idle_timeout, timing=args.timing, issue=args.issue,
-                          capture=Path(args.capture) if args.capture else None)
+    return Appliance(path, run_dir=_dir(args, topo), **options)
+
+
+def cmd_start(args) -> int:
+    service = _service(args, foreground=args.foreground, scan_interval=args.scan_interval,
+                       idle_timeout=args.idle_timeout, timing=args.timing, issue=args.issue, capture=args.capture)
+    pid = service.serve()
+    topo, run_dir = service.topology, service.directory
     a = topo.appliance
     out.print(f"appliance '{topo.name}' running (pid {pid}): {a.modules} modules x {human(a.module_capacity)}, "
               f"{a.ports} ports, shared {human(a.shared)}, private {human(a.private)} per host, {a.backing}"
@@ -51,16 +57,12 @@ def cmd_start(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    topo, _ = _topology(args)
-    out.print(appliance.stop(_dir(args, topo)))
+    out.print(_service(args).stop())
     return 0
 
 
 def cmd_status(args) -> int:
-    topo, _ = _topology(args)
-    run_dir = _dir(args, topo)
-    with appliance.Client(run_dir) as client:
-        status = client.call("status")
+    status = _service(args).status()
     if args.json:
         print(json.dumps(status, indent=1))
         return 0
@@ -98,13 +100,11 @@ def cmd_status(args) -> int:
 
 
 def cmd_where(args) -> int:
-    topo, _ = _topology(args)
     try:
         offset = int(args.offset, 0)
     except ValueError as exc:
         raise PfcxlError(f"offset '{args.offset}' is not a number (decimal or 0x hex)") from exc
-    with appliance.Client(_dir(args, topo)) as client:
-        w = client.call("where", offset=offset)
+    w = _service(args).where(offset)
     out.print(f"pool offset {w['offset']:#x}: module {w['module']} at module offset {w['module_offset']:#x}; "
               f"region {w['region']} at {w['region_offset']:#x}")
     return 0
@@ -193,7 +193,7 @@ def add_parsers(sub, common) -> None:
                              "pfcxl appliance where 0x40001000"))
     p.add_argument("offset", help="pool offset (decimal or 0x hex)")
     p.set_defaults(func=cmd_where)
-    cli_telemetry.add_parsers(asub, base, lambda args: _dir(args, _topology(args)[0]))
+    cli_telemetry.add_parsers(asub, base, _service)
 
     p = sub.add_parser("multihost", help="boot N hosts on one appliance, run a command in each",
                        description="Boot N guests attached to one appliance (hosts 0..N-1), two per CPU at a time "

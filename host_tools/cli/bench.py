@@ -16,6 +16,7 @@ from pfcxl.errors import PfcxlError, TimingError
 
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.image import initramfs as image
+from pfcxl.host_tools.timing import config as timing
 from pfcxl.host_tools import argtypes
 from pfcxl.host_tools.ui import err, out
 
@@ -28,7 +29,6 @@ def cmd_bench(args) -> int:
     from pfcxl.host_tools.bench import model as bench_model
     from pfcxl.host_tools.bench import plots as bench_plots
     from pfcxl.host_tools.bench import report as bench_report
-    from pfcxl.host_tools.timing import report as timing_report
     topo = data_path.with_data_path(topology.load(topology.resolve(args.topology)), args.data_path)
     if any(d.appliance for d in topo.devices):
         raise PfcxlError(f"bench boots its own guest; topology '{topo.name}' needs the appliance "
@@ -54,36 +54,26 @@ def cmd_bench(args) -> int:
                                qemu_binary=machine.qemu)
             return machine
 
-        phases_before = [0]
+        def bracket(spec):      # --timing: a CXL run that does not mark its rows is one phase
+            return bool(args.timing) and spec.system == "cxl" and not timing.marks_rows(spec.command)
 
-        def before(vm, spec):
-            phases_before[0] = len(vm.timing.phases())
-            if args.timing and spec.system == "cxl" and not bench_model.marks_rows(spec.command):
-                vm.check("pfcxl_mark start")
-
-        def after(vm, spec, result):
-            marked = bench_model.marks_rows(spec.command)
-            if args.timing and spec.system == "cxl" and not marked:
-                vm.check("pfcxl_mark stop")
-            records = vm.timing.stop()
-            vm.timing.start()
+        def after(vm, spec, result, traced):
             if spec.system != "cxl":
                 return
             if args.timing:
                 dependent = spec.name.startswith("idle_latency")
-                result.modelled = timing_report.model_trace(topo, records, dependent=dependent)
-            if marked and result.data is not None:
+                result.modelled = traced.model(dependent=dependent)
+            if timing.marks_rows(spec.command) and result.data is not None:
                 rows = len(result.data.get("results", result.data.get("rows", [])))
                 try:    # a capture that does not match the rows is said in the results, not fatal
-                    phases = vm.timing.wait_phases(phases_before[0] + rows)[phases_before[0]:]
-                    pieces = bench_model.split_rows(records, phases)
+                    pieces = traced.rows(rows)
                 except TimingError as exc:
                     result.modelled["rows_error"] = str(exc)
                     return
                 result.modelled.update(bench_model.model_run(topo, result.data.get("tool", ""), result.data, pieces))
 
         with err.status("running the benchmark suite") as status:
-            bench.run_suite(specs, results, boot=boot, before=before, after=after,
+            bench.run_suite(specs, results, boot=boot, bracket=bracket, after=after,
                             say=lambda m: status.update(f"{topo.name}: {m}"))
     for table in bench_report.tables({"environment": results.env,
                                       "results": [r.__dict__ for r in results.runs]}):

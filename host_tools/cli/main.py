@@ -176,27 +176,19 @@ def cmd_run(args) -> int:
     if args.reuse and (status := cli_machines.run_reused(args, command)) is not None:
         return status
     from pfcxl.host_tools.timing import report as timing_report
-    report = appliance_figures = None
+    report = None
     with _booted(args) as vm:
-        topo, session = vm.topology, vm.timing
-        if session is None:          # on a timed appliance, the appliance models it (cli_telemetry)
-            result = vm.run(timing.bracket(command, vm.ready) if vm.attachment and vm.attachment.ring_fd
-                            else command, timeout=args.command_timeout)
-            appliance_figures = cli_telemetry.host_figures(vm)
-        else:
-            start = time.monotonic()
-            result = vm.run(timing.bracket(command, vm.ready), timeout=args.command_timeout)
-            seconds = time.monotonic() - start
-            phase = session.wait_phases(1)[-1]
-            records = session.stop()
-            if args.timing == "trace":
-                with err.status(f"modelling {len(records)} CXL requests on the PF and electrical fabrics"):
-                    report = timing_report.model_trace(topo, records, dependent=args.issue == "dependent")
-                report["emulator"] = timing_report.emulator_cost(len(records), seconds)
-                if args.trace_out:                      # for pfcxl model replay
-                    model_runs.save_trace(Path(args.trace_out), records)
-            else:
-                err.print(f"[dim]plugin ({args.timing}): {json.dumps(phase)}[/dim]", highlight=False)
+        traced = vm.traced_run(command, timeout=args.command_timeout)
+        appliance_figures = traced.appliance_figures()  # on a timed appliance, the appliance models it
+        if traced.records is not None:                  # trace mode: modelled here
+            with err.status(f"modelling {len(traced.records)} CXL requests on the PF and electrical fabrics"):
+                report = traced.model(dependent=args.issue == "dependent")
+            report["emulator"] = traced.emulator_cost()
+            if args.trace_out:                          # for pfcxl model replay
+                model_runs.save_trace(Path(args.trace_out), traced.records)
+        elif traced.phases:
+            err.print(f"[dim]plugin ({args.timing}): {json.dumps(traced.phases[-1])}[/dim]", highlight=False)
+    result = traced.result
     write_output(result.data)
     if appliance_figures is not None:
         cli_telemetry.show(appliance_figures, args.report)

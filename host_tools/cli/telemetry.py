@@ -16,14 +16,13 @@ from pathlib import Path
 
 from pfcxl.errors import PfcxlError
 
-from pfcxl.host_tools import appliance
-from pfcxl.host_tools.timing.telemetry_view import for_host, render
+from pfcxl.host_tools.timing.telemetry_view import render
 from pfcxl.host_tools.ui import err, out
 
 
-def fetch(run_dir: Path, sync: bool) -> dict:
-    with appliance.Client(run_dir, timeout=300) as client:
-        return client.call("stats", sync=sync)
+def fetch(service, sync: bool) -> dict:
+    """The stats of `service`, a pfcxl.Appliance (with `sync`: once all its hosts wrote is modelled)."""
+    return service.call("stats", sync=sync, timeout=300)
 
 
 def show(stats: dict, report: str | None = None) -> None:
@@ -33,16 +32,8 @@ def show(stats: dict, report: str | None = None) -> None:
         Path(report).write_text(json.dumps(stats, indent=1))
 
 
-def host_figures(vm) -> dict | None:
-    """A Machine on a timed appliance: the appliance's figures once its trace is modelled; None
-    for any other Machine."""
-    if vm.attachment is None or vm.attachment.ring_fd is None:
-        return None
-    return for_host(vm.appliance_stats(sync=True), vm.attachment.host)
-
-
-def cmd_stats(args, run_dir: Path) -> int:
-    stats = fetch(run_dir, sync=True)
+def cmd_stats(args, service) -> int:
+    stats = fetch(service, sync=True)
     if args.json:
         print(json.dumps(stats, indent=1))
     else:
@@ -50,7 +41,7 @@ def cmd_stats(args, run_dir: Path) -> int:
     return 0
 
 
-def cmd_top(args, run_dir: Path) -> int:
+def cmd_top(args, service) -> int:
     if args.count is not None and args.count < 1:
         raise PfcxlError(f"--count {args.count}: at least 1 snapshot")
     if args.once or args.count is not None:
@@ -58,17 +49,17 @@ def cmd_top(args, run_dir: Path) -> int:
         for i in range(1 if args.once else args.count):
             if i:
                 time.sleep(args.interval)
-            stats, now = fetch(run_dir, sync=True), time.monotonic()
+            stats, now = fetch(service, sync=True), time.monotonic()
             out.print(render(stats, before, now - at))
             before, at = stats, now
         return 0
     from rich.live import Live
-    stats, at = fetch(run_dir, sync=False), time.monotonic()
+    stats, at = fetch(service, sync=False), time.monotonic()
     with Live(render(stats), console=out, refresh_per_second=4, screen=False) as live:
         try:
             while True:
                 time.sleep(args.interval)
-                new, now = fetch(run_dir, sync=False), time.monotonic()
+                new, now = fetch(service, sync=False), time.monotonic()
                 live.update(render(new, stats, now - at))
                 stats, at = new, now
         except KeyboardInterrupt:
@@ -76,25 +67,25 @@ def cmd_top(args, run_dir: Path) -> int:
     return 0
 
 
-def add_parsers(asub, base, run_dir_of) -> None:
-    """`appliance top` and `appliance stats` (base() adds --topology and --run-dir, run_dir_of(args)
-    is the appliance's run directory)."""
+def add_parsers(asub, base, service_of) -> None:
+    """`appliance top` and `appliance stats` (base() adds --topology and --run-dir, service_of(args)
+    is the pfcxl.Appliance they name)."""
     p = base(asub.add_parser("top", help="live view of a timed appliance's modelled fabric (refreshed every second)",
                              description="Per host and per module: CXL traffic, modelled p50/p99 latency, HBM3E "
                              "hit rate and link utilisation, from an appliance started with --timing."))
     p.add_argument("--once", action="store_true", help="print one text snapshot and exit")
     p.add_argument("--count", type=int, help="print N text snapshots, --interval apart, and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
-    p.set_defaults(func=lambda args: cmd_top(args, _checked(args, run_dir_of)))
+    p.set_defaults(func=lambda args: cmd_top(args, _checked(args, service_of)))
     p = base(asub.add_parser("stats", help="a timed appliance's fabric telemetry (as `top`, once)",
                              description="Print the modelled fabric telemetry of an appliance started with "
                              "--timing once, after it has modelled every record its hosts wrote so far: per "
                              "host and per module traffic, modelled latency, HBM3E hit rate, utilisation."))
     p.add_argument("--json", action="store_true", help="one JSON document")
-    p.set_defaults(func=lambda args: cmd_stats(args, run_dir_of(args)))
+    p.set_defaults(func=lambda args: cmd_stats(args, service_of(args)))
 
 
-def _checked(args, run_dir_of) -> Path:
+def _checked(args, service_of):
     if not args.interval > 0:
         raise PfcxlError(f"--interval {args.interval}: must be more than 0 seconds")
-    return run_dir_of(args)
+    return service_of(args)

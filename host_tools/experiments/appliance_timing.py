@@ -16,7 +16,6 @@ import io
 import json
 import os
 import resource
-import shutil
 import sys
 import tempfile
 import time
@@ -26,9 +25,10 @@ from rich.console import Console
 
 from pfcxl.device import topology
 
+from pfcxl.appliance import Appliance
+
 from pfcxl.host_tools.fleet import multihost
 from pfcxl.host_tools.timing import telemetry_view
-from pfcxl.host_tools import appliance
 
 DEFAULT_COMMAND = "chase --dax /dev/dax0.0 --loads 20000"
 
@@ -62,9 +62,10 @@ def children_seconds() -> float:
 def run(hosts: int, command: str, fabric: str = "pf", topo_name: str = "pf-appliance") -> dict:
     path = topology.resolve(topo_name)
     topo = topology.load(path)
-    run_dir = Path(tempfile.mkdtemp(prefix="pfcxl-bench-timing-"))
-    pid = appliance.start(topo, path, run_dir, timing=fabric, scan_interval=3600)
-    try:
+    # a temporary service (dies with this process, removes its directory), used by multihost as a running one
+    with Appliance(path, run_dir=tempfile.mkdtemp(prefix="pfcxl-bench-timing-"), timing=fabric, scan_interval=3600,
+                   temporary=True) as service:
+        pid, run_dir = service.pid, service.directory
         app0, kids0, wall0 = cpu_seconds(pid), children_seconds(), time.monotonic()
         figures: dict = {}
         marks: dict[str, tuple[float, float]] = {}     # multihost's step -> (appliance, guests) CPU s
@@ -78,9 +79,6 @@ def run(hosts: int, command: str, fabric: str = "pf", topo_name: str = "pf-appli
                                 telemetry=figures.update, say=say)
         app1, kids1, wall = cpu_seconds(pid), children_seconds(), time.monotonic() - wall0
         (app_a, guests_a), (_, guests_b) = marks["running the command"], marks["modelling what is left"]
-    finally:
-        appliance.stop(run_dir)
-        shutil.rmtree(run_dir, ignore_errors=True)
     failed = [r.host for r in results if r.error or r.status]
     text = io.StringIO()
     Console(file=text, width=160, color_system=None).print(telemetry_view.render(figures))

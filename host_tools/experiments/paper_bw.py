@@ -60,13 +60,12 @@ def capture(topo, out: Path, *, sizes: str, nbytes: str, span: str, image_kind: 
                f"--bytes {nbytes} --span {span} --mark-rows 1")
     with Machine(topo, timing="trace", image=image_kind, run_dir=out / "run", name="paperbw") as vm:
         command = command.replace("{dax}", bench.devices(vm.ready)["cxl"])
-        done = vm.run(command, timeout=3600)
+        traced = vm.traced_run(command, timeout=3600)     # marks its rows: each row one phase
+        done = traced.result
         data = bench.parse_output(done.output)
         if done.status != 0 or data is None:
             raise PfcxlError(f"{command} exited with status {done.status}: {done.output.strip()[-300:]}")
-        records = vm.timing.stop()
-        phases = vm.timing.wait_phases(len(data["results"]))
-    pieces = bench_model.split_rows(records, phases)
+        records, pieces = traced.records, traced.rows(len(data["results"]))
     rows = [{k: r[k] for k in ("pattern", "op", "size")} | {"records": len(p)} for r, p in zip(data["results"], pieces)]
     return records, rows
 

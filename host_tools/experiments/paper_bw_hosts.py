@@ -30,6 +30,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.host_tools.bench import model as bench_model
 from pfcxl.host_tools.timing import model_runs
 from pfcxl.host_tools.fleet import multihost
+from pfcxl.host_tools.timing import config as timing
 
 TARGET = "/dev/dax0.0"          # the shared pool region of pf-appliance (region0)
 ROWS_FILE = "hosts_rows.json"
@@ -120,7 +121,7 @@ def streams(got: dict, rows: dict) -> dict[tuple, dict[str, np.ndarray]]:
     for host, cap in sorted(got["hosts"].items()):
         if cap["phases"] is None:
             raise PfcxlError(f"host {host}: the capture has no phase list, so its rows cannot be cut")
-        pieces = bench_model.split_rows(cap["records"], cap["phases"])
+        pieces = timing.split_rows(cap["records"], cap["phases"])
         if len(pieces) != len(rows[host]):
             raise PfcxlError(f"host {host}: {len(pieces)} captured phases for {len(rows[host])} rows")
         for row, piece in zip(rows[host], pieces):

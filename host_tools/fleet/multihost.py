@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -26,14 +25,14 @@ from pfcxl.device.trace import capture as trace_capture
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
 
+from pfcxl.appliance import Appliance
 from pfcxl.machine import Machine
 
 from pfcxl.host_tools import appliance
 from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.host_tools.vm.console import shell_command
-from pfcxl.host_tools.bench.model import marks_rows
 from pfcxl.process import cpu_seconds
-from pfcxl.host_tools.timing.config import bracket, plugin_events, plugin_log
+from pfcxl.host_tools.timing.config import plugin_events, plugin_log
 
 
 @dataclass
@@ -65,38 +64,27 @@ def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, s
     if it is up, else a temporary one started here and stopped afterwards. With `timing`, the
     appliance must model the hosts' traffic: a temporary one is started so, a running one must be.
     With `capture` it keeps what it drains there: a running one must already do so."""
-    where = appliance_dir or appliance.default_dir(topo)
-    if appliance.running_pid(where) is not None:
-        if timing is not None:
-            with appliance.Client(where, timeout=10) as c:
-                timed = c.call("hello")["appliance"].get("timing")
-            if timed is None:
-                raise PfcxlError(f"the appliance running in {where} models no traffic: stop it, or start it with "
-                                 f"'pfcxl appliance start --timing {timing}'")
-            if capture is not None and timed.get("capture") != str(Path(capture).absolute()):
-                raise PfcxlError(f"the appliance running in {where} captures into {timed.get('capture')}, not "
-                                 f"{capture}: stop it, or start it with '--capture {capture}'")
-        yield where, False
+    running = Appliance(topo_path, run_dir=appliance_dir or appliance.default_dir(topo), timing=timing,
+                        issue=issue, capture=capture)
+    if running.running_pid() is not None:
+        running.check_running()               # it times (and captures) as asked; left running
+        yield running.directory, False
         return
     if appliance_dir is not None:
         raise PfcxlError(f"no appliance is running in {appliance_dir}")
     tmp = Path(tempfile.mkdtemp(prefix="pfcxl-appliance-"))
     say(f"starting a temporary appliance in {tmp}")
-    try:
-        appliance.start(topo, topo_path, tmp, temporary=True, timing=timing, issue=issue,   # removes tmp as it exits
-                        capture=capture)
+    # temporary: it dies with this process however it ends, and removes tmp as it exits
+    with Appliance(topo_path, run_dir=tmp, timing=timing, issue=issue, capture=capture, temporary=True):
         yield tmp, True
-    finally:
-        appliance.stop(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)                     # if it never started
 
 
-def check_incarnation(where: Path, att: appliance.Attachment, say: Callable[[str], None]) -> str | None:
+def check_incarnation(topo_path: Path, where: Path, att: appliance.Attachment,
+                      say: Callable[[str], None]) -> str | None:
     """Whether the appliance restarted while the hosts ran: said if it kept the pool, an error if
     the hosts' memory is not its pool any more."""
     try:
-        with appliance.Client(where, timeout=10) as c:
-            now = c.call("hello")["appliance"]
+        now = Appliance(topo_path, run_dir=where).call("hello", timeout=10)["appliance"]
     except PfcxlError as exc:
         return f"the appliance is gone after the run: {exc}"
     if now["incarnation"] == att.incarnation:
@@ -194,13 +182,15 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         cpu_total = sum(r.cpu_seconds or 0 for r in results.values())
         say(f"{len(ready)} of {hosts} guests ready in {time.monotonic() - boots_started:.1f}s wall, "
             f"{cpu_total:.1f}s of QEMU CPU time ({len(os.sched_getaffinity(0))} CPUs); running the command in each")
-        marked = timing is None or marks_rows(command if isinstance(command, str) else " ".join(command))
-        started_cmds = [(h, vm, vm.start_command(expand(command, h, hosts) if marked else
-                                                 bracket(expand(command, h, hosts), vm.ready), command_timeout))
+        # timed: the traced-run sequence (Machine.start_traced: bracketed unless it marks its rows)
+        traced = timing is not None
+        started_cmds = [(h, vm, (vm.start_traced if traced else vm.start_command)(expand(command, h, hosts),
+                                                                                  command_timeout))
                         for h, vm, _ in ready]
         for h, vm, token in started_cmds:
             try:
-                done = vm.finish_command(token, command_timeout)
+                done = (vm.finish_traced(token, command_timeout).result if traced
+                        else vm.finish_command(token, command_timeout))
                 results[h].status, results[h].data = done.status, done.data
             except PfcxlError as exc:
                 results[h].error = str(exc)
@@ -209,7 +199,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
             say("modelling what is left in the hosts' trace rings")
             telemetry(ready[0][1].appliance_stats(sync=True))
         if last is not None:
-            lost = check_incarnation(where, last.attachment, say)
+            lost = check_incarnation(topo_path, where, last.attachment, say)
             for r in results.values():
                 r.error = r.error or lost
     return [results[h] for h in sorted(results)]

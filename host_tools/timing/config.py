@@ -24,9 +24,11 @@ then carry the direct window's guest physical address.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pfcxl.device.topology import address_map
 from pfcxl.device.topology import data_path
@@ -35,6 +37,9 @@ from pfcxl.errors import TimingError
 
 from pfcxl.host_tools.timing.plugin import build_plugin, doorbell_hpa, doorbell_hpas
 from pfcxl.device.trace.ring import DEFAULT_CAPACITY, Drainer, Ring
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MODES = ("count", "trace", "inject")
 
@@ -71,9 +76,28 @@ class TimingConfig:
 
 def bracket(command: str, ready: dict) -> str:
     """Bracket a guest command with the phase markers on the first DAX device (`ready`: the
-    guest's PFCXL-READY record); keep its exit status."""
+    guest's PFCXL-READY record); keep its exit status, and its output alone (the markers' lines go
+    to /dev/null: a benchmark's JSON line must be the first of the output)."""
     dax = next((f" --dax {d['path']}" for d in ready.get("dax", [])), "")
-    return f"pfcxl_mark start{dax}; {command}; rc=$?; pfcxl_mark stop{dax}; (exit $rc)"
+    return f"pfcxl_mark start{dax} >/dev/null; {command}; rc=$?; pfcxl_mark stop{dax} >/dev/null; (exit $rc)"
+
+
+_MARKED = re.compile(r"--mark-rows(=|\s+)1\b")
+
+
+def marks_rows(command: str) -> bool:
+    """Does this command make each of its rows a plugin phase (the guest tools' --mark-rows 1)?"""
+    return bool(_MARKED.search(command))
+
+
+def split_rows(records: "np.ndarray", phases: list[dict]) -> "list[np.ndarray]":
+    """The records of each phase (the plugin's phase events of this run, in order)."""
+    import numpy as np            # not for the CLI's parser, which reads MODES
+    counts = [int(p["reads"]) + int(p["writes"]) for p in phases]
+    if sum(counts) != len(records):
+        raise TimingError(f"the plugin reported {sum(counts)} requests in {len(phases)} phases but "
+                          f"{len(records)} records were drained")
+    return np.split(records, np.cumsum(counts)[:-1]) if counts else []
 
 
 def ring_path(run_dir: Path, name: str) -> Path:

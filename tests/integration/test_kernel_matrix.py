@@ -22,6 +22,7 @@ from pfcxl.guest import pattern
 from pfcxl.host_tools.cli import main as cli
 from pfcxl.host_tools.vm import discovery
 from pfcxl.host_tools.fleet import multihost
+from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.host_tools.vm import perf_predict
 from pfcxl.host_tools.vm import qemu
 
@@ -92,7 +93,7 @@ def test_kv_store_put_and_get_across_two_hosts(running_appliance, tmp_path, matr
     results = multihost.run(topology.load(path), path, 2,
                             "kvstore run /dev/dax0.0 --host {host} --hosts {hosts} --blocks 2 --sizes 65536,4104 "
                             "--timeout 900", run_dir=tmp_path / "hosts", appliance_dir=run_dir,
-                            machine_options=machine_options(matrix_kernel))
+                            options=BootOptions(**machine_options(matrix_kernel)))
     for r in results:
         assert r.error is None and r.status == 0, (r.host, r.error, r.output[-2000:])
         got = json.loads(next(line for line in r.output.splitlines() if line.startswith('{"tool":"kvstore"')))

@@ -12,6 +12,7 @@ from pfcxl.device.fabric.engine import trace_dtype
 from pfcxl.errors import TimingError
 from pfcxl.device.fabric import systems as fabric_systems
 from pfcxl.host_tools.bench import model as bench_model
+from pfcxl.host_tools.timing import config as timing
 
 TOPO = topology.load(topology.resolve("pf-nic"))
 BASE = address_map.dax_placements(TOPO)[0].base
@@ -44,13 +45,13 @@ def loaded_stream(chase: int, traffic: int, seed: int = 1) -> np.ndarray:
 def test_rows_are_cut_out_by_the_plugins_phase_counts():
     a, b = seq_stream(300), seq_stream(200, write=True)
     phases = [{"reads": 300, "writes": 0}, {"reads": 0, "writes": 200}]
-    pieces = bench_model.split_rows(np.concatenate([a, b]), phases)
+    pieces = timing.split_rows(np.concatenate([a, b]), phases)
     assert [len(p) for p in pieces] == [300, 200]
     assert np.array_equal(pieces[1], b)
     with pytest.raises(TimingError, match="reported 500 requests in 2 phases but 499 records"):
-        bench_model.split_rows(np.concatenate([a, b])[:-1], phases)
-    assert bench_model.marks_rows("bandwidth --target /dev/dax0.0 --mark-rows 1")
-    assert not bench_model.marks_rows("bandwidth --target /dev/dax0.0 --mark-rows 10")
+        timing.split_rows(np.concatenate([a, b])[:-1], phases)
+    assert timing.marks_rows("bandwidth --target /dev/dax0.0 --mark-rows 1")
+    assert not timing.marks_rows("bandwidth --target /dev/dax0.0 --mark-rows 10")
 
 
 def test_a_bandwidth_row_carries_what_each_system_carries_of_the_host_link():

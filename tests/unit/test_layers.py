@@ -32,7 +32,7 @@ LAYERS = [
     ("device", ("pfcxl.device",)),                             # topology, appliance, fabric, trace, facts
     ("tables, guest and serving", ("pfcxl.firmware_tables", "pfcxl.guest", "pfcxl.serving")),
     ("host tools", ("pfcxl.host_tools",)),                     # vm, image, timing, provision
-    ("public API", ("pfcxl", "pfcxl.machine", "pfcxl.pytest_plugin")),
+    ("public API", ("pfcxl", "pfcxl.machine", "pfcxl.appliance", "pfcxl.runs", "pfcxl.pytest_plugin")),
     ("fleet and benchmarks", FLEET_AND_BENCH),
     ("command line", ("pfcxl.host_tools.cli", "pfcxl.host_tools.provision.cli",
                       "pfcxl.host_tools.provision.__main__")),

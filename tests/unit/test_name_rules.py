@@ -19,7 +19,7 @@ from pfcxl.errors import PfcxlError, TopologyError
 from pfcxl.host_tools.fleet import detached
 from pfcxl.host_tools.cli.main import main
 
-ROOT = Path(detached.__file__).resolve().parents[1]
+ROOT = Path(detached.__file__).resolve().parents[2]   # host_tools/fleet/detached.py -> the checkout
 SOURCES = ("device", "firmware_tables", "guest", "host_tools", "pfcxl", "serving")
 # what may trail a name that looks right: the line ends `$` lets through, and other blanks
 TAILS = st.sampled_from(["\n", "\r\n", "\r", "\n\n", " ", "\t", "\x00", "\x0b"])
@@ -31,7 +31,9 @@ pytestmark = pytest.mark.unit
 def test_no_pattern_in_the_code_base_ends_in_a_dollar_anchor():
     # the class, not one value: every pattern literal given to re, in every module
     anchored = []
-    for path in sorted(p for d in SOURCES for p in (ROOT / d).rglob("*.py")):
+    paths = sorted(p for d in SOURCES for p in (ROOT / d).rglob("*.py"))
+    assert len(paths) > 100, f"found {len(paths)} modules under {ROOT}: not the checkout"   # never vacuous
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in RE_CALLS
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "re" and node.args

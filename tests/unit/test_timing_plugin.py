@@ -28,7 +28,7 @@ from pfcxl.device.trace import ring as trace_ring
 from pfcxl.host_tools.timing import config as timing
 from pfcxl.host_tools.timing import plugin as timing_plugin
 
-REPO = Path(timing.__file__).resolve().parent.parent
+REPO = Path(timing.__file__).resolve().parents[2]   # host_tools/timing/config.py -> the checkout
 GUEST_SRC = REPO / "guest" / "src"
 QEMU = Path("/usr/bin/qemu-system-x86_64")
 MiB = 1 << 20
