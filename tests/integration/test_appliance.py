@@ -34,7 +34,7 @@ def test_four_hosts_each_verify_every_other_hosts_slice(running_appliance, tmp_p
     run_dir = running_appliance()
     path = topology.resolve("pf-appliance")
     results = multihost.run(topology.load(path), path, 4,
-                            "slices /dev/dax0.0 --host {host} --hosts {hosts} --slice 8M --timeout 600",
+                            "slices /dev/dax0.0 --host {host} --hosts {hosts} --slice 2M --timeout 600",
                             run_dir=tmp_path / "hosts", appliance_dir=run_dir)
     assert [r.host for r in results] == [0, 1, 2, 3]
     assert sorted(r.port for r in results) == [0, 1, 2, 3]
@@ -85,21 +85,21 @@ def test_killed_host_does_not_disturb_the_others_and_finds_its_data(running_appl
         vm0, _ = boot_on_appliance(boot, c0, 0)
         vm1, _ = boot_on_appliance(boot, c1, 1)
         vm2, _ = boot_on_appliance(boot, c2, 2)
-        before = daxio(vm0, "fill /dev/dax1.0 --size 16M --seed 9")            # finished before the kill
+        before = daxio(vm0, "fill /dev/dax1.0 --size 4M --seed 9")             # finished before the kill
         assert before["status"] == 0
-        vm0.start_command("while true; do daxio fill /dev/dax1.0 --offset 64M --size 32M --seed 10; done")
-        running = [vm.start_command(f"daxio fill /dev/dax0.0 --offset {h * 64}M --size 32M --seed {h}")
+        vm0.start_command("while true; do daxio fill /dev/dax1.0 --offset 64M --size 8M --seed 10; done")
+        running = [vm.start_command(f"daxio fill /dev/dax0.0 --offset {h * 64}M --size 16M --seed {h}")
                    for h, vm in ((1, vm1), (2, vm2))]
         time.sleep(3)
         os.kill(vm0.pid, signal.SIGKILL)                                      # mid-write
         for (h, vm), started in zip(((1, vm1), (2, vm2)), running):
             assert vm.finish_command(started, 600).status == 0
-            assert daxio(vm, f"verify /dev/dax0.0 --offset {h * 64}M --size 32M --seed {h}")["mismatches"] == 0
+            assert daxio(vm, f"verify /dev/dax0.0 --offset {h * 64}M --size 16M --seed {h}")["mismatches"] == 0
         assert c1.call("status")["ok"]                                        # the service keeps serving
         vm0.close()
         c0.call("detach", host=0)
         again, _ = boot_on_appliance(boot, c0, 0, vm_name="host0-again")
-        after = daxio(again, "verify /dev/dax1.0 --size 16M --seed 9")
+        after = daxio(again, "verify /dev/dax1.0 --size 4M --seed 9")
         assert after["mismatches"] == 0 and after["crc32"] == before["crc32"]
 
 
@@ -144,7 +144,7 @@ def test_a_crashed_appliance_restarts_on_the_pool_its_guests_still_write(running
         vm1, _ = boot_on_appliance(boot, c1, 1)
         before = daxio(vm0, "fill /dev/dax0.0 --size 8M --seed 21")              # done before the crash
         assert before["status"] == 0
-        ranges = {0: (16 * MiB, 32 * MiB), 1: (64 * MiB, 32 * MiB)}
+        ranges = {0: (16 * MiB, 8 * MiB), 1: (64 * MiB, 8 * MiB)}
 
         def fills(h: int) -> str:
             # rewrites its range for 8 s (seed 99), then once more with the seed it is checked

@@ -1,5 +1,7 @@
 """Data written through /dev/dax0.0 lives in the backing files, at the offsets the topology
-predicts (which device file holds which interleave granule), and survives a second boot."""
+predicts (which device file holds which interleave granule), on each shipped topology, and
+survives a second boot. The second boot runs the same init and decoder code on every topology, so
+it is paid once, on the interleaved one (pmem and the direct path have reboot tests of their own)."""
 
 import zlib
 
@@ -13,11 +15,12 @@ from .conftest import daxio, load, read_region_from_backing
 
 pytestmark = pytest.mark.integration
 
-SIZE = 64 * MiB
+SIZE = 4 * MiB     # 16384 granules of 256 B, 512 of 8 KiB: every device and granule boundary many times
 
 
-@pytest.mark.parametrize("name,seed", [("pf-nic", 11), ("two-hb-interleave", 22), ("electrical-switch", 33)])
-def test_pattern_in_backing_files_and_across_boots(boot, tmp_path, name, seed):
+@pytest.mark.parametrize("name,seed,reboot", [("pf-nic", 11, False), ("two-hb-interleave", 22, True),
+                                              ("electrical-switch", 33, False)])
+def test_pattern_in_backing_files_and_across_boots(boot, tmp_path, name, seed, reboot):
     topo = load(name)
     region = topo.regions[0]
     run_dir = tmp_path / "run"
@@ -43,6 +46,8 @@ def test_pattern_in_backing_files_and_across_boots(boot, tmp_path, name, seed):
             f.seek(g)
             assert f.read(g) == expected[region.ways * g:(region.ways + 1) * g]
 
+    if not reboot:
+        return
     second = boot(name, run_dir=run_dir, vm_name="second")
     check = daxio(second, f"verify /dev/dax0.0 --size {SIZE} --seed {seed}")
     assert check["status"] == 0 and check["mismatches"] == 0, check

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pfcxl import cache
 from pfcxl.errors import BuildError
 from pfcxl.host_tools.image import debian as debian_image
 from pfcxl.host_tools.image import initramfs as image
@@ -18,13 +19,16 @@ from .appliance_helpers import Running, _stop_and_check, write_topology
 from .hostile_helpers import RealHost
 
 
-def compile_guest_tool(name: str, out_dir: Path) -> Path:
-    """guest/src/<name>.c built by the image builder's own function; fail (never skip) if it cannot."""
+def compile_guest_tool(name: str) -> Path:
+    """guest/src/<name>.c built by the image builder's own function into the image builder's own
+    directory, where build_tool names each binary by the hash of its inputs: one compile per
+    change of source, headers or flags for every test module, worker and guest image, not one per
+    module and worker; fail (never skip) if it cannot."""
     if shutil.which("gcc") is None:
         pytest.fail("gcc not found on PATH: run 'make setup', which installs gcc and libc6-dev "
                     "(static libc) for building guest tools")
     try:
-        return image.build_tool(name, out_dir)
+        return image.build_tool(name, cache.images_dir() / "tools")
     except BuildError as exc:
         pytest.fail(f"{exc}\n(if it cannot find -lc, libc6-dev (libc.a) is missing: run 'make setup')")
 

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+from . import bounded_cli
+
 pytestmark = pytest.mark.component
 
 
@@ -14,7 +16,7 @@ def pfcxl(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-@pytest.mark.parametrize("args, rule", [
+BAD_NUMBERS = [
     (["run", "--timeout", "-1", "--", "true"], "argument --timeout: -1 seconds: must be a finite number above 0"),
     (["run", "--timeout", "0", "--", "true"], "argument --timeout: 0 seconds: must be"),
     (["run", "--command-timeout", "-5", "--", "true"], "argument --command-timeout: -5 seconds"),
@@ -25,14 +27,20 @@ def pfcxl(*args: str) -> subprocess.CompletedProcess:
     (["multihost", "-n", "-1", "--", "true"], "argument --hosts/-n: -1: must be at least 1"),
     (["multihost", "-n", "2", "--timeout", "-1", "--", "true"], "argument --timeout: -1 seconds"),
     (["multihost", "-n", "2", "--command-timeout", "-1", "--", "true"], "argument --command-timeout: -1"),
-])
-def test_bad_numbers_are_refused_in_one_line(args, rule):
-    done = pfcxl(*args)
-    assert done.returncode == 2, done.stderr
-    assert rule in done.stderr
-    assert "Traceback" not in done.stderr
-    errors = [line for line in done.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1, done.stderr
+]
+
+
+def test_bad_numbers_are_refused_in_one_line():
+    # every case through pfcxl's main() in one child process (bounded_cli: the imports paid once;
+    # a wrong answer that went on to boot would hit its time limit)
+    outcomes = bounded_cli.run([args for args, _ in BAD_NUMBERS], limit=1 << 30)
+    assert len(outcomes) == len(BAD_NUMBERS)
+    for done, (args, rule) in zip(outcomes, BAD_NUMBERS):
+        assert done.rc == 2, (args, done.rc, done.stderr)
+        assert rule in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr, args
+        errors = [line for line in done.stderr.splitlines() if "error:" in line]
+        assert len(errors) == 1, (args, done.stderr)
 
 
 def _parsed(*argv: str):

@@ -11,6 +11,7 @@ import pytest
 
 from pfcxl.serving import calibrate, compute, inputs, retrieval
 
+from . import bounded_cli
 from .test_serving_traces import BAD, GOOD
 
 pytestmark = pytest.mark.component
@@ -89,11 +90,23 @@ def test_bad_trace_options_are_one_line(tmp_path, args, words):
     one_line(pfcxl("--trace", str(small_trace(tmp_path)), *args, "--out", str(tmp_path / "out")), tmp_path, words)
 
 
-@pytest.mark.parametrize("text, words", [case for case in BAD if case[1]])
-def test_each_bad_trace_line_is_one_cli_line(tmp_path, text, words):
-    path = tmp_path / "t.jsonl"
-    path.write_text("\n".join([json.dumps(GOOD), text, json.dumps(GOOD)]) + "\n")
-    one_line(pfcxl("--trace", str(path), "--out", str(tmp_path / "out")), tmp_path, f"{path} line 2: ", words)
+def test_each_bad_trace_line_is_one_cli_line(tmp_path):
+    # every bad line of test_serving_traces.BAD through the real command line, all in one child
+    # process (bounded_cli: the CLI's imports paid once), each with its own file and --out
+    cases, paths = [], []
+    for n, (text, words) in enumerate(case for case in BAD if case[1]):
+        case_dir = tmp_path / f"case{n}"
+        case_dir.mkdir()
+        path = case_dir / "t.jsonl"
+        path.write_text("\n".join([json.dumps(GOOD), text, json.dumps(GOOD)]) + "\n")
+        cases.append(["serving", "--trace", str(path), "--out", str(case_dir / "out")])
+        paths.append((path, words))
+    outcomes = bounded_cli.run(cases, limit=1 << 30)
+    assert len(outcomes) == len(paths) > 20
+    for outcome, (path, words) in zip(outcomes, paths):
+        line = outcome.one_line_error(2)
+        assert f"{path} line 2: " in line and words in line, (outcome.argv, line)
+        assert not (path.parent / "out").exists(), outcome.argv
 
 
 @pytest.mark.parametrize("args, words", [

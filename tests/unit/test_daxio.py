@@ -35,8 +35,8 @@ pytestmark = pytest.mark.component
 
 
 @pytest.fixture(scope="module")
-def daxio(tmp_path_factory) -> Path:
-    return compile_guest_tool("daxio", tmp_path_factory.mktemp("daxio"))
+def daxio() -> Path:
+    return compile_guest_tool("daxio")
 
 
 @pytest.fixture

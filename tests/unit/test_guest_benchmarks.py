@@ -112,9 +112,8 @@ def field_names(spec) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def tools(tmp_path_factory) -> dict[str, Path]:
-    out_dir = tmp_path_factory.mktemp("bench")
-    return {name: compile_guest_tool(name, out_dir) for name in TOOLS}
+def tools() -> dict[str, Path]:
+    return {name: compile_guest_tool(name) for name in TOOLS}
 
 
 def run(tools, name: str, *args, rc: int = 0) -> dict:

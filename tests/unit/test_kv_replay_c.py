@@ -19,8 +19,8 @@ pytestmark = pytest.mark.component
 
 
 @pytest.fixture(scope="module")
-def tool(tmp_path_factory):
-    return compile_guest_tool("kvreplay", tmp_path_factory.mktemp("kvreplay"))
+def tool():
+    return compile_guest_tool("kvreplay")
 
 
 def c_replay(setup, reqs, modes, tool):

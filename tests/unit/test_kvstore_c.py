@@ -27,8 +27,8 @@ pytestmark = pytest.mark.component
 
 
 @pytest.fixture(scope="module")
-def tool(tmp_path_factory):
-    return compile_guest_tool("kvstore", tmp_path_factory.mktemp("kvstore"))
+def tool():
+    return compile_guest_tool("kvstore")
 
 
 @pytest.fixture(scope="module")

@@ -36,8 +36,8 @@ SUPER_CODE, RECORD_CODE = codes(kv.SUPER), codes(kv.RECORD)
 
 
 @pytest.fixture(scope="module")
-def tool(tmp_path_factory):
-    return compile_guest_tool("kvstore", tmp_path_factory.mktemp("kvstore"))
+def tool():
+    return compile_guest_tool("kvstore")
 
 
 @pytest.fixture(autouse=True)

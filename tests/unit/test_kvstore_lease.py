@@ -25,8 +25,8 @@ pytestmark = pytest.mark.component
 
 
 @pytest.fixture(scope="module")
-def tool(tmp_path_factory):
-    return compile_guest_tool("kvstore", tmp_path_factory.mktemp("kvstore"))
+def tool():
+    return compile_guest_tool("kvstore")
 
 
 def lease_of(path: str, host: int) -> int:

@@ -104,6 +104,16 @@ def test_the_inject_latency_help_states_is_the_one_the_plugin_is_given(capsys):
     assert f"{config.read_ns} ns read, {config.write_ns} ns write" in text
 
 
+def test_every_inject_profile_gives_the_plugin_its_idle_latencies():
+    from pfcxl.device.fabric import constants as fabric_constants
+    from pfcxl.machine import timing_config
+    for profile in fabric_constants.PROFILES:
+        config = timing_config("inject", profile=profile)
+        assert (config.mode, config.read_ns, config.write_ns, config.baseline_ns) == \
+            ("inject", fabric_model.idle_ns(profile, False), fabric_model.idle_ns(profile, True), 0.0), profile
+    assert len({timing_config("inject", profile=p).read_ns for p in fabric_constants.PROFILES}) > 1
+
+
 def test_errors_keep_their_cause(tmp_path):
     """An error raised while handling another names it as its cause (`raise ... from err`), so
     --debug shows the whole chain: each kind of bad input below, with the error it came from."""

@@ -32,8 +32,8 @@ pytestmark = pytest.mark.component
 
 
 @pytest.fixture(scope="module")
-def slices(tmp_path_factory) -> Path:
-    return compile_guest_tool("slices", tmp_path_factory.mktemp("slices"))
+def slices() -> Path:
+    return compile_guest_tool("slices")
 
 
 @pytest.fixture
