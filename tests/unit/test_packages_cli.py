@@ -34,13 +34,13 @@ def test_a_malformed_package_name_is_one_line(bad):
 
 
 def test_a_package_trixie_does_not_have_is_named_and_nothing_is_built():
+    # the packages layer is what this command writes first (an image only after it); the images
+    # folder is not compared: other tests running at once build their images into it
     layers = set((cache.cache_dir() / "debian").glob("packages-*.tar"))
-    images = set(cache.images_dir().glob("*"))
     done = cli("image", "--image", "debian", "--packages", "numactl,no-such-package-pfcxl")
     assert done.returncode == 4
     assert one_line(done).endswith("no Debian package no-such-package-pfcxl in trixie")
     assert set((cache.cache_dir() / "debian").glob("packages-*.tar")) == layers
-    assert set(cache.images_dir().glob("*")) == images
 
 
 def test_the_same_package_list_reuses_the_image_and_another_list_does_not():
