@@ -34,10 +34,16 @@ line {"ok": false, "error": "...", "closed": "idle" | "refused"}.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 VERSION = 1
 MAX_LINE = 64 * 1024
+# Requests nest a few levels; anything deeper is refused before it is decoded.
+MAX_NESTING = 32
+STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+OPEN = frozenset(b"{[")
+DELETE_BUT_BRACKETS = bytes(b for b in range(256) if b not in b"{}[]")
 IDLE_TIMEOUT = 60.0            # seconds a connection that holds nothing may stay silent before it is closed
 MAX_HOST_ID = 1023
 Kind = type | tuple[type, ...]         # what isinstance takes: a field's allowed types
@@ -62,11 +68,24 @@ class RequestError(Exception):
     """A request that cannot be served; its message goes back to the client."""
 
 
+def nesting(line: bytes) -> int:
+    """How deep a line's objects and arrays nest, strings skipped; read before json.loads, whose
+    own limit is Python's recursion limit less however deep the caller's stack already is."""
+    flat = STRING.sub(b'""', line)
+    depth = deepest = 0
+    for byte in flat.translate(None, DELETE_BUT_BRACKETS):
+        depth += 1 if byte in OPEN else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def parse(line: bytes) -> dict[str, Any]:
     """One request line -> a checked dict. Raises RequestError with a message for the client."""
+    if nesting(line) > MAX_NESTING:        # the same answer in every process, whatever its stack
+        raise RequestError(f"not JSON: nested deeper than {MAX_NESTING} levels")
     try:
         request = json.loads(line)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:   # RecursionError: nested too deep
+    except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"not JSON: {exc}") from exc
     if not isinstance(request, dict):
         raise RequestError(f"a request is a JSON object, got {type(request).__name__}")
