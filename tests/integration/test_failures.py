@@ -68,12 +68,26 @@ def _start_long_run(run_dir):
     return proc
 
 
+def _signals(pid: int) -> str:
+    """The process's ignored and blocked signal masks, as /proc shows them."""
+    status = open(f"/proc/{pid}/status").read().splitlines()
+    return " ".join(line.replace("\t", "") for line in status if line.startswith(("SigIgn", "SigBlk")))
+
+
 def test_ctrl_c_shuts_the_guest_down(tmp_path):
     proc = _start_long_run(tmp_path)
+    masks = _signals(proc.pid)
     proc.send_signal(signal.SIGINT)
     # a guard against a hang, not a timing: the shutdown itself is bounded (QMP quit 10 s, then
     # SIGTERM 5 s, then SIGKILL), but at the end of a full suite on 2 cores 60 s was once too few
-    assert proc.wait(timeout=180) == 130
+    try:
+        status = proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)          # pfcxl prints every thread's stack on SIGUSR1
+        time.sleep(2)
+        proc.kill()
+        pytest.fail(f"pfcxl did not exit after SIGINT ({masks}); where it was:\n{proc.stderr.read()}")
+    assert status == 130
     assert "interrupted" in proc.stderr.read()
     assert_no_qemu(tmp_path)
 
