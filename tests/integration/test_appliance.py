@@ -70,7 +70,7 @@ def test_three_hosts_private_regions_a_killed_host_and_a_crashed_appliance(runni
         for h, c in enumerate((c0, c1, c2)):
             vms[h], atts[h] = boot_on_appliance(boot, c, h)
         _private_regions_are_private(run_dir, c1, vms, atts)
-        vms[0], atts[0] = _killed_host_does_not_disturb_the_others_and_finds_its_data(run_dir, boot, c0, c1, vms, atts)
+        vms[0], atts[0] = _killed_host_does_not_disturb_the_others_and_finds_its_data(boot, c0, c1, vms, atts)
         _crashed_appliance_restarts_on_the_pool_its_guests_still_write(run_dir, vms, atts)
 
 
@@ -102,8 +102,7 @@ def _wait_written(fd: int, offsets: list[int], what: str) -> None:
     assert all(os.pread(fd, 8, o) != bytes(8) for o in offsets), f"{what} never started writing"
 
 
-def _killed_host_does_not_disturb_the_others_and_finds_its_data(run_dir: Path, boot, c0, c1, vms: dict,
-                                                                 atts: dict):
+def _killed_host_does_not_disturb_the_others_and_finds_its_data(boot, c0, c1, vms: dict, atts: dict):
     """Kills host 0 mid-write; returns host 0 booted again and its attachment."""
     vm0 = vms[0]
     before = daxio(vm0, "fill /dev/dax1.0 --size 4M --seed 9")             # finished before the kill
