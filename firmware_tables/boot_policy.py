@@ -5,11 +5,10 @@ from __future__ import annotations
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TableError
 
-from pfcxl.firmware_tables import acpi, cedt
+from pfcxl.firmware_tables import CEDT_MODES, acpi, cedt
 
 # A table in the initrd replaces the firmware's only with the same OEM IDs and a higher revision.
 OVERRIDE_OEM_REVISION = acpi.QEMU_OEM_REVISION + 1
-CEDT_MODES = ("auto", "qemu", "ours")
 
 
 def cedt_for_boot(topo: Topology, mode: str = "auto") -> bytes | None:

@@ -19,7 +19,7 @@ from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
 
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.cli import telemetry as cli_telemetry
-from pfcxl.host_tools import appliance, argtypes
+from pfcxl.host_tools import argtypes
 from pfcxl.host_tools.ui import err, out, write_output
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -31,6 +31,7 @@ def _topology(args) -> tuple[topology.Topology, Path]:
 
 
 def _dir(args, topo: topology.Topology) -> Path:
+    from pfcxl.host_tools import appliance
     return Path(args.run_dir) if args.run_dir else appliance.default_dir(topo)
 
 
@@ -44,6 +45,7 @@ def _service(args, **options):
 def cmd_start(args) -> int:
     service = _service(args, foreground=args.foreground, scan_interval=args.scan_interval,
                        idle_timeout=args.idle_timeout, timing=args.fabric, issue=args.issue, capture=args.capture)
+    from pfcxl.host_tools import appliance
     pid = service.serve()
     topo, run_dir = service.topology, service.directory
     a = topo.appliance

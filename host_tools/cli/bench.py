@@ -15,8 +15,7 @@ from rich.markup import escape
 from pfcxl.errors import PfcxlError, TimingError
 
 from pfcxl.host_tools.vm import boot_options
-from pfcxl.host_tools.image import initramfs as image
-from pfcxl.host_tools.timing import config as timing
+from pfcxl.host_tools.image import IMAGE_KINDS
 from pfcxl.host_tools import argtypes
 from pfcxl.host_tools.ui import err, out
 
@@ -26,6 +25,7 @@ def cmd_bench(args) -> int:
     from pfcxl.device import topology
     from pfcxl.machine import Machine
     from pfcxl.host_tools.bench import suite as bench
+    from pfcxl.host_tools.timing import config as timing
     from pfcxl.host_tools.bench import model as bench_model
     from pfcxl.host_tools.bench import plots as bench_plots
     from pfcxl.host_tools.bench import report as bench_report
@@ -110,7 +110,7 @@ def add_parsers(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", "-t", help="the topology to boot (default pf-nic)")
     p.add_argument("--suite", default="quick", help="quick (default, a minute or two), full, or a JSON suite file")
-    p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox", help="guest image (default busybox)")
+    p.add_argument("--image", choices=IMAGE_KINDS, default="busybox", help="guest image (default busybox)")
     argtypes.add_packages(p)
     p.add_argument("--timing", choices=("trace",), help="also model each CXL run's whole trace (idle latency "
                    "from the traced chase)")

@@ -18,7 +18,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
 from pfcxl.host_tools.image import debian as debian_image
-from pfcxl.host_tools import appliance, argtypes, bus_error
+from pfcxl.host_tools import argtypes, bus_error
 from pfcxl.host_tools.ui import out
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -33,6 +33,7 @@ def pool_file(args) -> Path:
     topo = topology.load(topology.resolve(args.topology or DEFAULT_APPLIANCE))
     if topo.appliance is None:
         raise PfcxlError(f"topology '{topo.name}' has no [appliance] section: give --pool FILE")
+    from pfcxl.host_tools import appliance
     run_dir = Path(args.run_dir) if args.run_dir else appliance.default_dir(topo)
     where = appliance_rundir.pool_dir(run_dir, topo.appliance.backing)
     if where is None:

@@ -14,7 +14,6 @@ from pfcxl.errors import PfcxlError
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.fleet import detached
 from pfcxl.host_tools import argtypes
-from pfcxl.host_tools.vm.console import shell_command
 from pfcxl.host_tools.ui import err, out, write_output
 
 DEFAULT_NAME = "default"
@@ -75,6 +74,7 @@ def cmd_up(args) -> int:
 def cmd_exec(args) -> int:
     if not args.command:
         raise PfcxlError(f"pfcxl exec: give a command after --, e.g. pfcxl exec {args.name} -- cxl list -R")
+    from pfcxl.host_tools.vm.console import shell_command     # pexpect with it: not for the parser
     return exec_in(args.name, shell_command(args.command), args.command_timeout)
 
 

@@ -1,8 +1,8 @@
 """The `pfcxl` command. The only place that exits the process or prints tracebacks (--debug).
 
 Building the parser imports only light modules: every command imports what it uses when it runs,
-so `pfcxl exec`, `ps` and `--help` start without numpy, jinja2, QMP or the image builder
-(tests/unit/test_cli_imports.py keeps it so).
+so `pfcxl exec`, `ps` and `--help` start without numpy, jinja2, QMP, the image builder, the ACPI table
+code or the plugin's configuration (tests/unit/test_cli_imports.py keeps it so).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
@@ -26,7 +27,7 @@ from pfcxl.errors import PfcxlError, TopologyError
 
 from pfcxl.device.fabric import constants as fabric_constants
 from pfcxl.device.fabric import model as fabric_model
-from pfcxl.firmware_tables import boot_policy
+from pfcxl.firmware_tables import CEDT_MODES
 
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.cli import appliance as cli_appliance
@@ -37,12 +38,13 @@ from pfcxl.host_tools.cli import model as cli_model
 from pfcxl.host_tools.cli import serving as cli_serving
 from pfcxl.host_tools import argtypes
 from pfcxl.host_tools.cli import topology as cli_topology
-from pfcxl.host_tools.timing import model_runs
 from pfcxl.host_tools.cli import telemetry as cli_telemetry
-from pfcxl.host_tools.image import initramfs as image
-from pfcxl.host_tools.timing import config as timing
-from pfcxl.host_tools.vm.console import shell_command
+from pfcxl.host_tools.image import IMAGE_KINDS
+from pfcxl.host_tools.timing import MODES as TIMING_MODES
 from pfcxl.host_tools.ui import err, out, write_output
+
+if TYPE_CHECKING:
+    from pfcxl.host_tools.image.initramfs import BootImage
 
 
 def _epilog() -> str:
@@ -57,8 +59,9 @@ def _epilog() -> str:
 # --------------------------------------------------------------------------- helpers
 
 
-def _build_image(machine) -> image.BootImage:
+def _build_image(machine) -> BootImage:
     """The machine's guest image, with a spinner while it is built; say which it is."""
+    from pfcxl.firmware_tables import boot_policy
     with err.status("building guest image") as status:
         img = machine.boot_image(progress=lambda m: status.update(m))
     if boot_policy.cedt_for_boot(machine.topology, machine.cedt) is not None:
@@ -171,12 +174,13 @@ def cmd_boot(args) -> int:
 def cmd_run(args) -> int:
     if not args.command:
         raise PfcxlError("pfcxl run: give a command after --, e.g. pfcxl run -- cxl list -R")
+    from pfcxl.host_tools.vm.console import shell_command
     command = shell_command(args.command)
     if args.dry_run:
         return _print_plan(_machine(args, progress=lambda m: None), command)
     if args.reuse and (status := cli_machines.run_reused(args, command)) is not None:
         return status
-    from pfcxl.host_tools.timing import report as timing_report
+    from pfcxl.host_tools.timing import model_runs, report as timing_report
     report = None
     with _booted(args) as vm:
         traced = vm.traced_run(command, timeout=args.command_timeout)
@@ -236,11 +240,11 @@ def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: boo
     """The topology and image options; `boots`: those of a boot; `timing_options`: the plugin's
     (demo only discovers, so it has none)."""
     p.add_argument("--topology", "-t", help="shipped topology name or TOML path (default: pf-nic)")
-    p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox",
+    p.add_argument("--image", choices=IMAGE_KINDS, default="busybox",
                    help="guest image: busybox (default, small) or debian (trixie with python3 and the "
                    "pfcxl_guest module; built once with mmdebstrap)")
     argtypes.add_packages(p)
-    p.add_argument("--cedt", choices=boot_policy.CEDT_MODES, default="auto",
+    p.add_argument("--cedt", choices=CEDT_MODES, default="auto",
                    help="whose CEDT the guest sees: QEMU's, or ours through the initrd table upgrade; "
                    "auto (default) uses ours only when the topology sets fields QEMU cannot write")
     if boots:
@@ -260,7 +264,7 @@ def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: boo
                        "QEMU argv) and start nothing")
         argtypes.add_own_qemu(p)
     if boots and timing_options:
-        p.add_argument("--timing", choices=timing.MODES, help="load the TCG plugin: count (CXL requests), "
+        p.add_argument("--timing", choices=TIMING_MODES, help="load the TCG plugin: count (CXL requests), "
                        "trace (every request, modelled on the PF and electrical fabrics afterwards) or "
                        "inject (slow the vCPU by the modelled latency)")
         p.add_argument("--inject-profile", choices=tuple(fabric_constants.PROFILES), default="pf",

@@ -13,11 +13,14 @@ import json
 import time
 from pathlib import Path
 
-
 from pfcxl.errors import PfcxlError
-
-from pfcxl.host_tools.timing.telemetry_view import render
 from pfcxl.host_tools.ui import err, out
+
+
+def render(*args):
+    """The figures' tables (host_tools/timing/telemetry_view.py, with rich.table), imported when shown."""
+    from pfcxl.host_tools.timing.telemetry_view import render as tables
+    return tables(*args)
 
 
 def fetch(service, sync: bool) -> dict:

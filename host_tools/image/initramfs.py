@@ -21,7 +21,7 @@ from pfcxl.errors import ImageError
 from pfcxl.guest import plan
 
 from pfcxl import cache
-from pfcxl.host_tools.image import cpio
+from pfcxl.host_tools.image import IMAGE_KINDS, cpio
 from pfcxl.host_tools.image import debian as debian_image
 from pfcxl.host_tools.image import debian_packages
 from pfcxl.compile import compile_cached
@@ -87,7 +87,7 @@ def build_tools(out_dir: Path) -> dict[str, Path]:
 
 
 def _busybox_entries() -> list[cpio.Entry]:
-    from pfcxl.host_tools.image import elf_deps     # pyelftools, only when an image is built (the CLI's parser reads IMAGE_KINDS)
+    from pfcxl.host_tools.image import elf_deps     # pyelftools, only when an image is built
     if not BUSYBOX.exists():
         raise ImageError(f"{BUSYBOX} is missing: run 'make setup' (package busybox-static)")
     if elf_deps.interpreter(BUSYBOX) is not None:
@@ -178,7 +178,6 @@ def acpi_override_archive(tables: dict[str, bytes]) -> bytes:
     return cpio.archive(entries)
 
 
-IMAGE_KINDS = ("busybox", "debian")
 
 
 def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = None,

@@ -33,6 +33,7 @@ from pfcxl.device.topology import address_map
 from pfcxl.device.topology import data_path
 from pfcxl.device.topology import Topology
 from pfcxl.errors import TimingError
+from pfcxl.host_tools.timing import MODES
 from pfcxl.guest.tool_output import json_lines
 
 from pfcxl.host_tools.timing.plugin import build_plugin, doorbell_hpa, doorbell_hpas
@@ -41,7 +42,6 @@ from pfcxl.device.trace.ring import DEFAULT_CAPACITY, Drainer, Ring
 if TYPE_CHECKING:
     import numpy as np
 
-MODES = ("count", "trace", "inject")
 
 
 MAX_PROFILES = 8   # the plugin's limit
@@ -92,7 +92,7 @@ def marks_rows(command: str) -> bool:
 
 def split_rows(records: "np.ndarray", phases: list[dict]) -> "list[np.ndarray]":
     """The records of each phase (the plugin's phase events of this run, in order)."""
-    import numpy as np            # not for the CLI's parser, which reads MODES
+    import numpy as np            # only when a run's records are split
     counts = [int(p["reads"]) + int(p["writes"]) for p in phases]
     if sum(counts) != len(records):
         raise TimingError(f"the plugin reported {sum(counts)} requests in {len(phases)} phases but "
@@ -124,7 +124,7 @@ def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfi
     doorbell, ring, injected latencies) and -d plugin -D LOG (the plugin's JSON lines go to the
     log). `ring`: where a ring someone else owns is (a timed appliance's: /proc/self/fd/N), instead
     of the run directory's ring file. Pure: a dry run prints these, a TimingSession boots with them."""
-    from pfcxl.host_tools.vm.qemu import qemu_opt      # jinja2 with it: not for the CLI's parser, which reads MODES
+    from pfcxl.host_tools.vm.qemu import qemu_opt      # jinja2 with it: only when a boot is planned
     opts = [qemu_opt(plugin), f"mode={config.mode}"]
     if config.doorbell:
         doorbell_hpa(topo)          # one line saying why there is none

@@ -66,3 +66,9 @@ def run(cases: list[list[str]], *, limit: int = 2 * GiB, timeout: int = 60, cwd=
                           capture_output=True, text=True, timeout=timeout * len(cases) + 60, cwd=cwd)
     assert done.returncode == 0, done.stderr[-2000:]
     return [Outcome(**o) for o in json.loads(done.stdout)]
+
+
+def run_named(cases: dict[str, list[str]], **options) -> dict[str, Outcome]:
+    """run() of a dict of named argvs: name -> its outcome (a module fixture runs its cases once, each
+    test reads its own)."""
+    return dict(zip(cases, run(list(cases.values()), **options)))

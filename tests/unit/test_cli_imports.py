@@ -42,6 +42,21 @@ def test_light_commands_import_no_heavy_module(tmp_path, argv):
     assert sorted(m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY) == []
 
 
+# what no command needs to be parsed: the table code, the image builder, the plugin's configuration,
+# the appliance client, pexpect and rich's tables are imported by the commands that use them
+NOT_FOR_THE_PARSER = HEAVY + ("pexpect", "rich.table", "pfcxl.firmware_tables.boot_policy", "pfcxl.firmware_tables.cedt",
+                              "pfcxl.host_tools.image.initramfs", "pfcxl.host_tools.timing.config",
+                              "pfcxl.host_tools.timing.telemetry_view", "pfcxl.host_tools.appliance",
+                              "pfcxl.host_tools.vm.console")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["down", "--all"]])
+def test_building_the_parser_imports_no_command_module(tmp_path, argv):
+    status, modules, _ = imported(tmp_path, *argv)
+    assert status in (0, None)
+    assert sorted(m for m in modules if m in NOT_FOR_THE_PARSER or m.split(".")[0] in NOT_FOR_THE_PARSER) == []
+
+
 def test_exec_of_a_missing_machine_still_says_so_in_one_line(tmp_path):
     status, _, stderr = imported(tmp_path, "exec", "nosuch", "--", "true")
     assert status != 0

@@ -76,18 +76,53 @@ OPTION_ERRORS = [
 ]
 
 
-def one_line(done, tmp_path, *words):
-    assert done.returncode == 2, done.stderr
+MISSING = [
+    (["--trace", "missing.jsonl"], "no such file"),
+    (["--trace", "nope"], "no such bundled trace"),
+    (["--time-scale", "2"], "--time-scale is a trace-replay option"),
+    (["--sequence-only"], "--sequence-only is a trace-replay option"),
+]
+HOSTS_ERRORS = [
+    (["--hosts", "0"], "--hosts: 0 must be"),
+    (["--hosts", "2", "--cache", "global"], "--cache: 'global' must be one of local, shared"),
+    (["--hosts", "2", "--capacity-sweep"], "--hosts replays one capacity per host"),
+    (["--cache", "local"], "--cache is an option of the N-host replay: use it with --hosts N")]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory) -> dict:
+    """Every refused command line of this module through the real command line, all in one child
+    process (bounded_cli: the CLI's imports paid once), each with its own --out: case -> (outcome,
+    the case's directory)."""
+    trace = small_trace(tmp_path_factory.mktemp("trace"))
+    empty = tmp_path_factory.mktemp("empty") / "empty.jsonl"
+    empty.write_text("\n")
+    disk = tmp_path_factory.mktemp("disk") / "disk.toml"
+    disk.write_text('name = "x"\nread_gbs = 3\n')
+    argvs = {**{("option", *args): ["--trace", str(trace), *args] for args, _ in OPTION_ERRORS},
+             **{("missing", *args): args for args, _ in MISSING},
+             **{("hosts", *args): ["--trace", str(trace), *args] for args, _ in HOSTS_ERRORS},
+             ("empty",): ["--trace", str(empty)]}
+    dirs = {case: tmp_path_factory.mktemp("case") for case in argvs}
+    cases = {case: ["serving", *argv, "--out", str(dirs[case] / "out")] for case, argv in argvs.items()}
+    cases[("disk",)] = ["serving", "retrieval", "--disk", str(disk)]
+    dirs[("disk",)] = disk.parent
+    done = bounded_cli.run_named(cases, limit=1 << 30)
+    return {case: (done[case], dirs[case]) for case in cases}
+
+
+def one_line(done, where, *words):
+    assert done.rc == 2, (done.argv, done.rc, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pfcxl: error: "), done.stderr
     for word in words:
         assert word in lines[0], lines[0]
-    assert not (tmp_path / "out").exists()
+    assert not (where / "out").exists()
 
 
 @pytest.mark.parametrize("args, words", OPTION_ERRORS)
-def test_bad_trace_options_are_one_line(tmp_path, args, words):
-    one_line(pfcxl("--trace", str(small_trace(tmp_path)), *args, "--out", str(tmp_path / "out")), tmp_path, words)
+def test_bad_trace_options_are_one_line(refused, args, words):
+    one_line(*refused[("option", *args)], words)
 
 
 def test_each_bad_trace_line_is_one_cli_line(tmp_path):
@@ -109,20 +144,13 @@ def test_each_bad_trace_line_is_one_cli_line(tmp_path):
         assert not (path.parent / "out").exists(), outcome.argv
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--trace", "missing.jsonl"], "no such file"),
-    (["--trace", "nope"], "no such bundled trace"),
-    (["--time-scale", "2"], "--time-scale is a trace-replay option"),
-    (["--sequence-only"], "--sequence-only is a trace-replay option"),
-])
-def test_missing_trace_or_option_without_trace_is_one_line(tmp_path, args, words):
-    one_line(pfcxl(*args, "--out", str(tmp_path / "out")), tmp_path, words)
+@pytest.mark.parametrize("args, words", MISSING)
+def test_missing_trace_or_option_without_trace_is_one_line(refused, args, words):
+    one_line(*refused[("missing", *args)], words)
 
 
-def test_empty_trace_is_an_error_not_zeros(tmp_path):
-    path = tmp_path / "empty.jsonl"
-    path.write_text("\n")
-    one_line(pfcxl("--trace", str(path), "--out", str(tmp_path / "out")), tmp_path, "no requests")
+def test_empty_trace_is_an_error_not_zeros(refused):
+    one_line(*refused[("empty",)], "no requests")
 
 
 # --------------------------------------------------------------------------- retrieval (Table I)
@@ -164,10 +192,8 @@ def test_retrieval_cli_prints_every_paper_row_with_ratios(tmp_path):
     assert "405b" in done.stdout and "ratio" in done.stdout
 
 
-def test_disk_file_must_name_its_source(tmp_path):
-    bad = tmp_path / "disk.toml"
-    bad.write_text('name = "x"\nread_gbs = 3\n')
-    one_line(pfcxl("retrieval", "--disk", str(bad)), tmp_path, "disk.toml: source: missing")
+def test_disk_file_must_name_its_source(refused):
+    one_line(*refused[("disk",)], "disk.toml: source: missing")
 
 
 def test_hosts_replay_from_the_command_line_gives_the_hand_computed_hits(tmp_path):
@@ -184,12 +210,9 @@ def test_hosts_replay_from_the_command_line_gives_the_hand_computed_hits(tmp_pat
     assert "3 hosts, routing round-robin" in done.stdout.replace("\n", " ")
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--hosts", "0"], "--hosts: 0 must be"),
-    (["--hosts", "2", "--cache", "global"], "--cache: 'global' must be one of local, shared"),
-    (["--hosts", "2", "--capacity-sweep"], "--hosts replays one capacity per host"),
-    (["--cache", "local"], "--cache is an option of the N-host replay: use it with --hosts N")])
-def test_hosts_replay_bad_options_are_one_line(tmp_path, args, words):
-    done = pfcxl("--trace", str(small_trace(tmp_path)), *args, "--out", str(tmp_path / "o"))
-    assert done.returncode != 0 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert not (tmp_path / "o").exists()
+@pytest.mark.parametrize("args,words", HOSTS_ERRORS)
+def test_hosts_replay_bad_options_are_one_line(refused, args, words):
+    done, where = refused[("hosts", *args)]
+    assert done.rc != 0 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr and not isinstance(done.rc, str), done.rc     # not escaped
+    assert not (where / "out").exists()

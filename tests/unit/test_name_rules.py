@@ -22,7 +22,8 @@ from pfcxl.host_tools.cli.main import main
 ROOT = Path(detached.__file__).resolve().parents[2]   # host_tools/fleet/detached.py -> the checkout
 SOURCES = ("device", "firmware_tables", "guest", "host_tools", "pfcxl", "serving")
 # what may trail a name that looks right: the line ends `$` lets through, and other blanks
-TAILS = st.sampled_from(["\n", "\r\n", "\r", "\n\n", " ", "\t", "\x00", "\x0b"])
+TAIL_LIST = ["\n", "\r\n", "\r", "\n\n", " ", "\t", "\x00", "\x0b"]
+TAILS = st.sampled_from(TAIL_LIST)
 RE_CALLS = {"compile", "match", "search", "fullmatch"}
 
 pytestmark = pytest.mark.unit
@@ -50,12 +51,14 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PFCXL_CACHE", str(tmp_path / "cache"))
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.from_regex(detached.NAME_RE, fullmatch=True), TAILS)
-def test_machine_names_with_anything_trailing_are_refused(name, tail):
+@settings(max_examples=50, deadline=None)
+@given(st.from_regex(detached.NAME_RE, fullmatch=True))
+def test_machine_names_with_anything_trailing_are_refused(name):
+    # every tail after each name (generating a name is what costs, not checking it)
     assert detached.machine_dir(name).name == name
-    with pytest.raises(PfcxlError, match="must be 1-64 letters"):
-        detached.machine_dir(name + tail)
+    for tail in TAIL_LIST:
+        with pytest.raises(PfcxlError, match="must be 1-64 letters"):
+            detached.machine_dir(name + tail)
 
 
 def test_up_refuses_a_name_ending_in_a_newline_in_one_line_before_starting_anything(capsys):

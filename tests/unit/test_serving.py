@@ -13,6 +13,8 @@ from pfcxl.errors import ServingError
 from pfcxl.serving import calibrate, chunks, compute, inputs, sim, tiers
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
+from . import bounded_cli
+
 GiB = 1 << 30
 WORKLOAD = inputs.load_workload("paper-chat")
 MODEL = inputs.load_model(WORKLOAD.model)
@@ -172,28 +174,42 @@ def test_cli_sweep_writes_the_table_json_and_plots(tmp_path):
     assert "llama-70b" in done.stdout and "appliance" in done.stdout
 
 
-@pytest.mark.parametrize("args, words", [
+BAD_INPUT = [
     (["--sessions", "0..5"], ["--sessions", "'0..5'"]),
     (["--tiers", "ssd"], ["--tiers", "'ssd'"]),
     (["--appliance-tb", "-1"], ["--appliance-tb", "-1.0"]),
     (["--model", "llama-9b"], ["no model named 'llama-9b'"]),
     (["--calibrate", "--model", "llama-8b"], ["--calibrate", "paper's setup"]),
     (["--save"], ["--save", "--calibrate"]),
-])
-def test_cli_bad_input_is_one_line_without_traceback(tmp_path, args, words):
-    done = pfcxl(*args, "--out", str(tmp_path / "out"))
-    assert done.returncode == 2
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory) -> dict:
+    """The refused command lines of this module, all in one child process (bounded_cli: the CLI's
+    imports paid once), each with its own --out: case -> (outcome, its --out)."""
+    bad = tmp_path_factory.mktemp("model") / "mine.toml"
+    bad.write_text(GOOD_MODEL.replace("attention_heads = 32", "attention_heads = 0"))
+    argvs = {tuple(args): args for args, _ in BAD_INPUT} | {("bad model",): ["--model", str(bad)]}
+    outs = {case: tmp_path_factory.mktemp("case") / "out" for case in argvs}
+    done = bounded_cli.run_named({case: ["serving", *argv, "--out", str(outs[case])] for case, argv in argvs.items()},
+                                 limit=1 << 30)
+    return {case: (done[case], outs[case]) for case in argvs}
+
+
+@pytest.mark.parametrize("args, words", BAD_INPUT)
+def test_cli_bad_input_is_one_line_without_traceback(refused, args, words):
+    done, out = refused[tuple(args)]
+    assert done.rc == 2, (done.rc, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pfcxl: error: "), done.stderr
     for word in words:
         assert word in lines[0]
-    assert not (tmp_path / "out").exists()
+    assert not out.exists()
 
 
-def test_cli_bad_model_file_names_the_file_and_field(tmp_path):
-    bad = tmp_path / "mine.toml"
-    bad.write_text(GOOD_MODEL.replace("attention_heads = 32", "attention_heads = 0"))
-    done = pfcxl("--model", str(bad), "--out", str(tmp_path / "out"))
-    assert done.returncode == 2
+def test_cli_bad_model_file_names_the_file_and_field(refused):
+    done, _ = refused[("bad model",)]
+    assert done.rc == 2, (done.rc, done.stderr)
     assert done.stderr.strip() == ("pfcxl: error: mine.toml: attention_heads: 0 must be a whole number from 1 to 1,024 "
                                    "(a bound far beyond any published model)")

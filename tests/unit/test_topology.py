@@ -2,8 +2,6 @@
 
 import copy
 import dataclasses
-import subprocess
-import sys
 import tomllib
 
 import pytest
@@ -12,6 +10,8 @@ from pfcxl.device.topology import address_map
 from pfcxl.device import topology
 from pfcxl.device.topology.units import GiB, KiB, MiB, parse_size
 from pfcxl.errors import TopologyError
+
+from . import bounded_cli
 
 pytestmark = pytest.mark.component
 
@@ -155,13 +155,9 @@ def test_invalid_toml_is_one_line(tmp_path):
         topology.load(bad)
 
 
-def test_cli_rejects_bad_topology_without_traceback(tmp_path):
-    bad = tmp_path / "bad.toml"
-    bad.write_text(topology.resolve("two-hb-interleave").read_text().replace('granularity = "8K"',
-                                                                              'granularity = "6K"'))
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "run", "--topology", str(bad),
-                           "--", "true"], capture_output=True, text=True)
-    assert done.returncode == 2
+def test_cli_rejects_bad_topology_without_traceback(cli_mistakes):
+    done, _ = cli_mistakes["granularity 6K"]
+    assert done.rc == 2
     assert "Traceback" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines == ["pfcxl: error: bad.toml: window 'fmw0'.granularity: 6144 must be a power of two "
@@ -217,19 +213,34 @@ def test_locate_covers_every_device_byte_once():
     assert {dev for dev, _ in seen} == set(region.devices)
 
 
-@pytest.mark.parametrize("name,base,change,expected", MISTAKES[:8] + MISTAKES[12:16],
-                         ids=[m[0] for m in MISTAKES[:8] + MISTAKES[12:16]])
-def test_cli_gives_one_line_per_mistake_and_boots_nothing(tmp_path, name, base, change, expected):
-    doc = _mutate(base, change)
-    bad = tmp_path / "bad.toml"
-    bad.write_text(_to_toml(doc))
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "run", "--topology", str(bad),
-                           "--run-dir", str(tmp_path / "run"), "--", "true"], capture_output=True, text=True)
-    assert done.returncode == 2
+CLI_MISTAKES = MISTAKES[:8] + MISTAKES[12:16]
+
+
+@pytest.fixture(scope="module")
+def cli_mistakes(tmp_path_factory) -> dict:
+    """`pfcxl run --topology bad.toml -- true` for each CLI mistake (and a granularity of 6K), all in one
+    child process (bounded_cli: the CLI's imports paid once); each in its own directory with its own
+    --run-dir. name -> (outcome, run dir)."""
+    texts = {name: _to_toml(_mutate(base, change)) for name, base, change, _ in CLI_MISTAKES}
+    texts["granularity 6K"] = topology.resolve("two-hb-interleave").read_text().replace('granularity = "8K"',
+                                                                                       'granularity = "6K"')
+    cases, runs = [], {}
+    for i, (name, text) in enumerate(texts.items()):
+        where = tmp_path_factory.mktemp(f"mistake{i}")
+        (where / "bad.toml").write_text(text)
+        runs[name] = where / "run"
+        cases.append(["run", "--topology", str(where / "bad.toml"), "--run-dir", str(runs[name]), "--", "true"])
+    return {name: (done, runs[name]) for name, done in zip(texts, bounded_cli.run(cases, limit=1 << 30))}
+
+
+@pytest.mark.parametrize("name,base,change,expected", CLI_MISTAKES, ids=[m[0] for m in CLI_MISTAKES])
+def test_cli_gives_one_line_per_mistake_and_boots_nothing(cli_mistakes, name, base, change, expected):
+    done, run_dir = cli_mistakes[name]
+    assert done.rc == 2, (done.rc, done.stderr)
     assert "Traceback" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("pfcxl: error: bad.toml: ") and expected in lines[0], lines
-    assert not list((tmp_path / "run").glob("*.mem")), "a backing file was created for a rejected topology"
+    assert not list(run_dir.glob("*.mem")), "a backing file was created for a rejected topology"
 
 
 def _to_toml(doc: dict) -> str:
