@@ -23,6 +23,9 @@ MB_BYTES = 1 << 20          # per host (kvreplay.c's MB_BYTES)
 MB_TEXT = 128               # the message's first byte
 MB_HALF = (MB_BYTES - MB_TEXT) // 2
 SEQ, LEN, ACK, RLEN, PID = 0, 8, 64, 72, 80      # byte offsets of the mailbox's words
+# a wait's first and longest pause between looks: a process on this machine answers within the
+# first, a guest under TCG takes milliseconds; the pause doubles so a long wait does not spin a CPU
+POLL_S = (0.0002, 0.005)
 
 
 def offset(store_bytes: int) -> int:
@@ -62,6 +65,7 @@ class Mailboxes:
     def _wait(self, pending: set[int], timeout: float | None) -> list[int]:
         """Hosts of `pending` whose last message is answered, waiting at most `timeout` seconds for one."""
         since, checked = time.monotonic(), time.monotonic()
+        pause = POLL_S[0]
         while True:
             done = [h for h in pending if self._word(h, ACK) == self.seq[h]]
             if done or (timeout is not None and time.monotonic() - since >= timeout):
@@ -70,7 +74,8 @@ class Mailboxes:
                 checked = time.monotonic()
                 if (why := self.gone()) is not None:
                     raise PfcxlError(f"the replay's hosts ended before answering host(s) {sorted(pending)}: {why}")
-            time.sleep(0.0002)
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_S[1])
 
     def call(self, line: str, hosts: range | None = None) -> dict[int, list[str]]:
         """`line` to every host (or `hosts`), and their replies once all answered; an E reply is an error."""

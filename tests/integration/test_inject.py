@@ -5,11 +5,13 @@ arguments inject nothing."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
 from pfcxl import Machine
 from pfcxl.errors import PfcxlError
+from pfcxl.host_tools.cli import main as cli
 
 from .conftest import READY_TIMEOUT, pfcxl_cli
 
@@ -47,26 +49,38 @@ def test_every_kind_is_seen_by_the_guest_with_the_injected_fields(tmp_path):
         assert others and all(not d.get("media_errors") for d in others)
 
 
-def test_pfcxl_inject_on_an_up_machine_prints_the_guests_record(tmp_path):
+def in_process(capfd, *argv: str) -> subprocess.CompletedProcess:
+    """`pfcxl ARGV` run by this process (a new one per call costs a Python start and pfcxl's imports)."""
+    capfd.readouterr()
+    status = cli.main(list(argv))
+    out = capfd.readouterr()
+    return subprocess.CompletedProcess(argv, status, out.out, out.err)
+
+
+def test_pfcxl_inject_on_an_up_machine_prints_the_guests_record(tmp_path, capfd):
     name = "kernel-eng-inject"
     up = pfcxl_cli("up", "-t", "pf-nic", "--name", name, timeout=900)
     try:
         assert up.returncode == 0, up.stderr
-        done = pfcxl_cli("inject", "dram", "--name", name, "--device", "pfnic0", "--dpa", "0x2000", "--log",
-                         "failure", "--expect")
+        done = in_process(capfd, "inject", "dram", "--name", name, "--device", "pfnic0", "--dpa", "0x2000",
+                          "--log", "failure", "--expect")
         assert done.returncode == 0, done.stderr
         assert " cxl_dram: " in done.stdout and " dpa=2000 " in done.stdout and " log=Failure " in done.stdout
-        bad = pfcxl_cli("inject", "poison", "--name", name, "--device", "pfnic0", "--dpa", "0x40", "--length", "65")
+        bad = in_process(capfd, "inject", "poison", "--name", name, "--device", "pfnic0", "--dpa", "0x40",
+                         "--length", "65")
         assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "not a multiple of 64" in bad.stderr
-        listed = pfcxl_cli("exec", name, "--", "cxl list -M -L")
+        listed = in_process(capfd, "exec", name, "--", "cxl list -M -L")
+        assert listed.returncode == 0 and '"memdev"' in listed.stdout, listed
         assert "media_errors" not in listed.stdout
         # RAS errors: the kernel's AER trace event for the device with the error's status, and its AER messages
-        cor = pfcxl_cli("inject", "correctable", "--name", name, "-d", "pfnic0", "--type", "mem-data-ecc", "--expect")
+        cor = in_process(capfd, "inject", "correctable", "--name", name, "-d", "pfnic0", "--type", "mem-data-ecc",
+                         "--expect")
         assert cor.returncode == 0, cor.stderr
         assert "cxl_aer_correctable_error: memdev=" in cor.stdout and "status: 'Memory Data ECC Error'" in cor.stdout
         assert "CorrIntErr" in cor.stdout
         # an uncorrectable error makes the kernel reset the link and recover the device
-        unc = pfcxl_cli("inject", "uncorrectable", "--name", name, "-d", "pfnic0", "--type", "internal", "--expect")
+        unc = in_process(capfd, "inject", "uncorrectable", "--name", name, "-d", "pfnic0", "--type", "internal",
+                         "--expect")
         assert unc.returncode == 0, unc.stderr
         assert "cxl_aer_uncorrectable_error: memdev=" in unc.stdout
         assert "status: 'Component Specific Error'" in unc.stdout and "Uncorrectable" in unc.stdout
