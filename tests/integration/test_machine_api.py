@@ -32,8 +32,8 @@ def launched_argv(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
 
 
-# `pfcxl qemu-args` for many cases in one child, each printing to real files (the CLI wants file
-# descriptors: faulthandler registers on stderr's)
+# `pfcxl qemu-args` for many cases in one child; each case's stdout and stderr go to files of
+# their own, as when the CLI runs alone
 PRINTER = r"""
 import json, os, sys, tempfile
 from pfcxl.host_tools.cli import main as cli
