@@ -1,6 +1,7 @@
 """Each shipped topology booted once: the guest's real CXL subsystem finds what the topology
 predicts, and the firmware tables it sees are the ones we generate (QEMU's CEDT equals ours;
-every endpoint and switch serves our CDAT)."""
+every endpoint and switch serves our CDAT). Console commands and a guest's close() are checked
+on test_sharing.py's two guests."""
 
 import base64
 
@@ -9,7 +10,7 @@ import pytest
 from pfcxl.firmware_tables import cdat, cedt, generate, table_files
 from pfcxl.host_tools.vm import discovery
 
-from .conftest import guest_file, pid_alive
+from .conftest import guest_file
 
 pytestmark = pytest.mark.integration
 
@@ -49,17 +50,3 @@ def test_guest_sees_the_predicted_topology_and_our_tables(shared_machine, name):
     if tables.switch_cdat:
         ports = vm.check("for p in /sys/bus/cxl/devices/port*; do if [ -e $p/CDAT ]; then echo $p; fi; done").split()
         assert [guest_file(vm, f"{p}/CDAT") for p in ports] == list(tables.switch_cdat.values())
-
-
-def test_console_commands_and_lifecycle(pfcxl_machine):
-    vm = pfcxl_machine
-    assert vm.run("echo hello; echo world").output == "hello\nworld\n"
-    failed = vm.run("ls /nonexistent-path")
-    assert failed.status != 0 and "nonexistent-path" in failed.output
-    assert vm.run("(exit 3)").status == 3
-    status = vm.qmp("query-status")
-    assert status["running"] is True
-    pid = vm.pid
-    vm.close()
-    vm.close()   # harmless twice
-    assert not pid_alive(pid)

@@ -5,6 +5,7 @@ pytest plugin the package ships."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -31,17 +32,52 @@ def launched_argv(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
 
 
-@pytest.mark.parametrize("name", SHIPPED)
-def test_printed_argv_is_the_launched_argv(name, tmp_path):
-    served = any(d.appliance for d in topology.load(topology.resolve(name)).devices)
-    with Appliance(name, run_dir=tmp_path / "appliance") if served else _nothing() as app:
+# `pfcxl qemu-args` for many cases in one child; each case's stdout and stderr go to files of
+# their own, as when the CLI runs alone
+PRINTER = r"""
+import json, os, sys, tempfile
+from pfcxl.host_tools.cli import main as cli
+saved, done = (os.dup(1), os.dup(2)), []
+for argv in json.load(sys.stdin):
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
+        try:
+            rc = cli.main(argv)
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        out.seek(0), err.seek(0)
+        done.append({"rc": rc, "stdout": out.read().decode(), "stderr": err.read().decode()})
+json.dump(done, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def printed(tmp_path_factory) -> dict[tuple, tuple[Path, dict]]:
+    """`pfcxl qemu-args --lines` for every shipped topology in every case, all printed by one child
+    (the CLI's imports paid once, not once per case): (name, mode, path) -> (run dir, rc/stdout/stderr)."""
+    base = tmp_path_factory.mktemp("printed")
+    cases = {}
+    for name in SHIPPED:
         for mode, path in CASES:
-            run_dir = tmp_path / f"run-{mode}-{path}"
+            run_dir = base / name / f"run-{mode}-{path}"
             options = ["--run-dir", str(run_dir)] + (["--timing", mode] if mode else [])
             options += ["--baseline-ns", BASELINE_NS] if mode == "inject" else []
             options += ["--data-path", path] if path else []
-            printed = pfcxl_cli("qemu-args", name, "--lines", *options)
-            assert printed.returncode == 0, printed.stderr
+            cases[(name, mode, path)] = (run_dir, ["qemu-args", name, "--lines", *options])
+    done = subprocess.run([sys.executable, "-c", PRINTER], input=json.dumps([argv for _, argv in cases.values()]),
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {key: (run_dir, shown) for (key, (run_dir, _)), shown in zip(cases.items(), json.loads(done.stdout))}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_printed_argv_is_the_launched_argv(name, printed, tmp_path):
+    served = any(d.appliance for d in topology.load(topology.resolve(name)).devices)
+    with Appliance(name, run_dir=tmp_path / "appliance") if served else _nothing() as app:
+        for mode, path in CASES:
+            run_dir, shown = printed[(name, mode, path)]
+            assert shown["rc"] == 0, f"{name}, timing {mode}, data path {path}: {shown['stderr']}"
             assert not run_dir.exists()                   # printing writes nothing
             machine = Machine(name, run_dir=run_dir, timing=mode, baseline_ns=float(BASELINE_NS),
                               appliance=app, data_path=path)
@@ -51,7 +87,7 @@ def test_printed_argv_is_the_launched_argv(name, tmp_path):
                 assert machine.argv == argv
             finally:
                 machine.close()
-            assert printed.stdout.splitlines() == argv, f"{name}, timing {mode}, data path {path}"
+            assert shown["stdout"].splitlines() == argv, f"{name}, timing {mode}, data path {path}"
             # every file the command line names exists where it said
             for word in argv:
                 for part in word.split(","):
