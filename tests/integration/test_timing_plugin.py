@@ -95,11 +95,11 @@ def test_trace_has_exactly_the_guests_accesses(timed):
     print(f"\ntrace: {len(records)} records, insn stamps {int(records['insn'][0])}..{int(records['insn'][-1])}")
 
 
-LOCAL_WORK = {   # workloads that never touch CXL
+LOCAL_WORK = {   # workloads that never touch CXL; each run lasts some seconds of guest time under TCG
     # stays in the softmmu TLB, every iteration a dependent load: the plugin's worst case
-    "small chase": "chase --local --lines 32 --span 2M --loads 3000000",
+    "small chase": "chase --local --lines 32 --span 2M --loads 1000000",
     # misses the TLB on every load
-    "large chase": "chase --local --lines 4096 --span 16M --loads 300000",
+    "large chase": "chase --local --lines 4096 --span 16M --loads 100000",
 }
 
 
