@@ -374,8 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         args.command = args.command[1:]
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
-    # `kill -USR1 PID` prints where every thread of a pfcxl that seems stuck is, and it goes on
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # `kill -USR1 PID` prints where every thread of a pfcxl that seems stuck is, and it goes on; not
+    # when stderr has no descriptor (main() called with it redirected to a StringIO)
+    with contextlib.suppress(AttributeError, ValueError):      # io.UnsupportedOperation is a ValueError
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         status = args.func(args)
         sys.stdout.flush()   # a reader that went away shows here, not as a message at exit

@@ -88,7 +88,9 @@ def run_python_env(s: Setup) -> str:
         create_venv(s, venv)
     (venv / VENV_STAMP_NAME).unlink(missing_ok=True)
     s.say(f"pip install -e '{REPO_ROOT}[test]'")
-    s.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-e", f"{REPO_ROOT}[test]"],
+    # --no-compile: pip would byte-compile every module of every package (about 40% of the
+    # install's CPU); Python compiles the few a run imports on first use and keeps them
+    s.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-compile", "-e", f"{REPO_ROOT}[test]"],
           cwd=REPO_ROOT)
     if not (venv / "bin" / "pfcxl").exists():
         raise StepError(f"pip install finished but {venv / 'bin' / 'pfcxl'} was not created")

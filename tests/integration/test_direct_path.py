@@ -36,11 +36,35 @@ def _devices(ready: dict) -> tuple[dict, dict]:
     return by_kind["cxl"], by_kind["direct"]
 
 
-def test_both_paths_and_the_backing_file_hold_the_same_bytes(boot, tmp_path):
+def _plugin_counts_and_traces_the_direct_device_exactly(vm) -> None:
+    """cxl_touch's K loads and W stores on the direct device: the plugin (trace mode), told the
+    direct window's physical range, counts exactly them and traces their very lines."""
+    [placement] = address_map.direct_placements(vm.topology)
+    [direct] = [d for d in vm.ready["dax"] if d["kind"] == "direct"]
+    base = placement.base + direct["offset"]     # the direct device's byte 0
+    done = vm.run(f"cxl_touch --dax {direct['path']} --reads {READS} --writes {WRITES} --seed 4", timeout=900)
+    assert done.status == 0, done.output
+    touch = tool_json(done.output, "cxl_touch")
+    phase = vm.timing.wait_phases(1)[0]
+    records = vm.timing.stop()
+    assert (phase["reads"], phase["writes"], phase["records"]) == (READS, WRITES, READS + WRITES), phase
+    assert len(records) == READS + WRITES
+    hpa = records["hpa"].astype(np.int64)
+    assert ((hpa >= base) & (hpa < placement.base + placement.size)).all(), "a record outside the direct device"
+    reads, writes = records[records["write"] == 0], records[records["write"] == 1]
+    assert int((reads["hpa"] - base).sum()) == touch["read_offsets_sum"], "the traced loads are not cxl_touch's"
+    assert int((writes["hpa"] - base).sum()) == touch["write_offsets_sum"], "the traced stores are not cxl_touch's"
+
+
+def test_both_paths_and_the_backing_file_hold_the_same_bytes_and_the_plugin_traces_the_direct_one(boot, tmp_path):
+    """One pf-nic guest with both paths and the trace plugin: first the plugin's exact count and
+    trace of the direct device (cxl_touch writes at random; the fills below overwrite what they
+    check), then the bytes through both paths and in the backing file (the plugin only observes)."""
     topo = load("pf-nic")
     run_dir = tmp_path / "run"
-    vm = boot("pf-nic", run_dir=run_dir, data_path="both")
+    vm = boot("pf-nic", run_dir=run_dir, data_path="both", timing=timing.TimingConfig("trace"))
     cxl, direct = _devices(vm.ready)
+    _plugin_counts_and_traces_the_direct_device_exactly(vm)
     [placement] = address_map.direct_placements(topo)
     assert direct["device"] == "pfnic0" and direct["path"].startswith("/dev/dax")
     # the info block's 2 MiB come first; the rest of the device, to a 2 MiB boundary, is the data
@@ -69,6 +93,8 @@ def test_both_paths_and_the_backing_file_hold_the_same_bytes(boot, tmp_path):
 
 
 def test_direct_only_has_no_cxl_region_and_finds_its_namespace_again(boot, tmp_path):
+    """The second boot, on the same memory, has the trace plugin: after it has read the first boot's
+    bytes, the plugin's exact count and trace of the direct device on a direct-only guest."""
     run_dir = tmp_path / "run"
     first = boot("pf-nic", run_dir=run_dir, vm_name="first", data_path="direct")
     assert first.ready["regions"] == []
@@ -77,9 +103,10 @@ def test_direct_only_has_no_cxl_region_and_finds_its_namespace_again(boot, tmp_p
     assert daxio(first, f"fill {direct['path']} --size {SIZE} --seed 9")["status"] == 0
     first.close()
     # a second boot on the same memory reuses the namespace its info block describes: same data
-    second = boot("pf-nic", run_dir=run_dir, vm_name="second", data_path="direct")
+    second = boot("pf-nic", run_dir=run_dir, vm_name="second", data_path="direct", timing=timing.TimingConfig("trace"))
     assert second.ready["dax"] == [direct]
     assert daxio(second, f"verify {direct['path']} --size {SIZE} --seed 9")["mismatches"] == 0
+    _plugin_counts_and_traces_the_direct_device_exactly(second)
 
 
 def test_a_second_host_on_the_appliance_and_the_pool_see_the_direct_writes(running_appliance, boot):
@@ -129,29 +156,6 @@ def test_a_second_host_on_the_appliance_and_the_pool_see_the_direct_writes(runni
             for offset, seed in ((8 * MiB, 21), (16 * MiB, 22)):
                 pool.seek(shared.pool_offset + base + offset)
                 assert pool.read(SIZE) == pattern.pattern_bytes(seed, offset, SIZE)
-
-
-@pytest.mark.parametrize("pfcxl_machine", [{"topology": "pf-nic", "data_path": path, "timing": timing.TimingConfig("trace")}
-                                           for path in ("both", "direct")], indirect=True, ids=["both", "direct"])
-def test_plugin_counts_and_traces_the_direct_device_exactly(pfcxl_machine):
-    """cxl_touch's K loads and W stores on the direct device: the plugin, told the direct window's
-    physical range, counts exactly them and traces their very lines."""
-    vm = pfcxl_machine
-    [placement] = address_map.direct_placements(vm.topology)
-    [direct] = [d for d in vm.ready["dax"] if d["kind"] == "direct"]
-    base = placement.base + direct["offset"]     # the direct device's byte 0
-    done = vm.run(f"cxl_touch --dax {direct['path']} --reads {READS} --writes {WRITES} --seed 4", timeout=900)
-    assert done.status == 0, done.output
-    touch = tool_json(done.output, "cxl_touch")
-    phase = vm.timing.wait_phases(1)[0]
-    records = vm.timing.stop()
-    assert (phase["reads"], phase["writes"], phase["records"]) == (READS, WRITES, READS + WRITES)
-    assert len(records) == READS + WRITES
-    hpa = records["hpa"].astype(np.int64)
-    assert ((hpa >= base) & (hpa < placement.base + placement.size)).all()
-    reads, writes = records[records["write"] == 0], records[records["write"] == 1]
-    assert int((reads["hpa"] - base).sum()) == touch["read_offsets_sum"]
-    assert int((writes["hpa"] - base).sum()) == touch["write_offsets_sum"]
 
 
 @pytest.mark.pfcxl(topology="pf-nic", data_path="both", timing=timing.TimingConfig("count"))
