@@ -70,11 +70,12 @@ class TracedRun:
     machine: "Machine" = field(repr=False)
     first_phase: int = 0
 
-    def rows(self, n: int) -> "list[np.ndarray]":
+    def rows(self, n: int, timeout: float = 30) -> "list[np.ndarray]":
         """A command that marks its own rows (--mark-rows 1), n of them: the records of each row,
-        cut by the plugin's phase counts (TimingError when they do not add up)."""
+        cut by the plugin's phase counts (TimingError when they do not add up, or when the plugin
+        has not reported n phases within `timeout` seconds)."""
         session = self._session()
-        phases = session.wait_phases(self.first_phase + n)[self.first_phase:]
+        phases = session.wait_phases(self.first_phase + n, timeout)[self.first_phase:]
         return timing_mod.split_rows(self._records(), phases)
 
     def model(self, dependent: bool = True) -> dict:

@@ -77,47 +77,39 @@ def test_electrical_switch_lands_in_belugas_range(tmp_path):
     assert modelled["pf"]["read"]["p50"] == 283
 
 
-def test_a_crash_and_a_hang_are_named_and_the_rest_is_kept(tmp_path):
-    suite = tmp_path / "suite.json"
-    suite.write_text(json.dumps([
-        {"name": "first", "system": "local", "timeout": 120, "command": "idle_latency --target anon --span 1M"},
-        {"name": "crasher", "system": "local", "timeout": 120, "command": "sh -c 'kill -SEGV $$'"},
-        {"name": "hanger", "system": "local", "timeout": 5, "command": "sleep 600"},
-        {"name": "after", "system": "local", "timeout": 120, "command": "idle_latency --target anon --span 1M"},
-    ]))
-    out = tmp_path / "bad"
-    done = pfcxl_cli("bench", "--suite", str(suite), "--out", str(out), timeout=1200)
-    assert done.returncode == 1
-    assert "Traceback" not in done.stderr
-    runs = {r["name"]: r for r in results(out)["results"]}
-    assert list(runs) == ["first", "crasher", "hanger", "after"]
-    assert runs["first"]["status"] == "ok" and runs["after"]["status"] == "ok"   # guest rebooted after the hang
-    assert runs["crasher"]["status"] == "failed" and "benchmark crasher exited with status" in runs["crasher"]["error"]
-    assert runs["hanger"]["status"] == "error" and "benchmark hanger" in runs["hanger"]["error"]
-    assert "did not finish within 5s" in runs["hanger"]["error"]
-    assert "crasher" in done.stdout and "hanger" in done.stdout                 # the table of failures
-
-
-def test_both_data_paths_run_the_suite_in_a_column_each(tmp_path):
+def test_both_data_paths_get_a_column_each_and_a_crash_and_a_hang_are_named(tmp_path):
+    """One suite on --data-path both (one guest, rebooted once): the CXL bandwidth run is repeated
+    on the direct device, each in a column of its own; then a benchmark that crashes and one that
+    hangs are named, the guest is rebooted after the hang, and every other result is kept."""
     suite = tmp_path / "suite.json"
     command = "bandwidth --target {target} --pattern seq,random --op read,write --sizes 64,1024 --bytes 256K --span 4M"
     suite.write_text(json.dumps([
         {"name": "bandwidth/cxl", "system": "cxl", "timeout": 600,
          "command": command.format(target="{dax}") + " --mark-rows 1"},
-        {"name": "bandwidth/local", "system": "local", "timeout": 600, "command": command.format(target="anon")}]))
+        {"name": "bandwidth/local", "system": "local", "timeout": 600, "command": command.format(target="anon")},
+        {"name": "crasher", "system": "local", "timeout": 120, "command": "sh -c 'kill -SEGV $$'"},
+        {"name": "hanger", "system": "local", "timeout": 5, "command": "sleep 600"},
+        {"name": "after", "system": "local", "timeout": 120, "command": "idle_latency --target anon --span 1M"},
+    ]))
     out = tmp_path / "both"
     done = pfcxl_cli("bench", "--suite", str(suite), "--data-path", "both", "--out", str(out), timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 1, done.stderr[-3000:]                             # two benchmarks failed
+    assert "Traceback" not in done.stderr
     data = results(out)
     assert data["environment"]["data_path"] == "both"
     runs = {r["name"]: r for r in data["results"]}
-    assert list(runs) == ["bandwidth/cxl", "bandwidth/direct", "bandwidth/local"]
-    assert all(r["status"] == "ok" for r in runs.values())
+    assert list(runs) == ["bandwidth/cxl", "bandwidth/direct", "bandwidth/local", "crasher", "hanger", "after"]
+    # the runs before the crash and the one after the hang (the guest rebooted) are ok; only the two failed
+    assert [name for name, r in runs.items() if r["status"] != "ok"] == ["crasher", "hanger"], runs
+    assert runs["crasher"]["status"] == "failed" and "benchmark crasher exited with status" in runs["crasher"]["error"]
+    assert runs["hanger"]["status"] == "error" and "benchmark hanger" in runs["hanger"]["error"]
+    assert "did not finish within 5s" in runs["hanger"]["error"]
+    assert "crasher" in done.stdout and "hanger" in done.stdout                 # the table of failures
     # the direct run used the direct device the guest reported, not the CXL one
     assert runs["bandwidth/direct"]["command"] != runs["bandwidth/cxl"]["command"]
     for name in ("bandwidth/cxl", "bandwidth/direct"):
         rows = runs[name]["data"]["results"]
-        assert len(rows) == 8 and all(r["bytes_moved"] == r["bytes_requested"] for r in rows)
+        assert len(rows) == 8 and all(r["bytes_moved"] == r["bytes_requested"] for r in rows), name
     assert "direct device (measured in emulator) MB/s" in done.stdout
     # without --timing trace the CXL rows are still captured and modelled, one per row
     modelled = runs["bandwidth/cxl"]["modelled"]["rows"]
