@@ -204,7 +204,7 @@ def test_a_boot_starved_of_cpu_by_a_loaded_host_is_not_a_timeout(tmp_path):
 def test_multihost_keeps_quoting_and_bytes():
     # joined with spaces this was `sh -c exit 3`: status 0, and "1 of 1 hosts ok"
     done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "multihost", "-n", "1", "--", "sh", "-c",
-                           r"printf '\200\377A\n'; printf '%s\n' \"$0\"; exit 3", GUEST_LINE],
+                           "printf '\\200\\377A\\n'; printf '%s\\n' \"$0\"; exit 3", GUEST_LINE],
                           capture_output=True, timeout=900, env={**os.environ, "COLUMNS": "80"})
     stderr = done.stderr.decode()
     assert done.returncode == 1, stderr
