@@ -61,7 +61,9 @@ def boot(tmp_path):
 @pytest.fixture(scope="session")
 def shared_machine(tmp_path_factory):
     """shared_machine(topology name, **Machine options) -> a ready Machine booted once per session
-    for that topology and those options; closed, and its QEMU checked gone, at the session's end."""
+    for that topology and those options; closed, and its QEMU checked gone, at the session's end.
+    Between the tests that use them the guests are paused (QMP stop): an idle guest under TCG still
+    costs a few percent of a CPU, and these live for the whole session."""
     machines: dict[tuple, Machine] = {}
 
     def _shared(name: str, **options) -> Machine:
@@ -74,11 +76,30 @@ def shared_machine(tmp_path_factory):
         assert machine.pid and pid_alive(machine.pid), f"the shared {name} guest is gone (a test closed it?)"
         return machine
 
+    def _pause(run: bool) -> None:
+        for machine in machines.values():
+            if machine.pid and pid_alive(machine.pid):
+                machine.qmp("cont" if run else "stop")
+
+    _shared.pause = _pause     # type: ignore[attr-defined]
     yield _shared
     pids = [m.pid for m in machines.values()]
     for machine in machines.values():
         machine.close()
     assert not [p for p in pids if p and pid_alive(p)], "QEMU left running after shutdown"
+
+
+@pytest.fixture(autouse=True)
+def _shared_machines_run_only_for_their_tests(request):
+    """The session's shared guests run during a test that uses them (directly or through a
+    fixture) and are paused otherwise; the guest's clock stops with it, so it sees no gap."""
+    if "shared_machine" not in request.fixturenames:
+        yield
+        return
+    shared = request.getfixturevalue("shared_machine")
+    shared.pause(True)
+    yield
+    shared.pause(False)
 
 
 def daxio(vm: Machine, args: str) -> dict:
