@@ -1,19 +1,19 @@
 """Commands on a booted guest's console: long commands, bad
 syntax, stdin readers, exit statuses and large output, all on the session's shared pf-nic guest."""
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from pfcxl import Machine
 from pfcxl.errors import CommandError, VMError
 from pfcxl.host_tools.vm.host import VMState
-
-from .conftest import pfcxl_cli
 
 pytestmark = pytest.mark.integration
 
@@ -82,75 +82,135 @@ def test_output_is_byte_for_byte_and_a_timeout_ends_the_command_not_the_guest(vm
                   timeout=60).output.split() == ["0", "2"]
 
 
+# a JSON line of 300 characters, rich markup, a run of spaces: data a script reads
+GUEST_LINE = '{"key": "' + "x" * 280 + '", "tag": "[bold]a[/bold]   b"}'
+
+
 def test_run_exits_with_the_commands_status_on_a_shared_fresh_run_dir(tmp_path):
     # Two runs at once on one fresh --run-dir: both create the backing file (no FileExistsError),
     # and `pfcxl run` exits with the guest command's status, not 5.
     run_dir = tmp_path / "shared"
+    # GUEST_LINE is a word of its own (quoted for the guest by pfcxl); stdout is a pipe at COLUMNS=80
     procs = [subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli.main", "run", "--run-dir", str(run_dir),
-                               "--", f"printf '\\200\\377{code}'; exit {code}"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) for code in (7, 9)]
+                               "--", "sh", "-c", f"printf '%s\\n' \"$0\"; printf '\\200\\377{code}'; exit {code}",
+                               GUEST_LINE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "COLUMNS": "80"}) for code in (7, 9)]
     outcomes = [(p.wait(timeout=600), p.stdout.read(), p.stderr.read().decode()) for p in procs]
     assert [rc for rc, _, _ in outcomes] == [7, 9], outcomes
     assert not any("Traceback" in e for _, _, e in outcomes)
+    # the guest's output goes out as the guest wrote it: no rewrapping at any width, no markup eaten
+    assert [out.split(b"\n")[0].decode() for _, out, _ in outcomes] == [GUEST_LINE] * 2, outcomes
     # the output byte for byte on stdout (bytes of 0x80 and more were U+FFFD)
-    assert [out for _, out, _ in outcomes] == [b"\x80\xff7", b"\x80\xff9"]
+    assert [out for _, out, _ in outcomes] == [GUEST_LINE.encode() + b"\n\x80\xff7",
+                                               GUEST_LINE.encode() + b"\n\x80\xff9"]
 
 
-def starve(pid: int, cpu: int) -> None:
-    """Every thread of `pid` on one CPU at nice 10: beside a busy loop at nice 0 there, the
-    scheduler gives it about a tenth of that CPU (weights 110 and 1024) when both are in one
-    scheduling group; with autogroups each session is a group, so on a quiet host this starves
-    QEMU only as much as the host's load does."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        os.sched_setaffinity(int(tid), {cpu})
-        os.setpriority(os.PRIO_PROCESS, int(tid), 10)
+READY_TIMEOUT = 30      # seconds of QEMU's own time: a pf-nic boot takes 10-15 on a loaded 2-core host
+CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")        # cgroup v1's cpu controller
+
+
+@contextlib.contextmanager
+def starved(pid: int, seconds: float):
+    """`pid` kept runnable but (nearly) off every CPU for `seconds` of wall time, then let run, as a
+    loaded host does. Where a cpu cgroup of our own can be made (cgroup v1, as root), a quota of
+    1 ms per 100 ms does it at no cost: time a throttled task waits is run delay in its schedstat,
+    as time waiting for a busy CPU is. Elsewhere a busy loop on one CPU does it (starve_beside),
+    costing that CPU while it runs."""
+    group = CPU_CGROUPS / f"pfcxl-starved-{pid}"
+    try:
+        group.mkdir()
+    except OSError:
+        yield from starve_beside(pid, seconds)
+        return
+    quota = group / "cpu.cfs_quota_us"
+    quota.write_text("1000")
+    (group / "cgroup.procs").write_text(str(pid))         # every thread of it, and the ones it starts
+    lift = threading.Timer(seconds, quota.write_text, ["-1"])
+    lift.start()
+    try:
+        yield
+    finally:
+        lift.cancel()
+        try:
+            (group.parent / "cgroup.procs").write_text(str(pid))
+        except ProcessLookupError:
+            pass        # QEMU is gone (wait_ready said why)
+        group.rmdir()
+
+
+def starve_beside(pid: int, seconds: float):
+    """The busy-loop way: every thread of `pid` on the loop's CPU at nice 10, and its scheduling
+    group at nice 19 (QEMU has a session of its own, and with autogroups each session is a group,
+    so thread nice alone does not count against another session's loop). Beside the loop it gets
+    about 1/70 of that CPU with autogroups (group weights 15 and 1024), 1/10 without (110, 1024)."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    hog = subprocess.Popen([sys.executable, "-c", f"import time\nend = time.monotonic() + {seconds}\n"
+                            "while time.monotonic() < end: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+
+    def keep_starving() -> None:
+        # again and again while the loop runs: QEMU starts threads after launch too
+        try:
+            while hog.poll() is None:
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    os.sched_setaffinity(int(tid), {cpu})
+                    os.setpriority(os.PRIO_PROCESS, int(tid), 10)
+                set_group_nice(pid, 19)
+                time.sleep(0.2)
+            set_group_nice(pid, 0)
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setaffinity(int(tid), os.sched_getaffinity(0))
+        except (ProcessLookupError, FileNotFoundError):
+            pass        # a thread, or QEMU, ended meanwhile (wait_ready then says why)
+
+    threading.Thread(target=keep_starving, daemon=True).start()
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def set_group_nice(pid: int, nice: int) -> None:
+    """The nice value of `pid`'s autogroup (sched(7)); a kernel without autogroups has no file.
+    Raising it back to 0 needs no privilege; the kernel takes one change per 100 ms (EAGAIN)."""
+    for _ in range(50):
+        try:
+            with open(f"/proc/{pid}/autogroup", "w") as f:
+                f.write(str(nice))
+            return
+        except FileNotFoundError:
+            return
+        except BlockingIOError:
+            time.sleep(0.05)
 
 
 def test_a_boot_starved_of_cpu_by_a_loaded_host_is_not_a_timeout(tmp_path):
     """Why the shared-run-dir test above exited 5 once in a full suite: on a loaded 2-core host a
     booting QEMU waits for a CPU most of the time (one seen here had run 41 s and waited runnable
     316 s), and the ready timeout counted that waiting as the guest's. It now counts QEMU's own
-    time. Here QEMU gets about a tenth of one CPU for its first 45 s of wall time (the old rule
-    gave up at 30), then the CPU back: 30 s of its own time is enough. The busy loop is stopped
-    there because it costs the rest of the suite a whole CPU while it runs."""
-    cpu = sorted(os.sched_getaffinity(0))[0]
-    hog = subprocess.Popen([sys.executable, "-c", "import time\nend = time.monotonic() + 45\n"
-                            "while time.monotonic() < end: pass"],
-                           preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
-    machine = Machine("pf-nic", run_dir=tmp_path / "run", ready_timeout=30)
+    time. Here QEMU gets at most a tenth of a CPU for READY_TIMEOUT + 1 s of wall time from its
+    launch, so it cannot be ready when the old rule gave up (READY_TIMEOUT s of wall time), then
+    the CPU back: READY_TIMEOUT s of its own time is enough."""
+    machine = Machine("pf-nic", run_dir=tmp_path / "run", ready_timeout=READY_TIMEOUT)
     try:
         machine.launch()
-        # again and again while the busy loop runs: QEMU starts its vCPU and I/O threads after launch
-        keep = threading.Thread(target=lambda: [starve(machine.pid, cpu) or time.sleep(0.2)
-                                                for _ in iter(lambda: hog.poll() is None, False)], daemon=True)
-        keep.start()
-        assert machine.wait_ready()["regions"]
+        with starved(machine.pid, READY_TIMEOUT + 1):
+            assert machine.wait_ready()["regions"]
         assert machine.run("echo up", timeout=60).output == "up\n"
     finally:
-        hog.kill()
-        hog.wait()
         machine.close()
 
 
 def test_multihost_keeps_quoting_and_bytes():
     # joined with spaces this was `sh -c exit 3`: status 0, and "1 of 1 hosts ok"
     done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "multihost", "-n", "1", "--", "sh", "-c",
-                           r"printf '\200\377A\n'; exit 3"], capture_output=True, timeout=900)
+                           "printf '\\200\\377A\\n'; printf '%s\\n' \"$0\"; exit 3", GUEST_LINE],
+                          capture_output=True, timeout=900, env={**os.environ, "COLUMNS": "80"})
     stderr = done.stderr.decode()
     assert done.returncode == 1, stderr
     assert "0 of 1 hosts ok" in stderr and "exit 3" in stderr
     # the host's output byte for byte under its header
-    header, output = done.stdout.splitlines()[:2]
+    header, output, line = done.stdout.splitlines()[:3]
     assert header.startswith(b"== host 0 (port ") and header.endswith(b", exit 3)") and output == b"\x80\xffA"
-
-
-# a JSON line of 300 characters, rich markup, a run of spaces: data a script reads
-GUEST_LINE = '{"key": "' + "x" * 280 + '", "tag": "[bold]a[/bold]   b"}'
-
-
-@pytest.mark.parametrize("command", [["run"], ["multihost", "-n", "1"]])
-def test_guest_output_goes_out_as_the_guest_wrote_it(command):
-    """stdout a pipe (not a terminal): no rewrapping at any width, no markup eaten."""
-    done = pfcxl_cli(*command, "--", "printf", "%s\\n", GUEST_LINE, timeout=900, env={**os.environ, "COLUMNS": "80"})
-    assert done.returncode == 0, done.stderr
-    assert GUEST_LINE in done.stdout.splitlines(), done.stdout
+    # stdout a pipe (not a terminal): the guest's line as it wrote it, no rewrapping, no markup eaten
+    assert line.decode() == GUEST_LINE, done.stdout

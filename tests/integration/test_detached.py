@@ -65,7 +65,8 @@ def test_exec_is_run_two_execs_at_once_reuse_and_down(name):
     a = name("a")
     info = up(a)
     assert info["state"] == "ready" and pid_alive(info["qemu_pid"]) and pid_alive(info["daemon_pid"])
-    assert a in ps() and "pf-nic" in ps()
+    listing = ps()
+    assert a in listing and "pf-nic" in listing, listing
 
     ran = pfcxl_cli("run", "--", *COMMAND, timeout=900)
     execd = pfcxl_cli("exec", a, "--", *COMMAND, timeout=300)
