@@ -43,11 +43,13 @@ tables: setup
 
 # One pytest worker more than the machine has CPUs: a worker spends part of its time waiting (on a
 # guest's console, a service, a child), and with one worker per CPU the suite kept the CPUs only
-# ~88% busy (175% of 2 CPUs, measured over a whole run).
+# ~88% busy (175% of 2 CPUs, measured over a whole run). Whole modules go to the next free worker,
+# the modules that boot guests first (tests/conftest.py orders them): the last 5% of a run whose
+# workers stole single tests took a third of its time, a few long tests running on alone.
 JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 test: setup
-	$(PYTEST) -n $(JOBS) --dist worksteal --durations=30 tests
+	$(PYTEST) -n $(JOBS) --dist loadfile --durations=30 tests
 
 test-unit: setup
 	$(PYTEST) -m unit tests

@@ -56,11 +56,27 @@ def pytest_unconfigure(config) -> None:
         setattr(owner, name, original)
 
 
+# Unit modules that take long all the same (mypy over the whole package, cold in a fresh clone).
+LONG_UNIT_MODULES = ("tests/unit/test_types.py",)
+
+
+def _cost_rank(item) -> int:
+    """Integration modules first, then component, then unit: `make test` hands out whole modules
+    (--dist loadfile) in this order to whichever worker is free, so the long ones start early and
+    the many short unit modules fill the end instead of one long module running on alone."""
+    if item.nodeid.split("::")[0] in LONG_UNIT_MODULES:
+        return -1
+    names = {m.name for m in item.iter_markers()}
+    return 0 if "integration" in names else 1 if "component" in names else 2
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Each collected test's markers among the three, before -m deselects any (test_markers.py)."""
+    """Each collected test's markers among the three, before -m deselects any (test_markers.py);
+    and the order above (a stable sort: each module's tests keep theirs)."""
     config.stash[MARKS_KEY] = {item.nodeid: sorted({m.name for m in item.iter_markers()} & set(MARKERS))
                                for item in items}
+    items.sort(key=_cost_rank)
 
 
 MARKS_KEY = pytest.StashKey[dict]()
