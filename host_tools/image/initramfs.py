@@ -178,8 +178,6 @@ def acpi_override_archive(tables: dict[str, bytes]) -> bytes:
     return cpio.archive(entries)
 
 
-
-
 def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = None,
           kind: str = "busybox", kernel: Kernel | None = None, packages: tuple[str, ...] = ()) -> BootImage:
     """The kernel and initrd to boot `topo`, from the cache when nothing changed.

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-
 MAX_PROFILES = 8   # the plugin's limit
 
 
