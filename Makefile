@@ -12,7 +12,7 @@ unexport PYTHONDONTWRITEBYTECODE
 PFCXL := $(VENV)/bin/pfcxl
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo bench boot tables test test-unit test-kernels ci
+.PHONY: help setup setup-timed demo bench boot tables test test-unit test-kernels ci
 
 help:
 	@echo "make demo        boot the default appliance (pf-nic), compare what the guest found with the topology, run the quick benchmarks"
@@ -23,10 +23,15 @@ help:
 	@echo "make boot T=...  boot a topology and attach to its console (Ctrl-] leaves)"
 	@echo "make tables T=.. write the topology's CEDT, CDATs and generic-port/HMAT options to tables-T/"
 	@echo "make setup       install QEMU 10, the guest kernel and tools, and the Python env (idempotent)"
+	@echo "make setup-timed setup, and build the timed QEMU that --clock virtual boots (once; make test needs it)"
 	@echo "Then: $(PFCXL) --help"
 
 setup:
 	@$(PYTHON) -m pfcxl.host_tools.provision
+
+# setup and the timed QEMU of --clock virtual (built once from Debian's source: ~25 min on 2 cores)
+setup-timed:
+	@$(PYTHON) -m pfcxl.host_tools.provision --timed-qemu
 
 demo: setup
 	$(PFCXL) demo --topology $(T)
@@ -48,7 +53,7 @@ tables: setup
 # workers stole single tests took a third of its time, a few long tests running on alone.
 JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-test: setup
+test: setup-timed
 	$(PYTEST) -n $(JOBS) --dist loadfile --durations=30 tests
 
 test-unit: setup

@@ -12,6 +12,7 @@ Layout under $PFCXL_CACHE (default ~/.cache/pfcxl):
     guest-root/       trixie's cxl, daxctl, their libraries, libc and loader, unpacked with dpkg -x
     acpica/           trixie's acpica-tools (iasl) with trixie's libc, run through its own loader
     images/           built guest images, named by the hash of their inputs
+    qemu-timed/       QEMU built from Debian's source with pfcxl's virtual-time patch (--clock virtual)
     setup.json        what setup installed: kernel release, paths, QEMU version
 """
 
@@ -69,3 +70,8 @@ def read_manifest() -> dict:
         return json.loads(manifest_path().read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
+
+
+def timed_qemu_dir() -> Path:
+    """QEMU built from Debian's source with pfcxl's virtual-time patch (setup's timed-qemu step)."""
+    return cache_dir() / "qemu-timed"

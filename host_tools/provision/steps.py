@@ -14,6 +14,7 @@ from pfcxl.host_tools.provision.host import (check_backports, check_host_package
                    run_host_packages, run_trixie_apt)
 from pfcxl.host_tools.provision.python_env import check_python_env, run_python_env
 from pfcxl.host_tools.provision.runner import Step
+from pfcxl.host_tools.provision.timed_qemu import check_timed_qemu, run_timed_qemu
 
 STEP_TABLE = """\
   1. bookworm-backports  apt source for bookworm-backports (same mirror and keyring as the
@@ -30,6 +31,10 @@ STEP_TABLE = """\
                          downloaded (not installed) and unpacked into $PFCXL_CACHE/kernel
   7. manifest            $PFCXL_CACHE/setup.json: kernel release, paths, ndctl, QEMU and iasl
   8. python env          venv at $PFCXL_VENV (default <repo>/.venv), pip install -e '<repo>[test]'
+  9. timed qemu          (--timed-qemu; make setup-timed, which make test runs) Debian's source of the
+                         installed QEMU with pfcxl's virtual-time patch, built for x86_64 into
+                         $PFCXL_CACHE/qemu-timed (about 25 min on 2 cores, once; rebuilt only when
+                         the source version or the patch changes): what --clock virtual boots
 """
 
 STEPS = [
@@ -42,3 +47,6 @@ STEPS = [
     Step("manifest", check_manifest, run_manifest),
     Step("python env", check_python_env, run_python_env),
 ]
+
+# only with --timed-qemu: --clock virtual needs it, plain TCG does not
+TIMED_QEMU = Step("timed qemu", check_timed_qemu, run_timed_qemu)
