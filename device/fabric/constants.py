@@ -127,3 +127,24 @@ LOCAL_DDR5_NS = 100                  # load-to-use latency of the socket's own D
 LOCAL_DDR5_BANDWIDTH_MBS = 307_200   # 8 channels x DDR5-4800 x 8 bytes
 REMOTE_DDR5_NS = 170                 # host DRAM on the other socket: one inter-socket hop more
 REMOTE_DDR5_BANDWIDTH_MBS = 128_000  # bounded by the inter-socket links
+
+# --- The guest's CPU in virtual time (host_tools/timing/vtime.py, device/plugin/pfcxl_vtime.h) -----
+# Under --clock virtual every guest access goes through a modelled per-vCPU cache hierarchy; its
+# misses cross the fabric models above. The hierarchy is a Golden Cove core's, the core of Intel's
+# 4th-generation Xeon Scalable processors (Sapphire Rapids, e.g. the Xeon Platinum 8480+) [GLC]:
+#   [GLC] Intel, "Intel 64 and IA-32 Architectures Optimization Reference Manual" (Golden Cove
+#         microarchitecture: 48 KiB 12-way L1 data cache, 2 MiB 16-way L2 on server parts, 64-byte
+#         lines, 512-entry reorder buffer, 48 outstanding L2 misses, an L2 streamer that runs up to
+#         20 lines ahead of the loads it follows); Intel Architecture Day 2021 (the same figures).
+# The virtual CPU retires one instruction per ns (NS_PER_INSTRUCTION): it has no pipeline, so the
+# L1 hit is free and only what leaves L1 costs time.
+CPU_LINE_BYTES = 64
+CPU_L1D_BYTES = 48 * 1024
+CPU_L1D_WAYS = 12
+CPU_L2_BYTES = 2 * 1024 * 1024
+CPU_L2_WAYS = 16
+# L2 load-to-use latency: 16 cycles [GLC] at the 8480+'s 2.0 GHz base clock.
+CPU_L2_HIT_NS = 8
+CPU_OUTSTANDING_MISSES = 48   # memory-level parallelism: misses in flight at once [GLC]
+CPU_ROB_INSTRUCTIONS = 512    # how far the core runs past its oldest outstanding miss [GLC]
+CPU_PREFETCH_LINES = 20       # the stream prefetcher's distance ahead of the loads [GLC]

@@ -21,13 +21,19 @@
  *                             spins for modelled - baseline when that is positive
  *   ring_timeout_s=           (trace) how long a full ring waits for the drainer before the
  *                             producer declares it gone and starts dropping (default 30)
+ *   clock=virtual             (count, trace) the guest lives in fabric time: every access goes
+ *                             through a modelled cache hierarchy whose stalls are charged to
+ *                             the guest's virtual clock (pfcxl_vtime.h; needs pfcxl's QEMU
+ *                             under -icount); requests are then the hierarchy's memory requests
+ *   vtime=PATH                (clock=virtual) the model file the host wrote
  *
  * A request is one 64-byte line: consecutive accesses of a vCPU to the same line in the same
  * direction merge into one request whose size is the number of distinct bytes touched. A store
  * of 1 to the doorbell line starts a phase, a store of 2 ends it (flushing every vCPU's pending
  * line); doorbell accesses themselves are never recorded, and nothing outside a phase is.
  * A store of 0x100 + k selects inject profile k (so one guest run can compare, say, the
- * photonic and the electrical fabric's latencies side by side).
+ * photonic and the electrical fabric's latencies side by side). A store of 3 empties the storing
+ * vCPU's modelled caches (clock=virtual: a cold start).
  *
  * With doorbells the plugin starts dormant: until the guest executes the arm instruction
  * (PFCXL_ARM_INSN, a 7-byte NOP that guest/include/pfcxl_mark.h emits; the guest's init runs
@@ -40,8 +46,8 @@
  * Output (qemu_plugin_outs, i.e. QEMU's log with -d plugin): one JSON line at start, one when
  * armed, one per finished phase and one at exit, each with the request counters.
  *
- * Timing is injected by busy-waiting on the TSC inside the vCPU thread, so the guest's own
- * clock (host time under TCG without icount) sees it. Virtual time is never moved.
+ * Inject mode busy-waits on the TSC inside the vCPU thread, so the guest's own clock (host time
+ * under TCG without icount) sees it. clock=virtual moves the virtual clock instead.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -164,6 +170,11 @@ static double read_ns[MAX_PROFILES], write_ns[MAX_PROFILES], baseline_ns, tsc_pe
 static int n_read_ns, n_write_ns, n_profiles = 1;
 static uint64_t read_spin[MAX_PROFILES], write_spin[MAX_PROFILES];   /* TSC ticks per request */
 static int profile;             /* selected by the guest through the doorbell */
+
+#define MARK_COLD 3             /* doorbell value: empty the vCPU's modelled caches */
+static int virtual_clock;       /* clock=virtual */
+
+#include "pfcxl_vtime.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -290,6 +301,27 @@ static void emit(unsigned vcpu_index, struct vcpu *v)
     }
 }
 
+/* clock=virtual: one fabric request of the modelled hierarchy, issued at `issue_ps` on the
+ * vCPU's own timeline; inside a phase it is counted and traced (stamp: the issue time in ns). */
+static void vt_record(unsigned vcpu_index, uint64_t line, int write, uint64_t issue_ps)
+{
+    if (!__atomic_load_n(&in_phase, __ATOMIC_ACQUIRE))
+        return;
+    struct vcpu *v = &vcpus[vcpu_index];
+    lock(&v->lock);
+    if (write)
+        v->total.writes++;
+    else
+        v->total.reads++;
+    v->total.bytes += LINE;
+    unlock(&v->lock);
+    if (mode == MODE_TRACE) {
+        struct record r = {.insn = issue_ps / VT_PS, .hpa = line * LINE, .size = (uint32_t)LINE,
+                           .write = (uint8_t)write, .vcpu = (uint8_t)vcpu_index, .host = 0};
+        ring_push(&r);
+    }
+}
+
 static void flush(unsigned vcpu_index)
 {
     struct vcpu *v = &vcpus[vcpu_index];
@@ -336,6 +368,8 @@ static void phase_start(void)
             vcpus[i].at_phase_start = vcpus[i].total;
             unlock(&vcpus[i].lock);
         }
+        if (virtual_clock)
+            vt_phase_start(n_vcpus);
         phases++;
         __atomic_store_n(&in_phase, 1, __ATOMIC_RELEASE);
     }
@@ -353,8 +387,11 @@ static void phase_stop(void)
         for (unsigned i = 0; i < n_vcpus; i++)
             flush(i);
         counters_json(buf, sizeof buf, 1);
-        say("{\"event\":\"phase\",\"mode\":\"%s\",\"phase\":%" PRIu64 ",%s,\"records\":%" PRIu64
-            "}\n", MODE_NAMES[mode], phases, buf, records_written);
+        char vbuf[1024] = "\"vtime\":null";
+        if (virtual_clock)
+            vt_stats_json(vbuf, sizeof vbuf, n_vcpus, 1);
+        say("{\"event\":\"phase\",\"mode\":\"%s\",\"phase\":%" PRIu64 ",%s,%s,\"records\":%" PRIu64
+            "}\n", MODE_NAMES[mode], phases, buf, vbuf, records_written);
     }
     unlock(&phase_lock);
 }
@@ -398,7 +435,7 @@ static void access_line(unsigned vcpu_index, uint64_t hpa, unsigned size, int wr
 }
 
 /* Memory callback of every instruction (after its access). */
-static void doorbell(qemu_plugin_meminfo_t info)
+static void doorbell(unsigned vcpu_index, qemu_plugin_meminfo_t info)
 {
     qemu_plugin_mem_value val = qemu_plugin_mem_get_value(info);
     uint64_t x = val.type == QEMU_PLUGIN_MEM_VALUE_U64   ? val.data.u64
@@ -410,6 +447,8 @@ static void doorbell(qemu_plugin_meminfo_t info)
         phase_start();
     else if (x == 2)
         phase_stop();
+    else if (x == MARK_COLD && virtual_clock)
+        vt_cold(vcpu_index, qemu_plugin_u64_get(insn_count, vcpu_index));
     else if (x >= MARK_PROFILE && x < MARK_PROFILE + (uint64_t)n_profiles) {
         __atomic_store_n(&profile, (int)(x - MARK_PROFILE), __ATOMIC_RELAXED);
         say("{\"event\":\"profile\",\"profile\":%d}\n", (int)(x - MARK_PROFILE));
@@ -452,14 +491,50 @@ static int is_doorbell(uint64_t hpa)
     return 0;
 }
 
+/* clock=virtual: every access goes through the modelled hierarchy; RAM is local DRAM, the CXL
+ * window and the direct windows are the fabric, other I/O (devices' registers) is not memory. */
+static void on_mem_virtual(unsigned vcpu_index, qemu_plugin_meminfo_t info, uint64_t vaddr,
+                           struct qemu_plugin_hwaddr *h, int io, int nt)
+{
+    uint64_t hpa = qemu_plugin_hwaddr_phys_addr(h);
+    int write = qemu_plugin_mem_is_store(info);
+    int cls = VT_DRAM;
+    if (io || (n_direct && in_direct(hpa))) {
+        if (have_doorbell && is_doorbell(hpa)) {
+            if (write)
+                doorbell(vcpu_index, info);
+            return;
+        }
+        if (io && !is_cxl(vcpu_index, h, hpa))
+            return;
+        cls = VT_FABRIC;
+    }
+    unsigned size = 1u << qemu_plugin_mem_size_shift(info);
+    uint64_t value = 0;
+    int has_value = 0;
+    if (!write && size == 8) {
+        qemu_plugin_mem_value val = qemu_plugin_mem_get_value(info);
+        value = val.data.u64;
+        has_value = 1;
+    }
+    uint64_t insn = qemu_plugin_u64_get(insn_count, vcpu_index) - 1;
+    /* an access that straddles lines is one access per line */
+    uint64_t last = (hpa + size - 1) / LINE;
+    for (uint64_t line = hpa / LINE; line <= last; line++)
+        vt_access(vcpu_index, insn, vaddr, line * LINE, write, cls, nt, has_value, value);
+}
+
 static void on_mem(unsigned int vcpu_index, qemu_plugin_meminfo_t info, uint64_t vaddr,
                    void *userdata)
 {
-    (void)userdata;
     struct qemu_plugin_hwaddr *h = qemu_plugin_get_hwaddr(info, vaddr);
     if (!h || vcpu_index >= MAX_VCPUS)
         return;
     int io = qemu_plugin_hwaddr_is_io(h);
+    if (virtual_clock) {
+        on_mem_virtual(vcpu_index, info, vaddr, h, io, userdata != NULL);
+        return;
+    }
     if (!io && !n_direct)
         return;   /* RAM: the fast, common case */
     uint64_t hpa = qemu_plugin_hwaddr_phys_addr(h);
@@ -470,7 +545,7 @@ static void on_mem(unsigned int vcpu_index, qemu_plugin_meminfo_t info, uint64_t
     /* doorbells are in the CXL or a direct window by construction: no name check needed */
     if (have_doorbell && is_doorbell(hpa)) {
         if (write)
-            doorbell(info);
+            doorbell(vcpu_index, info);
         return;
     }
     if (!__atomic_load_n(&in_phase, __ATOMIC_ACQUIRE) || (io && !is_cxl(vcpu_index, h, hpa)))
@@ -498,11 +573,17 @@ static void on_tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         /* Per instruction, not per block: an access to the CXL window (an I/O region) ends
          * the block early (seen: the rest of the block is re-run as a new block), so a
          * per-block count would include instructions that did not run. */
-        if (mode == MODE_TRACE)
+        if (mode == MODE_TRACE || virtual_clock)
             qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(insn, QEMU_PLUGIN_INLINE_ADD_U64,
                                                                 insn_count, 1);
+        void *nt = NULL;
+        if (virtual_clock) {
+            uint8_t bytes[16];
+            size_t got = qemu_plugin_insn_data(insn, bytes, sizeof bytes);
+            nt = vt_is_nt_store(bytes, got) ? (void *)1 : NULL;
+        }
         qemu_plugin_register_vcpu_mem_cb(insn, on_mem, QEMU_PLUGIN_CB_NO_REGS, QEMU_PLUGIN_MEM_RW,
-                                         NULL);
+                                         nt);
     }
 }
 
@@ -521,9 +602,12 @@ static void on_qemu_exit(qemu_plugin_id_t id, void *userdata)
     for (unsigned i = 0; i < n_vcpus; i++)
         flush(i);
     counters_json(buf, sizeof buf, 0);
-    say("{\"event\":\"exit\",\"mode\":\"%s\",\"armed\":%d,\"phases\":%" PRIu64 ",%s,\"records\":%" PRIu64
+    char vbuf[1024] = "\"vtime\":null";
+    if (virtual_clock)
+        vt_stats_json(vbuf, sizeof vbuf, n_vcpus, 0);
+    say("{\"event\":\"exit\",\"mode\":\"%s\",\"armed\":%d,\"phases\":%" PRIu64 ",%s,%s,\"records\":%" PRIu64
         ",\"dropped\":%" PRIu64 "}\n", MODE_NAMES[mode], __atomic_load_n(&armed, __ATOMIC_ACQUIRE), phases, buf,
-        records_written, ring ? ring->dropped : 0);
+        vbuf, records_written, ring ? ring->dropped : 0);
     if (insn_score)
         qemu_plugin_scoreboard_free(insn_score);
 }
@@ -542,6 +626,12 @@ static void register_instrumentation(qemu_plugin_id_t id)
 static const uint8_t ARM_INSN[] = {0x0f, 0x1f, 0x80, 0x58, 0x43, 0x46, 0x50};
 static void on_armed(qemu_plugin_id_t id)
 {
+    if (virtual_clock && !vt_charge_fn(0)) {
+        /* the patched QEMU without -icount: the guest's clock is the host's, nothing to charge */
+        fprintf(stderr, "pfcxl_plugin: clock=virtual needs -icount shift=0,sleep=off (the guest's clock "
+                        "is not QEMU's virtual clock without it)\n");
+        exit(1);
+    }
     register_instrumentation(id);
     __atomic_store_n(&armed, 1, __ATOMIC_RELEASE);
     say("{\"event\":\"armed\"}\n");
@@ -620,7 +710,7 @@ static uint64_t spin_ticks(double modelled)
 PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc,
                                      char **argv)
 {
-    const char *ring_path = NULL;
+    const char *ring_path = NULL, *vtime_path = NULL;
     uint64_t timeout_s = 30;
     int have_mode = 0;
 
@@ -689,9 +779,17 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
             bad = parse_ns(key, val, &baseline_ns, NULL, 0);
         else if (!strcmp(key, "ring_timeout_s"))
             bad = parse_u64(key, val, &timeout_s);
+        else if (!strcmp(key, "clock")) {
+            if (strcmp(val, "virtual") && strcmp(val, "emulator")) {
+                fprintf(stderr, "pfcxl_plugin: clock=%s: use virtual or emulator\n", val);
+                return -1;
+            }
+            virtual_clock = !strcmp(val, "virtual");
+        } else if (!strcmp(key, "vtime"))
+            vtime_path = val;
         else {
             fprintf(stderr, "pfcxl_plugin: unknown argument '%s' (mode, ring, doorbell, direct, "
-                            "read_ns, write_ns, baseline_ns, ring_timeout_s)\n", key);
+                            "read_ns, write_ns, baseline_ns, ring_timeout_s, clock, vtime)\n", key);
             return -1;
         }
         if (bad)
@@ -701,6 +799,31 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
         fprintf(stderr, "pfcxl_plugin: mode=count|trace|inject is required\n");
         return -1;
     }
+    if (virtual_clock) {
+        if (mode == MODE_INJECT) {
+            fprintf(stderr, "pfcxl_plugin: clock=virtual charges the virtual clock; mode=inject spins on "
+                            "host time: use one\n");
+            return -1;
+        }
+        if (info->system.max_vcpus > 1) {
+            fprintf(stderr, "pfcxl_plugin: clock=virtual is exact for one vCPU only (all vCPUs share one "
+                            "virtual clock); this machine has %d\n", info->system.max_vcpus);
+            return -1;
+        }
+        if (!vtime_path) {
+            fprintf(stderr, "pfcxl_plugin: clock=virtual needs vtime=PATH (the model file)\n");
+            return -1;
+        }
+        if (vt_load(vtime_path) < 0 || vt_setup((unsigned)info->system.max_vcpus) < 0)
+            return -1;
+    } else if (vtime_path) {
+        fprintf(stderr, "pfcxl_plugin: vtime= goes with clock=virtual\n");
+        return -1;
+    }
+    if (mode == MODE_TRACE || virtual_clock) {
+        insn_score = qemu_plugin_scoreboard_new(sizeof(uint64_t));
+        insn_count = (qemu_plugin_u64){insn_score, 0};
+    }
     if (mode == MODE_TRACE) {
         if (!ring_path) {
             fprintf(stderr, "pfcxl_plugin: mode=trace needs ring=PATH\n");
@@ -709,8 +832,6 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
         if (ring_open(ring_path) < 0)
             return -1;
         ring_timeout_ns = timeout_s * 1000000000ULL;
-        insn_score = qemu_plugin_scoreboard_new(sizeof(uint64_t));
-        insn_count = (qemu_plugin_u64){insn_score, 0};
     }
     if (mode == MODE_INJECT) {
         /* profiles: as many as the longer list; a one-value list applies to all of them */
@@ -748,9 +869,9 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
                                 read_ns[n_read_ns > 1 ? k : 0], write_ns[n_write_ns > 1 ? k : 0],
                                 tsc_per_ns > 0 ? read_spin[k] / tsc_per_ns : 0.0,
                                 tsc_per_ns > 0 ? write_spin[k] / tsc_per_ns : 0.0);
-    say("{\"event\":\"start\",\"mode\":\"%s\",\"armed\":%d,\"api\":[%d,%d],\"doorbell\":\"0x%" PRIx64 "\","
+    say("{\"event\":\"start\",\"mode\":\"%s\",\"clock\":\"%s\",\"armed\":%d,\"api\":[%d,%d],\"doorbell\":\"0x%" PRIx64 "\","
         "\"baseline_ns\":%.1f,\"tsc_per_ns\":%.4f,\"profiles\":[%s],\"capacity\":%" PRIu64
-        "}\n", MODE_NAMES[mode], armed, info->version.min, info->version.cur,
+        "}\n", MODE_NAMES[mode], virtual_clock ? "virtual" : "emulator", armed, info->version.min, info->version.cur,
         have_doorbell ? doorbell_lines[0] : 0, baseline_ns, tsc_per_ns, prof, ring_capacity);
     return 0;
 }

@@ -10,7 +10,8 @@
  * ends it. The plugin records and counts nothing outside a phase (boot and setup traffic), and
  * never records the doorbell accesses themselves. In inject mode, a store of
  * PFCXL_MARK_PROFILE(k) selects latency profile k (the k-th value of the plugin's read_ns= and
- * write_ns= lists), at any time.
+ * write_ns= lists), at any time. Under --clock virtual a store of PFCXL_MARK_COLD empties the
+ * storing vCPU's modelled caches, so what follows starts cold.
  *
  * Usage: struct pfcxl_doorbell db; pfcxl_doorbell_open("/dev/dax0.0", &db) == 0, then
  * pfcxl_doorbell_ring(&db, PFCXL_MARK_START) ... pfcxl_doorbell_ring(&db, PFCXL_MARK_STOP),
@@ -32,6 +33,7 @@
 #define PFCXL_MARK_START 1
 #define PFCXL_MARK_STOP 2
 #define PFCXL_MARK_PROFILE(k) (0x100ULL + (uint64_t)(k))
+#define PFCXL_MARK_COLD 3   /* --clock virtual: empty the storing vCPU's modelled caches */
 #define PFCXL_DOORBELL_LINE 64ULL
 
 /* Arms pfcxl's TCG plugin, which stays dormant (no memory callbacks, so the boot runs at plain
