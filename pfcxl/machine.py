@@ -46,6 +46,7 @@ from pfcxl.host_tools.image import kernel_package as kernel_package_mod
 from pfcxl.host_tools.image import own_kernel
 from pfcxl.host_tools.vm import qemu as qemu_mod
 from pfcxl.host_tools.vm import qemu_binary
+from pfcxl.host_tools.vm import timed_qemu
 from pfcxl.host_tools.timing import calibration
 from pfcxl.host_tools.timing import plugin as timing_plugin
 from pfcxl.host_tools.timing import config as timing_mod
@@ -139,14 +140,16 @@ class Machine:
                  lean: bool = True, qemu: str | Path | None = None, qemu_args: Sequence[str] = (),
                  kernel: str | Path | None = None, modules: str | Path | None = None,
                  kernel_package: str | None = None, issue: str = "dependent",
-                 packages: Sequence[str] = (), options: BootOptions | None = None) -> None:
+                 packages: Sequence[str] = (), clock: str = "emulator", fabric: str = "pf",
+                 options: BootOptions | None = None) -> None:
         given = BootOptions(timing=timing, inject_profile=inject_profile, baseline_ns=baseline_ns, issue=issue,
                             image=image, host=host, appliance=appliance,
                             run_dir=str(run_dir) if run_dir is not None else None, cedt=cedt, append=append,
                             lean=lean, data_path=data_path, qemu=str(qemu) if qemu is not None else None,
                             qemu_args=tuple(qemu_args), kernel=str(kernel) if kernel is not None else None,
                             modules=str(modules) if modules is not None else None, kernel_package=kernel_package,
-                            packages=tuple(packages.split(",") if isinstance(packages, str) else packages))
+                            packages=tuple(packages.split(",") if isinstance(packages, str) else packages),
+                            clock=clock, fabric=fabric)
         if options is not None and given != BootOptions():
             raise PfcxlError("give the boot options once: as options=BootOptions(...) or as keywords")
         self.options = options = options if options is not None else given
@@ -165,14 +168,25 @@ class Machine:
                              "add --image debian")
         if ready_timeout <= 0:
             raise PfcxlError(f"ready timeout must be positive, not {ready_timeout}")
+        self.clock, self.fabric = options.clock, options.fabric
+        if self.clock == "virtual":
+            timing = _virtual_timing(self.topology, timing)
         self.timing_config = timing_config(timing, profile=inject_profile, baseline_ns=baseline_ns)
+        if self.timing_config is not None and self.clock == "virtual":
+            self.timing_config = dataclasses.replace(self.timing_config, clock="virtual", fabric=self.fabric)
         # inject named by mode without a baseline: measured first, in a count-mode guest, at launch
         self._calibrate = timing == "inject" and baseline_ns is None
         self.image_kind, self.host, self.cedt, self.append = image, host, cedt, append
         self.lean = options.lean
         self.qemu_args = list(options.qemu_args)
         # checked before anything is built or started: a missing or too old QEMU is one line
-        self.qemu = qemu_binary.resolve(qemu) if qemu is not None else qemu_mod.qemu_binary()
+        if qemu is not None:
+            self.qemu = qemu_binary.resolve(qemu)
+        elif self.clock == "virtual":
+            self.qemu = timed_qemu.binary()
+            self.qemu_args = timed_qemu.firmware_args() + self.qemu_args
+        else:
+            self.qemu = qemu_mod.qemu_binary()
         self.qemu_version = qemu_binary.version(self.qemu) if qemu is not None else None
         if modules is not None and kernel is None:
             raise PfcxlError("modules: give them with the kernel they belong to (--kernel PATH --modules DIR)")
@@ -435,6 +449,20 @@ class Machine:
         if self.vm is None:
             raise VMError(f"{self.name}: not booted (use `with Machine(...) as m:` or m.start())")
         return self.vm
+
+
+def _virtual_timing(topo: Topology, timing):
+    """The plugin mode a virtual clock runs with: the plugin charges the clock, so it is always
+    loaded (count unless trace was asked); one vCPU, since every vCPU shares one virtual clock."""
+    if topo.guest.cpus > 1:
+        raise PfcxlError(f"--clock virtual: topology '{topo.name}' gives its guest {topo.guest.cpus} vCPUs "
+                         "([guest] cpus), but all vCPUs share one virtual clock, so charges are exact for one "
+                         "vCPU only: use a topology with cpus = 1")
+    mode = timing.mode if isinstance(timing, timing_mod.TimingConfig) else timing
+    if mode == "inject":
+        raise PfcxlError("--clock virtual charges the guest's own clock; --timing inject spins on host time "
+                         "instead: use one of them")
+    return timing if timing is not None else "count"
 
 
 def _with_baseline(config: timing_mod.TimingConfig, baseline_ns: float) -> timing_mod.TimingConfig:

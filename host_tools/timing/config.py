@@ -36,6 +36,7 @@ from pfcxl.errors import TimingError
 from pfcxl.host_tools.timing import MODES
 from pfcxl.guest.tool_output import json_lines
 
+from pfcxl.host_tools.timing import vtime
 from pfcxl.host_tools.timing.plugin import build_plugin, doorbell_hpa, doorbell_hpas
 from pfcxl.device.trace.ring import DEFAULT_CAPACITY, Drainer, Ring
 
@@ -61,10 +62,17 @@ class TimingConfig:
     baseline_ns: float = 0.0      # inject: emulator cost already paid per request
     capacity: int = DEFAULT_CAPACITY
     doorbell: bool = True         # False: record everything from boot on
+    clock: str = "emulator"       # "virtual": the guest's clock carries the fabric's latencies (vtime.py)
+    fabric: str = "pf"            # virtual: the fabric its CXL requests are charged by
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise TimingError(f"timing mode '{self.mode}' is not one of {', '.join(MODES)}")
+        vtime.check_clock(self.clock)
+        vtime.check_fabric(self.fabric)
+        if self.clock == "virtual" and self.mode == "inject":
+            raise TimingError("--clock virtual charges the guest's own clock; --timing inject spins on host "
+                              "time instead: use one of them")
         reads, writes = _ns_list(self.read_ns), _ns_list(self.write_ns)
         for name, values in (("read_ns", reads), ("write_ns", writes), ("baseline_ns", (self.baseline_ns,))):
             if not values or len(values) > MAX_PROFILES or any(v < 0 for v in values):
@@ -103,6 +111,11 @@ def ring_path(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / f"{name}.ring"
 
 
+def vtime_path(run_dir: Path, name: str) -> Path:
+    """The virtual-time model file of the VM named `name` (clock virtual)."""
+    return Path(run_dir) / f"{name}.vtime"
+
+
 def plugin_log(run_dir: Path, name: str) -> Path:
     """Where the plugin of the VM named `name` writes its JSON lines (-D)."""
     return Path(run_dir) / f"{name}.plugin.log"
@@ -136,8 +149,12 @@ def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfi
         opts += ["read_ns=" + ":".join(f"{v:g}" for v in _ns_list(config.read_ns)),
                  "write_ns=" + ":".join(f"{v:g}" for v in _ns_list(config.write_ns)),
                  f"baseline_ns={config.baseline_ns:g}"]
+    clock: list[str] = []
+    if config.clock == "virtual":
+        opts += ["clock=virtual", f"vtime={qemu_opt(vtime_path(run_dir, name))}"]
+        clock = list(vtime.QEMU_ICOUNT)
     log = plugin_log(run_dir, name)
-    return ["-plugin", ",".join(opts), "-d", "plugin", "-D", str(log)]
+    return ["-plugin", ",".join(opts), "-d", "plugin", "-D", str(log), *clock]
 
 
 class TimingSession:
@@ -150,6 +167,8 @@ class TimingSession:
         self.plugin = build_plugin()
         self.log = plugin_log(self.run_dir, name)
         self.log.unlink(missing_ok=True)
+        if config.clock == "virtual":
+            vtime_path(self.run_dir, name).write_text(vtime.model_text(topo, config.fabric))
         self.ring: Ring | None = None
         self.trace_file: Path | None = None
         self.drainer: Drainer | None = None

@@ -16,6 +16,7 @@ from typing import Any
 from pfcxl.device.fabric.modes import ISSUES
 from pfcxl.errors import PfcxlError
 from pfcxl.host_tools.image.debian_packages import parse_names
+from pfcxl.host_tools.timing import CLOCKS, FABRICS
 
 # A command-line option whose name is not the field's.
 FIELD_OF_DEST = {"appliance_dir": "appliance"}
@@ -66,7 +67,10 @@ class BootOptions:
     "cxl", "direct", "both" or None (the topology's). qemu, qemu_args: a QEMU of one's own and
     more arguments. kernel, modules: a kernel of one's own and its modules; kernel_package: a Debian
     kernel by version or "latest" instead (host_tools/image/kernel_package.py). packages: more Debian
-    packages in the Debian image, e.g. ("numactl",) (host_tools/image/debian_packages.py)."""
+    packages in the Debian image, e.g. ("numactl",) (host_tools/image/debian_packages.py). clock:
+    "emulator" (the guest's clock is the host's) or "virtual" (the timed QEMU under icount: the
+    plugin charges the guest's clock the modelled latencies, host_tools/timing/vtime.py); fabric:
+    which fabric a virtual clock is charged by, "pf", "pf_hbm" or "electrical"."""
 
     timing: Any = None
     inject_profile: str = "pf"
@@ -86,6 +90,8 @@ class BootOptions:
     modules: str | None = None
     kernel_package: str | None = None
     packages: tuple[str, ...] = ()
+    clock: str = "emulator"
+    fabric: str = "pf"
 
     def __post_init__(self) -> None:
         # paths as absolute text: a daemon in another directory, and the key, see the same file
@@ -102,6 +108,10 @@ class BootOptions:
         object.__setattr__(self, "packages", parse_names(self.packages))
         if self.issue not in ISSUES:
             raise PfcxlError(f"issue '{self.issue}' is not one of {', '.join(ISSUES)}")
+        if self.clock not in CLOCKS:
+            raise PfcxlError(f"clock '{self.clock}' is not one of {', '.join(CLOCKS)}")
+        if self.fabric not in FABRICS:
+            raise PfcxlError(f"fabric '{self.fabric}' is not one of {', '.join(FABRICS)}")
         object.__setattr__(self, "lean", self.lean is not False)
 
     def as_dict(self) -> dict:
