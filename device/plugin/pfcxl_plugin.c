@@ -449,7 +449,13 @@ static void doorbell(unsigned vcpu_index, qemu_plugin_meminfo_t info)
         phase_stop();
     else if (x == MARK_COLD && virtual_clock)
         vt_cold(vcpu_index, qemu_plugin_u64_get(insn_count, vcpu_index));
-    else if (x >= MARK_PROFILE && x < MARK_PROFILE + (uint64_t)n_profiles) {
+    else if (virtual_clock && x >= MARK_PROFILE && x < MARK_PROFILE + MAX_PROFILES) {
+        if (vt_select((int)(x - MARK_PROFILE)))
+            say("{\"event\":\"profile\",\"profile\":%d,\"system\":\"%s\"}\n", (int)(x - MARK_PROFILE),
+                vt.names[vt.current]);
+        else
+            say("{\"event\":\"unknown_profile\",\"profile\":%d}\n", (int)(x - MARK_PROFILE));
+    } else if (x >= MARK_PROFILE && x < MARK_PROFILE + (uint64_t)n_profiles) {
         __atomic_store_n(&profile, (int)(x - MARK_PROFILE), __ATOMIC_RELAXED);
         say("{\"event\":\"profile\",\"profile\":%d}\n", (int)(x - MARK_PROFILE));
     } else

@@ -36,7 +36,10 @@
  *   - a non-temporal store (movnti, movntdq, movntps/pd and their VEX forms) bypasses the
  *     caches and waits for its write to complete, as a store followed by sfence does;
  *   - the guest can drop its vCPU's cached lines through the doorbell (PFCXL_MARK_COLD): TCG
- *     gives plugins no access for clflush, so its effect cannot be seen.
+ *     gives plugins no access for clflush, so its effect cannot be seen;
+ *   - the model file may describe several fabrics (a `system NAME` line starts each); the one
+ *     its `start K` line names (default the first) is in force from the start, and the doorbell's
+ *     PFCXL_MARK_PROFILE(k) switches to the k-th, so one guest can compare them (chase --profile K).
  * Left out: instruction fetches, page walks and TLBs, a pipeline (1 ns per instruction),
  * bank and row-buffer state, coherence between vCPUs, prefetch across streams beyond 16.
  */
@@ -53,7 +56,8 @@
 #define VT_POINTER_REACH 4096   /* a load this close after a pointer an outstanding miss returned */
 #define VT_PS 1000ULL
 
-enum vt_class { VT_DRAM, VT_FABRIC, VT_CLASSES };
+enum vt_class { VT_DRAM, VT_FABRIC };
+#define VT_MAX_FABRICS 8
 
 struct vt_stage {
     uint64_t svc_ps;            /* service time of one 64-byte line */
@@ -125,9 +129,26 @@ static struct {
     unsigned mlp, rob, distance;
     unsigned l1_sets, l1_ways, l2_sets, l2_ways;
     uint64_t l1_hit_ps, l2_hit_ps;
-    struct vt_memory mem[VT_CLASSES];
-    char system[32];
+    struct vt_memory dram, fabrics[VT_MAX_FABRICS];
+    char names[VT_MAX_FABRICS][32];
+    int n_fabrics, current;
 } vt;
+
+/* The memory a class of access goes to: local DRAM, or the fabric in force. */
+static struct vt_memory *vt_mem(int cls)
+{
+    return cls == VT_FABRIC ? &vt.fabrics[vt.current] : &vt.dram;
+}
+
+/* The memory a model file line names: dram, or the fabric its last `system` line began. */
+static struct vt_memory *vt_named(const char *name)
+{
+    if (!strcmp(name, "dram"))
+        return &vt.dram;
+    if (!strcmp(name, "fabric") && vt.n_fabrics)
+        return &vt.fabrics[vt.n_fabrics - 1];
+    return NULL;
+}
 
 static struct vt_cpu *vt_cpus;
 static bool (*vt_charge_fn)(uint64_t ns);
@@ -155,7 +176,7 @@ static int vt_load(const char *path)
         return -1;
     }
     char line[512], a[32], b[32], c[32];
-    int lineno = 0, bad = 0, have = 0;
+    int lineno = 0, bad = 0, have = 0, start = 0;
     while (!bad && fgets(line, sizeof line, f)) {
         lineno++;
         char *hash = strchr(line, '#');
@@ -168,7 +189,8 @@ static int vt_load(const char *path)
         if (!strcmp(a, "version")) {
             bad = sscanf(line, " %*s %llu", &x[0]) != 1 || x[0] != 1;
         } else if (!strcmp(a, "system")) {
-            bad = sscanf(line, " %*s %31s", vt.system) != 1;
+            bad = vt.n_fabrics == VT_MAX_FABRICS || sscanf(line, " %*s %31s", vt.names[vt.n_fabrics]) != 1;
+            vt.n_fabrics += !bad;
         } else if (!strcmp(a, "l1") || !strcmp(a, "l2")) {
             bad = sscanf(line, " %*s %llu %llu %llu", &x[0], &x[1], &x[2]) != 3 || !x[0] || !x[1] ||
                   x[0] & (x[0] - 1) || x[1] > 64;
@@ -179,6 +201,9 @@ static int vt_load(const char *path)
                 vt.l2_sets = (unsigned)x[0], vt.l2_ways = (unsigned)x[1], vt.l2_hit_ps = x[2];
                 have |= 2;
             }
+        } else if (!strcmp(a, "start")) {
+            bad = sscanf(line, " %*s %llu", &x[0]) != 1 || x[0] >= VT_MAX_FABRICS;
+            start = (int)x[0];
         } else if (!strcmp(a, "cpu")) {
             bad = sscanf(line, " %*s %llu %llu %llu", &x[0], &x[1], &x[2]) != 3 || !x[0] ||
                   x[0] > VT_MAX_MSHR || !x[1];
@@ -188,10 +213,9 @@ static int vt_load(const char *path)
             /* memory CLASS req_r mem_r resp_r mem_hit req_w mem_w resp_w */
             n = sscanf(line, " %*s %31s %llu %llu %llu %llu %llu %llu %llu", b, &x[0], &x[1], &x[2],
                        &x[3], &x[4], &x[5], &x[6]);
-            int k = !strcmp(b, "fabric") ? VT_FABRIC : !strcmp(b, "dram") ? VT_DRAM : -1;
-            bad = n != 8 || k < 0;
+            struct vt_memory *m = n == 8 ? vt_named(b) : NULL;
+            bad = !m;
             if (!bad) {
-                struct vt_memory *m = &vt.mem[k];
                 m->present = 1;
                 m->req_r = x[0], m->mem_r = x[1], m->resp_r = x[2], m->mem_hit = x[3];
                 m->req_w = x[4], m->mem_w = x[5], m->resp_w = x[6];
@@ -200,10 +224,9 @@ static int vt_load(const char *path)
         } else if (!strcmp(a, "stage")) {
             /* stage CLASS write|memory|read KEY SVC_PS */
             n = sscanf(line, " %*s %31s %31s %31s %llu", b, c, a, &x[0]);
-            int k = !strcmp(b, "fabric") ? VT_FABRIC : !strcmp(b, "dram") ? VT_DRAM : -1;
-            bad = n != 4 || k < 0;
+            struct vt_memory *m = n == 4 ? vt_named(b) : NULL;
+            bad = !m;
             if (!bad) {
-                struct vt_memory *m = &vt.mem[k];
                 struct vt_stage *st = NULL;
                 if (!strcmp(c, "memory"))
                     st = &m->mem;
@@ -216,17 +239,17 @@ static int vt_load(const char *path)
         } else if (!strcmp(a, "interleave")) {
             /* interleave CLASS base granularity modules */
             n = sscanf(line, " %*s %31s %llu %llu %llu", b, &x[0], &x[1], &x[2]);
-            int k = !strcmp(b, "fabric") ? VT_FABRIC : !strcmp(b, "dram") ? VT_DRAM : -1;
-            bad = n != 4 || k < 0 || !x[1] || !x[2] || x[2] > VT_MAX_QUEUES;
+            struct vt_memory *m = n == 4 ? vt_named(b) : NULL;
+            bad = !m || !x[1] || !x[2] || x[2] > VT_MAX_QUEUES;
             if (!bad)
-                vt.mem[k].base = x[0], vt.mem[k].granularity = x[1], vt.mem[k].modules = x[2];
+                m->base = x[0], m->granularity = x[1], m->modules = x[2];
         } else if (!strcmp(a, "module_cache")) {
             /* module_cache CLASS lines_per_module hit_svc_ps */
             n = sscanf(line, " %*s %31s %llu %llu", b, &x[0], &x[1]);
-            int k = !strcmp(b, "fabric") ? VT_FABRIC : -1;
-            bad = n != 3 || k < 0;
+            struct vt_memory *m = n == 3 && strcmp(b, "dram") ? vt_named(b) : NULL;
+            bad = !m;
             if (!bad)
-                vt.mem[k].cache_lines = x[0], vt.mem[k].hit_svc_ps = x[1];
+                m->cache_lines = x[0], m->hit_svc_ps = x[1];
         } else {
             bad = 1;
         }
@@ -236,12 +259,17 @@ static int vt_load(const char *path)
         fprintf(stderr, "pfcxl_plugin: %s line %d: not a valid virtual-time model line\n", path, lineno);
         return -1;
     }
-    if (have != 7 || !vt.mem[VT_FABRIC].present || !vt.mem[VT_DRAM].present) {
-        fprintf(stderr, "pfcxl_plugin: %s lacks l1, l2, cpu or a memory line for fabric and dram\n", path);
+    int fabrics_ok = vt.n_fabrics > 0;
+    for (int k = 0; k < vt.n_fabrics; k++)
+        fabrics_ok &= vt.fabrics[k].present;
+    if (have != 7 || !fabrics_ok || !vt.dram.present || start >= vt.n_fabrics) {
+        fprintf(stderr, "pfcxl_plugin: %s lacks l1, l2, cpu, a system with its fabric memory line, dram's, or "
+                        "the system its start line names\n", path);
         return -1;
     }
-    for (int k = 0; k < VT_CLASSES; k++) {
-        struct vt_memory *m = &vt.mem[k];
+    vt.current = start;
+    for (int k = 0; k < vt.n_fabrics; k++) {
+        struct vt_memory *m = &vt.fabrics[k];
         if (!m->cache_lines)
             continue;
         size_t bytes = (size_t)(m->cache_lines * m->modules * sizeof(uint64_t));
@@ -313,7 +341,7 @@ static int vt_module_cache(struct vt_memory *m, unsigned module, uint64_t module
 /* When a read of `line` issued at `t` completes (ps). */
 static uint64_t vt_read(int cls, uint64_t line, uint64_t t)
 {
-    struct vt_memory *m = &vt.mem[cls];
+    struct vt_memory *m = vt_mem(cls);
     uint64_t mline;
     unsigned q = vt_module(m, line * LINE, &mline);
     int hit = vt_module_cache(m, q, mline, line, 0);
@@ -327,7 +355,7 @@ static uint64_t vt_read(int cls, uint64_t line, uint64_t t)
 
 static uint64_t vt_write(int cls, uint64_t line, uint64_t t)
 {
-    struct vt_memory *m = &vt.mem[cls];
+    struct vt_memory *m = vt_mem(cls);
     uint64_t mline;
     unsigned q = vt_module(m, line * LINE, &mline);
     vt_module_cache(m, q, mline, line, 1);
@@ -615,9 +643,18 @@ static void vt_stats_json(char *buf, size_t len, unsigned n, int since_phase)
              ",\"misses\":%" PRIu64 ",\"prefetches\":%" PRIu64 ",\"writebacks\":%" PRIu64 ",\"nt_writes\":%" PRIu64
              ",\"stalls\":%" PRIu64 ",\"fabric_reads\":%" PRIu64 ",\"fabric_writes\":%" PRIu64
              ",\"fabric_latency_ns\":%.3f,\"dram_reads\":%" PRIu64 ",\"dram_writes\":%" PRIu64 "}",
-             vt.system, s.charged_ps / 1e3, s.l1_hits, s.l2_hits, s.misses, s.prefetches, s.writebacks,
+             vt.names[vt.current], s.charged_ps / 1e3, s.l1_hits, s.l2_hits, s.misses, s.prefetches, s.writebacks,
              s.nt_writes, s.stalls, s.fabric_reads, s.fabric_writes, s.fabric_latency_ps / 1e3, s.dram_reads,
              s.dram_writes);
+}
+
+/* PFCXL_MARK_PROFILE(k): fabric k is in force from now on; 0 when there is no such fabric. */
+static int vt_select(int k)
+{
+    if (k < 0 || k >= vt.n_fabrics)
+        return 0;
+    vt.current = k;
+    return 1;
 }
 
 static void vt_phase_start(unsigned n)

@@ -10,7 +10,8 @@
  * ends it. The plugin records and counts nothing outside a phase (boot and setup traffic), and
  * never records the doorbell accesses themselves. In inject mode, a store of
  * PFCXL_MARK_PROFILE(k) selects latency profile k (the k-th value of the plugin's read_ns= and
- * write_ns= lists), at any time. Under --clock virtual a store of PFCXL_MARK_COLD empties the
+ * write_ns= lists), at any time; under --clock virtual it puts the model file's k-th fabric in
+ * force (0 pf, 1 pf_hbm, 2 electrical). Under --clock virtual a store of PFCXL_MARK_COLD empties the
  * storing vCPU's modelled caches, so what follows starts cold.
  *
  * Usage: struct pfcxl_doorbell db; pfcxl_doorbell_open("/dev/dax0.0", &db) == 0, then

@@ -2,7 +2,7 @@
  * chase: dependent pointer chase, the latency probe for pfcxl's injected fabric timing.
  *
  *     chase [--dax /dev/dax0.0 | --local] [--lines N] [--span BYTES] [--loads L] [--seed S]
- *           [--no-mark] [--profile K] [--cold] [--write]
+ *           [--no-mark] [--profile K] [--cold | --warm] [--write | --stream]
  *
  * N lines, line j at byte offset j * (span / N rounded down to 64), are linked into one random
  * cycle (Sattolo's algorithm, seeded): the first 8 bytes of each line hold the address of the
@@ -10,18 +10,32 @@
  * measured phase; then L loads, each depending on the previous, walk it between pfcxl phase
  * markers (--no-mark leaves them out). --local chases the same pattern in ordinary guest RAM (no
  * markers): a workload that never touches CXL.
- * --profile K first selects the plugin's inject latency profile K (doorbell 0x100 + K).
+ * --profile K first selects the plugin's inject latency profile K (doorbell 0x100 + K); under
+ * --clock virtual, the K-th fabric (0 pf, 1 pf_hbm, 2 electrical: host_tools/timing/vtime.py).
  * --cold (for --clock virtual): the modelled caches are emptied just before the walk
  * (PFCXL_MARK_COLD on the device's doorbell) and each load reaches a line of its own (L must not
  * exceed N), so every timed load misses the caches: the memory's idle latency.
+ * --warm: the chain is walked once, untimed, before the timed walk: with a chain that fits in a
+ * modelled cache, every timed load hits it (use a line count that does not divide the span by a
+ * power of two, so the lines spread over the cache's sets).
  * --write: instead of loading, store 8 bytes to each line in the cycle's order with a
  * non-temporal store (movnti), which waits for its write to complete in virtual time: the
  * memory's idle write latency. The order comes from a copy in ordinary RAM.
+ * --stream: instead of the chain, L loads of 8 bytes (rounded up to a multiple of 8), one per
+ * line, in address order from the start of the span (wrapping): a sequential read, its
+ * bandwidth 64 B / ns_per_load.
  * Defaults: N 4096, span 16M, L 100000, seed 1. Numbers accept K/M/G suffixes.
  *
  * Output, one JSON line: {"tool":"chase","where":"dax"|"local","lines":N,"span":...,"loads":L,
- *   "cold":0|1,"op":"load"|"store","ns":...,"ns_per_load":...,"end":...}; ns is guest
- *   CLOCK_MONOTONIC time of the walk only; end is the offset of the line the walk ended on.
+ *   "cold":0|1,"op":"load"|"store"|"stream","ns":...,"ns_per_load":...,"p50_ns_per_load":...,
+ *   "end":...}; ns is guest CLOCK_MONOTONIC time of the walk only, ns_per_load its mean;
+ *   p50_ns_per_load is the median over batches of BATCH loads, each timed on its own: the guest
+ *   kernel's own work (a timer tick) lands in a few batches only, so under --clock virtual the
+ *   median is the same from run to run while the mean moves with where the ticks fell. Batches
+ *   are timed with rdtsc (one instruction) and converted with the walk's ns per TSC tick;
+ *   p50_ticks_per_load is the median in ticks, which under --clock virtual are virtual ns exactly
+ *   (the TSC counts QEMU's virtual clock), with no boot's calibration in it. end is the offset
+ *   of the line the walk ended on.
  * Exit status 0, or 2 on any error.
  */
 #define _GNU_SOURCE
@@ -31,11 +45,33 @@
 #include "../include/pfcxl_tool.h"
 #include "../include/pfcxl_mark.h"
 
+#include <x86intrin.h>
+
+#define BATCH 64
+
+static int by_value(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of the batches' durations per load, in ns; `stamps` holds n + 1 TSC readings (one
+ * instruction each, so the batches' own timing costs next to nothing), `ns_per_tick` converts. */
+static double median_ticks(uint64_t *stamps, uint64_t n)
+{
+    if (!n)
+        return 0.0;
+    for (uint64_t i = 0; i < n; i++)
+        stamps[i] = stamps[i + 1] - stamps[i];
+    qsort(stamps, n, sizeof *stamps, by_value);
+    return n % 2 ? (double)stamps[n / 2] : (double)(stamps[n / 2 - 1] + stamps[n / 2]) / 2;
+}
+
 int main(int argc, char **argv)
 {
     const char *dax = "/dev/dax0.0";
     uint64_t lines = 4096, span = 16ULL << 20, loads = 100000, seed = 1;
-    int mark = 1, local = 0, cold = 0, write = 0;
+    int mark = 1, local = 0, cold = 0, warm = 0, write = 0, stream = 0;
     long profile = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -54,6 +90,14 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--write")) {
             write = 1;
+            continue;
+        }
+        if (!strcmp(a, "--warm")) {
+            warm = 1;
+            continue;
+        }
+        if (!strcmp(a, "--stream")) {
+            stream = 1;
             continue;
         }
         if (!v)
@@ -79,7 +123,11 @@ int main(int argc, char **argv)
     uint64_t stride = span / (lines ? lines : 1) / 64 * 64;
     if (lines < 2 || stride < 64)
         die("--lines must be at least 2 and at most span / 64");
-    if (cold && loads > lines)
+    if (cold && warm)
+        die("--cold and --warm: choose one");
+    if (write && stream)
+        die("--write and --stream: choose one");
+    if (cold && !stream && loads > lines)
         die("--cold times each load on a line of its own: --loads (%" PRIu64 ") must not exceed --lines "
             "(%" PRIu64 ")", loads, lines);
 
@@ -140,24 +188,57 @@ int main(int argc, char **argv)
             pfcxl_doorbell_ring(&db, PFCXL_MARK_COLD);
     } else if (cold)
         die("--cold empties the modelled caches through %s's doorbell, which cannot be opened", dax);
-    uint64_t p = (uint64_t)(uintptr_t)&base[order[0] * stride / 8], t0 = now_ns();
-    if (write) {
-        for (uint64_t i = 0; i < loads; i++)
+    uint64_t p = (uint64_t)(uintptr_t)&base[order[0] * stride / 8];
+    if (warm && !write) {
+        for (uint64_t i = 0; i < lines; i++)
+            p = *(volatile uint64_t *)(uintptr_t)p;
+    }
+    uint64_t batches = loads / BATCH, *stamps = malloc((batches + 1) * sizeof *stamps), b = 0;
+    if (!stamps)
+        die("out of memory");
+    uint64_t t0 = now_ns();
+    stamps[0] = __rdtsc();
+    if (stream) {
+        /* eight lines an iteration, so the loop's own instructions (1 ns each in virtual time)
+         * stay well below the memory's pace: the span is a multiple of 2 MiB, 8 lines divide it */
+        volatile uint64_t *q = base, *end = base + span / 8;
+        uint64_t sum = 0;
+        loads = (loads + 7) / 8 * 8;
+        for (uint64_t i = 0; i < loads; i += 8) {
+            sum += q[0] + q[8] + q[16] + q[24] + q[32] + q[40] + q[48] + q[56];
+            q += 64;
+            if (q == end)
+                q = base;
+            if ((i + 8) % BATCH == 0 && b < batches)
+                stamps[++b] = __rdtsc();
+        }
+        p = (uint64_t)(uintptr_t)q + (sum & 0);
+    } else if (write) {
+        for (uint64_t i = 0; i < loads; i++) {
             __builtin_ia32_movnti64((long long *)targets[i], (long long)i);
+            if ((i + 1) % BATCH == 0)
+                stamps[++b] = __rdtsc();
+        }
         __builtin_ia32_sfence();
         p = (uint64_t)(uintptr_t)targets[loads ? loads - 1 : 0];
     } else {
-        for (uint64_t i = 0; i < loads; i++)
+        for (uint64_t i = 0; i < loads; i++) {
             p = *(volatile uint64_t *)(uintptr_t)p;
+            if ((i + 1) % BATCH == 0)
+                stamps[++b] = __rdtsc();
+        }
     }
-    uint64_t t1 = now_ns();
+    uint64_t tsc1 = __rdtsc(), t1 = now_ns();
+    double ns_per_tick = tsc1 > stamps[0] ? (double)(t1 - t0) / (double)(tsc1 - stamps[0]) : 0.0;
+    double p50_ticks = median_ticks(stamps, b) / BATCH;
     if (mark)
         pfcxl_doorbell_ring(&db, PFCXL_MARK_STOP);
     pfcxl_doorbell_close(&db);
     printf("{\"tool\":\"chase\",\"where\":\"%s\",\"lines\":%" PRIu64 ",\"span\":%" PRIu64
            ",\"loads\":%" PRIu64 ",\"profile\":%ld,\"cold\":%d,\"op\":\"%s\",\"ns\":%" PRIu64
-           ",\"ns_per_load\":%.1f,\"end\":%" PRIu64 "}\n", local ? "local" : "dax", lines, span, loads, profile,
-           cold, write ? "store" : "load", t1 - t0, loads ? (double)(t1 - t0) / (double)loads : 0.0,
+           ",\"ns_per_load\":%.1f,\"p50_ns_per_load\":%.3f,\"p50_ticks_per_load\":%.4f,\"end\":%" PRIu64 "}\n",
+           local ? "local" : "dax", lines, span, loads, profile, cold, write ? "store" : stream ? "stream" : "load",
+           t1 - t0, loads ? (double)(t1 - t0) / (double)loads : 0.0, p50_ticks * ns_per_tick, p50_ticks,
            p - (uint64_t)(uintptr_t)base);
     return 0;
 }

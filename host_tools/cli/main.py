@@ -191,6 +191,9 @@ def cmd_run(args) -> int:
             report["emulator"] = traced.emulator_cost()
             if args.trace_out:                          # for pfcxl model replay
                 model_runs.save_trace(Path(args.trace_out), traced.records)
+        elif traced.phases and getattr(args, "clock", "emulator") == "virtual":
+            from pfcxl.host_tools.timing import vtime
+            err.print(f"[dim]{vtime.summary(traced.phases[-1])}[/dim]", highlight=False)
         elif traced.phases:
             err.print(f"[dim]plugin ({args.timing}): {json.dumps(traced.phases[-1])}[/dim]", highlight=False)
     result = traced.result

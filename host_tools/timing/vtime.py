@@ -87,24 +87,27 @@ def _memory_lines(cls: str, model: fabric_model.FabricModel) -> list[str]:
 
 
 def model_text(topo: Topology, fabric: str, hierarchy: Hierarchy = Hierarchy()) -> str:
-    """The plugin's model file (vtime=PATH) for a guest of `topo` charged by `fabric`."""
-    model = fabric_for(topo, fabric)
+    """The plugin's model file (vtime=PATH) for a guest of `topo`: every fabric of FABRICS, in that
+    order (the guest's PFCXL_MARK_PROFILE(k) switches to the k-th), `fabric` in force at the start."""
     app = fabric_systems.appliance_for(topo)
     placements = address_map.dax_placements(topo)
     base = placements[0].base if placements else 0
     h = hierarchy
-    lines = [f"# pfcxl virtual-time model: {fabric_systems.LABELS[fabric]}, {model.name} "
-             f"(host_tools/timing/vtime.py)",
-             f"version {MODEL_VERSION}", f"system {fabric}",
+    lines = [f"# pfcxl virtual-time model (host_tools/timing/vtime.py) for topology {topo.name}",
+             f"version {MODEL_VERSION}",
              f"l1 {h.sets(h.l1_bytes, h.l1_ways)} {h.l1_ways} 0",
              f"l2 {h.sets(h.l2_bytes, h.l2_ways)} {h.l2_ways} {round(h.l2_hit_ns * fabric_model.PS_PER_NS)}",
              f"cpu {h.outstanding} {h.rob} {h.prefetch_lines}",
-             *_memory_lines("fabric", model),
-             f"interleave fabric {base} {app.granularity} {model.modules}",
-             *_memory_lines("dram", dram_model())]
-    if model.cache_lines:
-        lines.append(f"module_cache fabric {model.cache_lines} "
-                     f"{fabric_model.service_ps(fc.CPU_LINE_BYTES, model.cache_bandwidth_mbs)}")
+             f"start {FABRICS.index(check_fabric(fabric))}"]
+    for name in FABRICS:
+        model = fabric_for(topo, name)
+        lines += [f"system {name}  # profile {FABRICS.index(name)}: {fabric_systems.LABELS[name]}, {model.name}",
+                  *_memory_lines("fabric", model),
+                  f"interleave fabric {base} {app.granularity} {model.modules}"]
+        if model.cache_lines:
+            lines.append(f"module_cache fabric {model.cache_lines} "
+                         f"{fabric_model.service_ps(fc.CPU_LINE_BYTES, model.cache_bandwidth_mbs)}")
+    lines += _memory_lines("dram", dram_model())
     return "\n".join(lines) + "\n"
 
 
@@ -117,3 +120,17 @@ def sequential_bound_gbs(topo: Topology, fabric: str, hierarchy: Hierarchy = Hie
              for s in (model.memory, *model.read_stages)]
     little = hierarchy.outstanding * fc.CPU_LINE_BYTES / model.idle_ns(False)
     return min([*links, little])
+
+
+def summary(phase: dict) -> str:
+    """One line of what the plugin charged in a phase (its JSON event's "vtime" object)."""
+    v = phase.get("vtime") or {}
+    if not v:
+        return "virtual time: the plugin reported no charges"
+    fabric_requests = v.get("fabric_reads", 0) + v.get("fabric_writes", 0)
+    mean = v.get("fabric_latency_ns", 0) / fabric_requests if fabric_requests else 0
+    return (f"virtual time ({v.get('system')}): {v.get('charged_ns', 0) / 1e3:,.1f} us of stalls charged to the "
+            f"guest's clock; {fabric_requests:,} fabric requests (mean {mean:.1f} ns each, queueing included), "
+            f"{v.get('dram_reads', 0) + v.get('dram_writes', 0):,} DRAM; L1 hits {v.get('l1_hits', 0):,}, "
+            f"L2 hits {v.get('l2_hits', 0):,}, misses {v.get('misses', 0):,}, prefetches {v.get('prefetches', 0):,}, "
+            f"write-backs {v.get('writebacks', 0):,}")

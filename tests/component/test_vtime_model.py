@@ -229,3 +229,19 @@ def test_a_bad_model_file_is_one_line(harness, tmp_path, text, says):
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and str(model) in lines[0]
+
+
+def test_the_guest_switches_fabric_through_the_doorbell(harness, topo, tmp_path):
+    """One guest compares the fabrics: PFCXL_MARK_PROFILE(k) puts FABRICS[k] in force."""
+    n = 500
+    lines = chase(topo, n)
+    stream = lines + [f"profile {vtime.FABRICS.index('electrical')}", "cold 10000000"] + \
+        chase(topo, n, start=10_000_000) + ["profile 7"]
+    model = tmp_path / "pf.vtime"
+    model.write_text(vtime.model_text(topo, "pf"))
+    out = subprocess.run([str(harness), str(model)], input="\n".join(stream) + "\n", capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    times = [int(x.split()[1]) for x in out if x.startswith("t ")]
+    assert [x for x in out if x.startswith("profile")] == ["profile 1", "profile 0"]
+    assert (times[n - 1] - times[0]) / (n - 1) / 1000 == pytest.approx(vtime.expected_idle_ns(topo, "pf"))
+    assert (times[-1] - times[n]) / (n - 1) / 1000 == pytest.approx(vtime.expected_idle_ns(topo, "electrical"))

@@ -8,7 +8,8 @@
  * DRAM, 1: fabric; VALUE: what a load returned, or - for none), or `cold INSN` (PFCXL_MARK_COLD).
  * For each access it prints the vCPU's timeline after it (`t PS`); each fabric request the
  * hierarchy issues is printed as `r LINE WRITE ISSUE_PS`; at the end `stats {JSON}`. A line
- * `nt HEX` prints `nt 1` when the instruction bytes HEX are a non-temporal store, else `nt 0`.
+ * `nt HEX` prints `nt 1` when the instruction bytes HEX are a non-temporal store, else `nt 0`;
+ * `profile K` switches to the model file's K-th fabric and prints `profile 1` (0: none such).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -55,6 +56,10 @@ int main(int argc, char **argv)
             for (; n < sizeof bytes && hex[2 * n] && hex[2 * n + 1]; n++)
                 sscanf(hex + 2 * n, "%2hhx", &bytes[n]);
             printf("nt %d\n", vt_is_nt_store(bytes, n));
+            continue;
+        }
+        if (sscanf(line, "profile %d", &nt) == 1) {
+            printf("profile %d\n", vt_select(nt));
             continue;
         }
         if (sscanf(line, "cold %llu", &insn) == 1) {
