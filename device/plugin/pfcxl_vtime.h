@@ -424,6 +424,19 @@ static void vt_l1_fill(struct vt_cpu *c, uint64_t line, uint64_t ready)
     *v = (struct vt_line){.tag = line + 1, .ready_ps = ready, .used = ++c->tick};
 }
 
+/* A dirty line leaving L2: its write takes the fabric's (or DRAM's) write path, never the vCPU's time. */
+static void vt_writeback(struct vt_cpu *c, unsigned vcpu_index, const struct vt_line *l, uint64_t now)
+{
+    uint64_t line = l->tag - 1;
+    vt_write(l->cls, line, now);
+    c->stats.writebacks++;
+    if (l->cls == VT_FABRIC) {
+        c->stats.fabric_writes++;
+        vt_record(vcpu_index, line, 1, now);
+    } else
+        c->stats.dram_writes++;
+}
+
 /* Put `line` into L2 (and L1 unless prefetched); a dirty victim is written back. */
 static struct vt_line *vt_l2_fill(struct vt_cpu *c, unsigned vcpu_index, uint64_t line, int cls, uint64_t ready,
                                   uint64_t now, int prefetch)
@@ -434,15 +447,8 @@ static struct vt_line *vt_l2_fill(struct vt_cpu *c, unsigned vcpu_index, uint64_
         struct vt_line *in_l1 = vt_find(&c->l1, old);
         if (in_l1)
             in_l1->tag = 0;     /* inclusive */
-        if (v->dirty) {
-            vt_write(v->cls, old, now);
-            c->stats.writebacks++;
-            if (v->cls == VT_FABRIC) {
-                c->stats.fabric_writes++;
-                vt_record(vcpu_index, old, 1, now);
-            } else
-                c->stats.dram_writes++;
-        }
+        if (v->dirty)
+            vt_writeback(c, vcpu_index, v, now);
     }
     *v = (struct vt_line){.tag = line + 1, .ready_ps = ready, .used = ++c->tick, .cls = (uint8_t)cls,
                           .prefetched = (uint8_t)prefetch};
@@ -617,10 +623,8 @@ static void vt_cold(unsigned vcpu_index, uint64_t insn)
     uint64_t now = vt_now(c, insn);
     for (size_t i = 0; i < (size_t)c->l2.sets * c->l2.ways; i++) {
         struct vt_line *l = &c->l2.lines[i];
-        if (l->tag && l->dirty) {
-            vt_write(l->cls, l->tag - 1, now);
-            c->stats.writebacks++;
-        }
+        if (l->tag && l->dirty)
+            vt_writeback(c, vcpu_index, l, now);
     }
     memset(c->l1.lines, 0, (size_t)c->l1.sets * c->l1.ways * sizeof(struct vt_line));
     memset(c->l2.lines, 0, (size_t)c->l2.sets * c->l2.ways * sizeof(struct vt_line));

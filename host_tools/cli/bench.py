@@ -18,6 +18,7 @@ from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.image import IMAGE_KINDS
 from pfcxl.host_tools import argtypes
 from pfcxl.host_tools.ui import err, out
+from pfcxl.host_tools.cli.options import add_clock_options
 
 
 def cmd_bench(args) -> int:
@@ -33,6 +34,8 @@ def cmd_bench(args) -> int:
     if any(d.appliance for d in topo.devices):
         raise PfcxlError(f"bench boots its own guest; topology '{topo.name}' needs the appliance "
                          "(use pf-nic, electrical-switch or two-hb-interleave)")
+    if args.clock == "virtual":
+        return _bench_virtual(args, topo)
     specs = bench.on_data_paths(bench.load_suite(args.suite), topo)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out or Path("results") / f"{stamp}-{topo.name}")
@@ -86,6 +89,28 @@ def cmd_bench(args) -> int:
     return 1 if failed else 0
 
 
+def _bench_virtual(args, topo) -> int:
+    """--clock virtual: one timed boot, every fabric's latency and bandwidth in the guest's clock."""
+    import json
+
+    from pfcxl.machine import Machine
+    from pfcxl.host_tools.bench import virtual as bench_virtual
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.out or Path("results") / f"{stamp}-{topo.name}-virtual")
+    start = time.monotonic()
+    options = dataclasses.replace(boot_options.from_args(args), timing="trace", run_dir=str(out_dir / "run"))
+    with Machine(topo, name="bench-virtual", ready_timeout=args.timeout, options=options) as machine, \
+            err.status("virtual-time benchmark") as status:
+        report = bench_virtual.run(machine, topo, say=lambda m: status.update(f"{topo.name}: {m}"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(report, indent=1))
+    out.print(bench_virtual.table(report))
+    for note in report["notes"]:
+        err.print(f"[dim]{escape(note)}[/dim]")
+    err.print(f"done in {time.monotonic() - start:.0f}s; results in {escape(str(out_dir / 'results.json'))}")
+    return 0
+
+
 def cmd_compare(args) -> int:
     from pfcxl.host_tools.bench import report as bench_report
     out.print(bench_report.compare(bench_report.load(args.a), bench_report.load(args.b)))
@@ -118,6 +143,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", help="results directory (default results/<time>-<topology>)")
     p.add_argument("--timeout", type=argtypes.seconds, default=300, help="seconds for the guest to become ready")
     argtypes.add_own_qemu(p)
+    add_clock_options(p)
     p.set_defaults(func=cmd_bench)
     actions = p.add_subparsers(dest="bench_action", metavar="[compare]", required=False)
     c = actions.add_parser("compare", help="compare two results files",

@@ -40,7 +40,8 @@ from pfcxl.host_tools import argtypes
 from pfcxl.host_tools.cli import topology as cli_topology
 from pfcxl.host_tools.cli import telemetry as cli_telemetry
 from pfcxl.host_tools.image import IMAGE_KINDS
-from pfcxl.host_tools.timing import MODES as TIMING_MODES, CLOCKS, FABRICS
+from pfcxl.host_tools.timing import MODES as TIMING_MODES
+from pfcxl.host_tools.cli.options import add_clock_options
 from pfcxl.host_tools.ui import err, out, write_output
 
 if TYPE_CHECKING:
@@ -282,19 +283,6 @@ def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: boo
                        "to this file")
         p.add_argument("--trace-out", help="trace: also save the captured records (.npy) for pfcxl model replay")
         add_clock_options(p)
-
-
-def add_clock_options(p: argparse.ArgumentParser, fabric: bool = True) -> None:
-    """--clock and --fabric: the guest lives in fabric time (host_tools/timing/vtime.py)."""
-    p.add_argument("--clock", choices=CLOCKS, default="emulator",
-                   help="whose time the guest's clock keeps: emulator (default: the host's; TCG's cost, never "
-                   "fabric latency) or virtual (the timed QEMU under -icount, one vCPU, 1 ns per instruction: "
-                   "the plugin charges every memory request the modelled cache and fabric latency, so guest "
-                   "programs read fabric time; needs `make setup-timed`)")
-    if fabric:
-        p.add_argument("--fabric", choices=FABRICS, default="pf",
-                       help="--clock virtual: the fabric CXL requests are charged by: pf (the appliance's DDR5 "
-                       "path, default), pf_hbm (with its HBM3E cache) or electrical (the switched pool)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -245,3 +245,24 @@ def test_the_guest_switches_fabric_through_the_doorbell(harness, topo, tmp_path)
     assert [x for x in out if x.startswith("profile")] == ["profile 1", "profile 0"]
     assert (times[n - 1] - times[0]) / (n - 1) / 1000 == pytest.approx(vtime.expected_idle_ns(topo, "pf"))
     assert (times[-1] - times[n]) / (n - 1) / 1000 == pytest.approx(vtime.expected_idle_ns(topo, "electrical"))
+
+
+def test_written_back_lines_reach_the_module_cache_in_the_engine_too(harness, topo, tmp_path):
+    """pf_hbm: plain stores, then a cold start (their dirty lines are written back: fabric writes
+    that install the lines in the module cache), then a chase over them. The engine, given the
+    same requests, finds the same hits and the same latencies."""
+    n = 500
+    stores = [f"{i * 5} {VA + i * STRIDE} {base(topo) + i * STRIDE} 1 1 0 -" for i in range(n)]
+    r = run(harness, topo, "pf_hbm", stores + ["cold 5000"] + chase(topo, n, start=6000), tmp_path)
+    req = r["requests"]
+    assert sum(q[1] for q in req) == n and r["stats"]["vtime"]["writebacks"] == n
+    trace = np.zeros(len(req), fabric_engine.trace_dtype())
+    trace["insn"], trace["hpa"] = [q[2] for q in req], [q[0] * LINE for q in req]
+    trace["write"], trace["size"] = [q[1] for q in req], LINE
+    result = fabric_engine.run(vtime.fabric_for(topo, "pf_hbm"), trace, ns_per_insn=0.001, base_hpa=base(topo),
+                               granularity=4096)
+    chase_reads = result.latency_ns[-n:]
+    assert float(np.median(chase_reads)) == pytest.approx(vtime.expected_idle_ns(topo, "pf_hbm"))
+    assert float(result.latency_ns.sum()) == pytest.approx(r["stats"]["vtime"]["fabric_latency_ns"] +
+                                                           float(result.latency_ns[trace["write"] == 1].sum()),
+                                                           rel=1e-3)
