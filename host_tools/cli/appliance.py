@@ -4,6 +4,7 @@ modules when it runs: the parser stays light, see host_tools/cli/main.py)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.cli import telemetry as cli_telemetry
 from pfcxl.host_tools import argtypes
+from pfcxl.host_tools.cli.options import add_clock_options
 from pfcxl.host_tools.ui import err, out, write_output
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -126,6 +128,13 @@ def cmd_multihost(args) -> int:
         err.print(f"  host {r.host:2} (port {r.port:2}): {state} ready in {r.ready_seconds:.1f}s"
                   + (f", exit {r.status}" if r.status is not None else ""))
 
+    options = boot_options.from_args(args)
+    if args.clock == "virtual":
+        if args.timing:
+            raise PfcxlError("--clock virtual times each host in its own virtual clock; the appliance's "
+                             "--timing models all hosts together in emulator time, and one timeline for "
+                             "both is not there yet: drop one of them")
+        options = dataclasses.replace(options, fabric=args.fabric)
     figures: dict = {}
     results = multihost.run(topo, path, args.hosts, args.command,
                             appliance_dir=Path(args.appliance_dir) if args.appliance_dir else None,
@@ -133,7 +142,7 @@ def cmd_multihost(args) -> int:
                             parallel_boots=args.parallel_boots, say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"),
                             host_done=host_done, timing=args.fabric if args.timing else None, issue=args.issue,
                             telemetry=figures.update, capture=Path(args.capture) if args.capture else None,
-                            options=boot_options.from_args(args))
+                            options=options)
     for r in results:
         out.print(f"== host {r.host} (port {r.port}, exit {r.status if r.status is not None else '-'})",
                   highlight=False)
@@ -224,5 +233,6 @@ def add_parsers(sub, common) -> None:
                    "plugin phases in DIR (absent or empty; a temporary appliance completes the manifest as it "
                    "stops, a running one must have been started with this --capture)")
     argtypes.add_own_qemu(p)
+    add_clock_options(p, fabric=False)   # --fabric above: the fabric each timed host is charged by too
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command for each guest")
     p.set_defaults(func=cmd_multihost)

@@ -19,6 +19,7 @@ from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
 from pfcxl.host_tools.image import debian as debian_image
 from pfcxl.host_tools import argtypes, bus_error
+from pfcxl.host_tools.cli.options import add_clock_options
 from pfcxl.host_tools.ui import out
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -177,6 +178,8 @@ def cmd_replay(args) -> int:
     requests = list(load_trace(args).requests)
     modes = kv_replay.MODES if args.compare else (args.mode,)
     guests = args.on == "guests"
+    if not guests and args.clock == "virtual":
+        raise PfcxlError("--clock virtual is for --on guests: host processes run on the host's own clock")
     if not guests and (args.fabric or args.data_path):
         raise PfcxlError(f"--{'fabric' if args.fabric else 'data-path'} is for --on guests: the appliance times and "
                          "reaches guests, not host processes")
@@ -188,9 +191,13 @@ def cmd_replay(args) -> int:
         from pfcxl.host_tools.kv.replay_guest import run_on_guests
         from pfcxl.host_tools.ui import err
         path = topology.resolve(args.topology or DEFAULT_APPLIANCE)
+        from pfcxl.host_tools.vm.boot_options import BootOptions
+        virtual = args.clock == "virtual"     # each guest in its own virtual clock, charged by --fabric
+        options = BootOptions(clock="virtual", fabric=args.fabric or "pf") if virtual else None
         results = run_on_guests(topology.load(path), path, setup, requests, modes, data_path=args.data_path,
-                                timing=args.fabric, say=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
-                                appliance_dir=Path(args.run_dir) if args.run_dir else None)
+                                timing=None if virtual else args.fabric,
+                                say=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
+                                appliance_dir=Path(args.run_dir) if args.run_dir else None, options=options)
     else:
         kv_replay.check(setup, requests)
         results = [kv_replay.run(setup, requests, m) for m in modes]
@@ -288,6 +295,7 @@ def add_parsers(sub) -> None:
                    help="with --on guests: the appliance models every guest's traffic on this fabric system; the "
                    "report adds each host's modelled latency, rate and the requests' TTFT from them")
     argtypes.old_spelling(p, "--timing", "--fabric", choices=("pf", "electrical"))
+    add_clock_options(p, fabric=False)   # with --clock virtual, --fabric is what each guest is charged by
     p.add_argument("--routing", choices=("round-robin", "session", "prefix"), default="round-robin",
                    help="which host takes a request: in turn, by session (its first block after the shared "
                    "prefix), or the host holding the longest prefix of its blocks (default round-robin)")

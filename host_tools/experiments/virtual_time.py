@@ -62,11 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.n):
             for clock in ("emulator", "virtual"):
                 machine, row = boot(args.topology, clock, Path(tmp) / f"{clock}-{i}")
-                with machine:
+                try:
                     if i == 0:      # the commands once, on the first pair of boots
                         row["chase"] = timed_command(machine, CHASE)
                         if clock == "virtual":
                             row["stream"] = timed_command(machine, STREAM)
+                finally:
+                    machine.close()
                 result["boots"].append(row)
                 print(json.dumps(row), flush=True)
     by = {c: [b for b in result["boots"] if b["clock"] == c] for c in ("emulator", "virtual")}

@@ -159,10 +159,12 @@ def ensure_store(path: str, hosts: int, base: int | None) -> None:
 
 
 def run_on_guests(topo, topo_path, setup: kv_replay.ReplaySetup, requests: list[Request], modes, *, data_path: str | None,
-                  timing: str | None, say: Callable[[str], None], appliance_dir: Path | None = None) -> list[dict]:
+                  timing: str | None, say: Callable[[str], None], appliance_dir: Path | None = None,
+                  options=None) -> list[dict]:
     """The replay in `setup.hosts` guests of the topology's appliance (the running one, else a
     temporary one; with `timing` it models their traffic): setup.path is ignored, the pool is the
-    appliance's shared pool."""
+    appliance's shared pool. `options`: the guests' BootOptions (e.g. clock="virtual": each guest
+    reads its block loads in its own virtual clock)."""
     from pfcxl.host_tools.fleet import multihost      # QEMU and the Machine: for this command alone
     if setup.kill_host is not None:
         raise PfcxlError("--kill-host is for --on host: a guest's replay process is not killed from here")
@@ -187,4 +189,4 @@ def run_on_guests(topo, topo_path, setup: kv_replay.ReplaySetup, requests: list[
             return out
         return replay(setup, requests, modes,
                       lambda at: on_guests(topo, topo_path, where, setup, at, data_path, timing=timing, say=say,
-                                           options=None), after_mode)
+                                           options=options), after_mode)
