@@ -40,15 +40,16 @@ def _chase(machine, command: str) -> tuple[dict, np.ndarray | None]:
 
 
 def _model(topo: Topology, fabric: str, records: np.ndarray | None, write: bool) -> float | None:
-    """The offline engine's mean latency (ns) of the captured requests of one direction, issued when
-    the plugin issued them."""
+    """The offline engine's median latency (ns) of the run's last LINES requests of one direction (the
+    timed accesses: the cold start's write-backs come before them), every captured request issued
+    when the plugin issued it."""
     if records is None or not len(records):
         return None
     placements = address_map.dax_placements(topo)
     result = fabric_engine.run(vtime.fabric_for(topo, fabric), records, base_hpa=placements[0].base,
                                granularity=fabric_systems.appliance_for(topo).granularity)
-    chosen = result.latency_ns[result.write == write]
-    return float(chosen.mean()) if len(chosen) else None
+    chosen = result.latency_ns[result.write == write][-LINES:]
+    return float(np.median(chosen)) if len(chosen) else None
 
 
 def run(machine, topo: Topology, say: Callable[[str], None] = lambda m: None) -> dict:
@@ -77,8 +78,8 @@ def run(machine, topo: Topology, say: Callable[[str], None] = lambda m: None) ->
             "notes": ["read/write ns: the median per access over 64-access batches of a cold chase (reads) "
                       "and of non-temporal stores (writes), in the guest's own clock; the stores' figure "
                       "includes the loop's few instructions (1 ns each)",
-                      "model: the offline engine over the requests the plugin captured in that run; idle: "
-                      "the fabric model's idle 64-byte latency",
+                      "model: the offline engine's median over the timed requests the plugin captured in "
+                      "that run; idle: the fabric model's idle 64-byte latency",
                       "seq read: one 8-byte load per line in address order, the whole walk's rate; bound: "
                       "the narrowest read stage or outstanding misses x 64 B / idle latency (Little's law)"]}
 
