@@ -207,7 +207,9 @@ def add_parsers(sub, common) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", "-n", type=argtypes.count, required=True, help="number of hosts")
     p.add_argument("--topology", "-t", help=f"default {DEFAULT_APPLIANCE}")
-    p.add_argument("--appliance-dir", help="run directory of a running appliance to use")
+    p.add_argument("--run-dir", dest="appliance_dir", help="the run directory of a running appliance to use "
+                   "(as for appliance and kv commands)")
+    argtypes.old_spelling(p, "--appliance-dir", "--run-dir")
     p.add_argument("--timeout", type=argtypes.seconds, default=900, help="seconds for all guests to be ready (default 900)")
     argtypes.add_data_path(p)
     p.add_argument("--command-timeout", type=argtypes.seconds, default=900, help="seconds for the command (default 900)")
