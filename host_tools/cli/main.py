@@ -174,10 +174,11 @@ def cmd_boot(args) -> int:
 def cmd_run(args) -> int:
     if not args.command:
         raise PfcxlError("pfcxl run: give a command after --, e.g. pfcxl run -- cxl list -R")
-    from pfcxl.host_tools.vm.console import shell_command
+    from pfcxl.host_tools.vm.console import check_syntax, shell_command
     command = shell_command(args.command)
     if args.dry_run:
         return _print_plan(_machine(args, progress=lambda m: None), command)
+    check_syntax(command, args.image)       # before a boot, not after it
     if args.reuse and (status := cli_machines.run_reused(args, command)) is not None:
         return status
     from pfcxl.host_tools.timing import model_runs, report as timing_report

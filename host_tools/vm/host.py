@@ -22,13 +22,14 @@ from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from pfcxl.device.topology import Topology
-from pfcxl.errors import CommandError, VMError
+from pfcxl.errors import VMError
 from pfcxl.firmware_tables.generate import TableSet, tables_for
 from pfcxl.firmware_tables.table_files import write as write_tables
 
 from pfcxl.host_tools.image import kernel_pvh
 from pfcxl.host_tools.vm import qemu
-from pfcxl.host_tools.vm.console import CommandRunner, Console, ConsoleClosed, ConsoleTimeout, shell_command
+from pfcxl.host_tools.vm.console import (CommandRunner, Console, ConsoleClosed, ConsoleTimeout, not_shell,
+                                         shell_command)
 from pfcxl.host_tools.image.initramfs import BootImage
 from pfcxl.process import describe_exit, spawn, starved_seconds
 
@@ -292,8 +293,7 @@ class VM:
         except ConsoleClosed:
             self._fail(self._panic() or f"QEMU exited while running: {command[:200]}")
         if status == "syntax":
-            raise CommandError(f"{self.name}: the command is not valid shell syntax (sh -n): "
-                               f"{' '.join(data.decode(errors='replace').split())}; command: {command[:200]}")
+            raise not_shell(self.name, data.decode(errors="replace"), command)
         if status == "late":
             raise VMError(f"{self.name}: command did not finish within {limit:g}s: the guest killed it "
                           f"(its process group); the guest is still up: {command[:200]}")
