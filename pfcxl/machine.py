@@ -173,7 +173,8 @@ class Machine:
         self.qemu_args = list(options.qemu_args)
         # checked before anything is built or started: a missing or too old QEMU is one line
         self.qemu = qemu_binary.resolve(qemu) if qemu is not None else qemu_mod.qemu_binary()
-        self.qemu_version = qemu_binary.version(self.qemu) if qemu is not None else None
+        self.qemu_version = (qemu_binary.version(self.qemu, min(qemu_binary.VERSION_TIMEOUT, ready_timeout))
+                             if qemu is not None else None)
         if modules is not None and kernel is None:
             raise PfcxlError("modules: give them with the kernel they belong to (--kernel PATH --modules DIR)")
         if kernel_package is not None and kernel is not None:
@@ -278,7 +279,7 @@ class Machine:
                 plugin_args = []
             self.vm = self._vm(self.run_dir, plugin_args, fds, ring_fd)
             stack.callback(self.vm.shutdown)
-            self.vm.launch()
+            self.vm.launch(self.ready_timeout)      # QEMU's monitor answers within it, or the boot fails
         except BaseException:
             self.close()
             raise

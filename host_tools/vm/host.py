@@ -8,9 +8,11 @@ The console and QMP ride on socket pairs handed to QEMU as file descriptors: no 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import re
+import select
 import socket
 import subprocess
 import time
@@ -49,6 +51,8 @@ _Part = TypeVar("_Part")     # VM._made: what launch() makes
 # of wall time). READY_WALL_FACTOR times the timeout of wall time ends even a starved boot.
 READY_WALL_FACTOR = 10
 READY_POLL = 5.0      # seconds between looks at QEMU's scheduling figures
+QMP_TIMEOUT = 30.0    # seconds for a QMP reply, and (by default) for the monitor's greeting at launch
+GREETING_POLL = 0.2   # seconds between looks at whether QEMU is still running while it has not greeted
 
 
 class VMState(enum.Enum):
@@ -114,6 +118,7 @@ class VM:
         self._output: Console | None = None
         self._serial_commands: CommandRunner | None = None  # output over the serial line
         self._qmp: QEMUMonitorProtocol | None = None
+        self._qmp_connected = False
         self._log_file: BinaryIO | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -144,7 +149,10 @@ class VM:
                          cdat=cdat_files, numa_args=self.tables.numa_args,
                          extra_args=self.extra_args + self.qemu_args)
 
-    def launch(self) -> None:
+    def launch(self, timeout: float = QMP_TIMEOUT) -> None:
+        """Start QEMU and connect to its QMP monitor, which must greet within `timeout` seconds (a
+        QEMU that waits, e.g. for a client of a `--qemu-arg` chardev with wait=on, fails the launch
+        then rather than hanging it)."""
         if self.state is not VMState.CREATED:
             raise VMError(f"{self.name}: launch() called in state {self.state.value}")
         missing = [d.id for d in self.topo.devices if d.appliance and d.id not in self.appliance_fds]
@@ -174,13 +182,31 @@ class VM:
             self._console = Console(console_ours, self._log_file)
             self._output = Console(output_ours, None)
             self._qmp = QEMUMonitorProtocol(qmp_ours)
-            self._qmp.settimeout(30)
+            self._qmp.settimeout(QMP_TIMEOUT)
+            self._await_greeting(qmp_ours, timeout)     # qemu.qmp's connect() itself waits without a limit
             self._qmp.connect(negotiate=True)
+            self._qmp_connected = True
         except Exception as exc:
             message = self._failure(f"QEMU did not start: {exc}")
             self.shutdown()
             self.state = VMState.FAILED
             raise VMError(message) from exc
+
+    def _await_greeting(self, sock: socket.socket, timeout: float) -> None:
+        """Until QEMU's QMP greeting is there to read; VMError when QEMU exits first or `timeout`
+        seconds pass (a signal's KeyboardInterrupt ends the wait too)."""
+        proc, deadline = self._made(self._proc), time.monotonic() + timeout
+        while True:
+            readable = bool(select.select([sock], [], [], GREETING_POLL)[0])
+            if readable and sock.recv(1, socket.MSG_PEEK):
+                return                               # the greeting's first byte: connect() reads it
+            if readable or proc.poll() is not None:  # its end closed (nothing to read), or it exited
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(GREETING_POLL)         # its status, for the message, once it is gone
+                raise VMError("QEMU exited before its QMP monitor greeted")
+            if time.monotonic() >= deadline:
+                raise VMError(f"its QMP monitor did not greet within {timeout:g} s (is QEMU waiting, e.g. for "
+                              "a client of a --qemu-arg chardev with wait=on?)")
 
     def wait_ready(self, timeout: float = 180) -> dict:
         """Wait for init's PFCXL-READY line; return its JSON. Raises VMError with the console tail.
@@ -229,12 +255,16 @@ class VM:
         """Stop QEMU: QMP quit, then SIGTERM, then SIGKILL. Safe in any state, twice."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            if self._qmp is not None:
+            steps = [("term", 5.0), ("kill", 5.0)]
+            # QMP quit only on a monitor that is connected: waiting `timeout` for a quit that was
+            # never sent (a launch that failed or was interrupted before the greeting) is time lost
+            if self._qmp is not None and self._qmp_connected:
                 try:
                     self._qmp.cmd("quit")
                 except (QMPError, OSError, EOFError, Exception):
                     pass   # QEMU may close the monitor before answering; the wait below decides
-            for sig, wait in (("quit", timeout), ("term", 5), ("kill", 5)):
+                steps.insert(0, ("quit", timeout))
+            for sig, wait in steps:
                 if sig == "term":
                     proc.terminate()
                 elif sig == "kill":
@@ -251,6 +281,7 @@ class VM:
                 except Exception:
                     pass
         self._qmp = self._console_sock = self._output_sock = self._log_file = None
+        self._qmp_connected = False
         self._console = self._output = self._commands = self._serial_commands = None
         if self.state is not VMState.FAILED:
             self.state = VMState.STOPPED
