@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import os
 import re
 import select
+import signal
 import socket
 import subprocess
 import time
@@ -274,6 +276,11 @@ class VM:
                     break
                 except subprocess.TimeoutExpired:
                     continue
+        if proc is not None and proc.poll() is not None:
+            # QEMU's own process group (spawn starts it in a session of its own): what is left
+            # there, say the children of a --qemu wrapper that exited, goes with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
         for closer in (self._qmp, self._console_sock, self._output_sock, self._log_file):
             if closer is not None:
                 try:

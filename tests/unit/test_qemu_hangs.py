@@ -144,3 +144,20 @@ def test_a_child_that_keeps_the_version_output_open_neither_delays_nor_outlives_
     assert not is_running(child)
     with contextlib.suppress(ProcessLookupError):
         os.kill(child, signal.SIGKILL)
+
+
+def test_what_a_qemu_wrapper_leaves_in_its_process_group_goes_with_it(tmp_path):
+    pid_file = tmp_path / "left.pid"
+    # a wrapper that starts something in the background (its QEMU, say) and exits
+    guest = vm(tmp_path, str(script(tmp_path, f'sh -c "echo \\$\\$ > {pid_file}; exec sleep 300" &\n'
+                                              f'while [ ! -s {pid_file} ]; do sleep 0.05; done\nexit 0')))
+    with alarm(60, Hang), pytest.raises(VMError, match="QEMU exited before its QMP monitor greeted"):
+        guest.launch(timeout=600)
+    left = int(pid_file.read_text())
+    for _ in range(100):
+        if not is_running(left):
+            break
+        time.sleep(0.05)
+    assert not is_running(left)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(left, signal.SIGKILL)
