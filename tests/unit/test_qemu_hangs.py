@@ -1,8 +1,9 @@
 """A QEMU that never answers does not hang pfcxl: its QMP monitor must greet within the launch's
 timeout (a `--qemu-arg` chardev with wait=on keeps it silent), a signal ends the wait at once,
 and a monitor that never connected is not waited on for a quit it was never sent; a `--qemu`
-whose `--version` hangs, or leaves a child holding its output open, is bounded and cleaned up.
-Fake QEMUs (shell scripts) stand in, except for the chardev case, which needs the real one."""
+whose `--version` hangs, or leaves a child holding its output open, is bounded and cleaned up;
+a boot that fails keeps the temporary run directory its error names. Fake QEMUs (shell
+scripts) stand in, except for the chardev case, which needs the real one."""
 
 from __future__ import annotations
 
@@ -161,3 +162,21 @@ def test_what_a_qemu_wrapper_leaves_in_its_process_group_goes_with_it(tmp_path):
     assert not is_running(left)
     with contextlib.suppress(ProcessLookupError):
         os.kill(left, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("qemu_body", ["echo 'qemu: cannot start' >&2; exit 1", SILENT])
+def test_a_failed_boot_keeps_the_temporary_run_directory_its_error_names(tmp_path, qemu_body, monkeypatch):
+    import re
+    import tempfile
+    from pfcxl.machine import Machine
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))      # the temporary run directory goes here
+    said: list[str] = []
+    machine = Machine("pf-nic", qemu=str(script(tmp_path, qemu_body)), ready_timeout=2, progress=said.append)
+    with alarm(120, Hang), pytest.raises(VMError) as caught:
+        machine.start()
+    log = Path(re.search(r"^console log: (.*)$", str(caught.value), re.M).group(1))
+    qemu_log = Path(re.search(r"^QEMU log: (.*)$", str(caught.value), re.M).group(1))
+    assert log.parent.name.startswith("pfcxl-run-") and log.parent.parent == tmp_path
+    assert qemu_log.is_file() and f"run directory kept: {log.parent}" in said
+    assert list(log.parent.glob("*.mem")) == []                  # kept without the guest's memory
+    assert not is_running(machine.pid)
