@@ -119,6 +119,8 @@ def cmd_multihost(args) -> int:
         raise PfcxlError("pfcxl multihost: give a command after --, e.g. pfcxl multihost -n 4 -- cxl list")
     topo, path = _topology(args)
     topo = data_path.with_data_path(topo, args.data_path)
+    from pfcxl.host_tools.vm.console import check_syntax
+    check_syntax(multihost.expand(args.command, 0, args.hosts))    # before N boots (of the busybox image)
     start = time.monotonic()
 
     def host_done(r: multihost.HostResult) -> None:

@@ -30,7 +30,7 @@ from pfcxl.machine import Machine
 
 from pfcxl.host_tools import appliance
 from pfcxl.host_tools.vm.boot_options import BootOptions
-from pfcxl.host_tools.vm.console import check_syntax, shell_command
+from pfcxl.host_tools.vm.console import shell_command
 from pfcxl.process import cpu_seconds
 from pfcxl.host_tools.timing.config import plugin_events, plugin_log
 
@@ -137,7 +137,6 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         raise PfcxlError(f"{hosts} hosts but the appliance has {topo.appliance.ports} ports")
     if capture is not None and timing is None:
         raise PfcxlError("--capture keeps what the appliance's timing drains: it needs --timing trace")
-    check_syntax(expand(command, 0, hosts), (options or BootOptions()).image)    # before N boots, not after
     results: dict[int, HostResult] = {}
     with contextlib.ExitStack() as stack:
         where, temporary = stack.enter_context(appliance_for(topo, topo_path, appliance_dir, say, timing, issue,
