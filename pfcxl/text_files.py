@@ -14,7 +14,7 @@ from pfcxl.errors import PfcxlError
 
 # The most read_text takes: far above any real topology, input or trace (the bundled Mooncake
 # traces are 1 and 3 MiB), far below what would exhaust memory.
-MAX_TEXT_BYTES = 256 << 20
+MAX_TEXT_BYTES = 1 << 28         # 256 MiB
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISSOCK, "a socket"))
