@@ -73,6 +73,18 @@ class Hang(Exception):
     pass
 
 
+def killed(pid: int) -> bool:
+    """Whether the process is gone within 5 s (a SIGKILLed orphan is gone once init reaps it);
+    one that is not is killed here, after the answer, so no test leaves it behind."""
+    for _ in range(100):
+        if not is_running(pid):
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return False
+
+
 def test_a_monitor_that_never_greets_fails_the_launch_within_its_timeout(tmp_path, waits):
     guest = vm(tmp_path, str(script(tmp_path, SILENT)))
     with alarm(60, Hang), pytest.raises(VMError) as caught:
@@ -137,14 +149,7 @@ def test_a_child_that_keeps_the_version_output_open_neither_delays_nor_outlives_
                                             'echo "QEMU emulator version 10.1.0"')
     with alarm(50, Hang):
         assert qemu_binary.version(str(path)) == "10.1.0"
-    child = int(pid_file.read_text())
-    for _ in range(100):          # SIGKILLed: gone once init has reaped it
-        if not is_running(child):
-            break
-        time.sleep(0.05)
-    assert not is_running(child)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(child, signal.SIGKILL)
+    assert killed(int(pid_file.read_text()))
 
 
 def test_what_a_qemu_wrapper_leaves_in_its_process_group_goes_with_it(tmp_path):
@@ -154,14 +159,7 @@ def test_what_a_qemu_wrapper_leaves_in_its_process_group_goes_with_it(tmp_path):
                                               f'while [ ! -s {pid_file} ]; do sleep 0.05; done\nexit 0')))
     with alarm(60, Hang), pytest.raises(VMError, match="QEMU exited before its QMP monitor greeted"):
         guest.launch(timeout=600)
-    left = int(pid_file.read_text())
-    for _ in range(100):
-        if not is_running(left):
-            break
-        time.sleep(0.05)
-    assert not is_running(left)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(left, signal.SIGKILL)
+    assert killed(int(pid_file.read_text()))
 
 
 @pytest.mark.parametrize("qemu_body", ["echo 'qemu: cannot start' >&2; exit 1", SILENT])
