@@ -9,6 +9,7 @@ import os
 import stat
 import tomllib
 from pathlib import Path
+from typing import BinaryIO
 
 from pfcxl.errors import PfcxlError
 
@@ -20,11 +21,11 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat
           (stat.S_ISSOCK, "a socket"))
 
 
-def read_bytes(path: Path, error: type[PfcxlError], label: str | None = None, limit: int = MAX_TEXT_BYTES) -> bytes:
-    """`path`'s bytes, at most `limit` of them; `error` if it is missing, a directory, not a regular
-    file (a FIFO, a device such as /dev/zero, a socket: refused before a byte is read, so nothing
-    waits or reads forever), unreadable or larger than `limit`. `label` (default the path) starts
-    each message: "trace t.jsonl: no such file"."""
+def open_regular(path: Path, error: type[PfcxlError], label: str | None = None) -> BinaryIO:
+    """`path` opened for reading; `error` if it is missing, a directory, not a regular file (a
+    FIFO, a device such as /dev/zero, a socket: refused before a byte is read, so nothing waits on
+    a writer or reads forever) or cannot be opened. `label` (default the path) starts each
+    message: "trace t.jsonl: no such file"."""
     label = label or str(path)
     try:
         # O_NONBLOCK: opening a FIFO does not wait for a writer (fstat below refuses it)
@@ -39,7 +40,15 @@ def read_bytes(path: Path, error: type[PfcxlError], label: str | None = None, li
         os.close(fd)
         raise error(f"{label}: is a directory, not a file" if stat.S_ISDIR(mode)
                     else f"{label}: {_kind_of(mode)}, not a regular file")
-    with os.fdopen(fd, "rb") as f:
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path: Path, error: type[PfcxlError], label: str | None = None, limit: int = MAX_TEXT_BYTES) -> bytes:
+    """`path`'s bytes, at most `limit` of them: open_regular's errors, and `error` if it cannot be
+    read or is larger than `limit`."""
+    label = label or str(path)
+    with open_regular(path, error, label) as f:
         try:
             data = f.read(limit + 1)
         except OSError as exc:
