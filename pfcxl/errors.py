@@ -71,6 +71,14 @@ class TimingError(PfcxlError):
     exit_code = 9
 
 
+def shown(value: object) -> str:
+    """A value (a path, a name) as a message names it: as is, or as Python writes the string
+    ('a\\nb') when it holds a newline or another character that is not printable, so a one-line
+    message stays one line."""
+    text = str(value)
+    return text if text.isprintable() else repr(text)
+
+
 def exit_codes() -> list[tuple[int, str, str]]:
     """(exit code, class name, what it means) for every error class: `pfcxl --help` lists them."""
     found, todo = [], [PfcxlError]

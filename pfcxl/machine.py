@@ -187,7 +187,8 @@ class Machine:
             self.qemu_args = timed_qemu.firmware_args() + self.qemu_args
         else:
             self.qemu = qemu_mod.qemu_binary()
-        self.qemu_version = qemu_binary.version(self.qemu) if qemu is not None else None
+        self.qemu_version = (qemu_binary.version(self.qemu, min(qemu_binary.VERSION_TIMEOUT, ready_timeout))
+                             if qemu is not None else None)
         if modules is not None and kernel is None:
             raise PfcxlError("modules: give them with the kernel they belong to (--kernel PATH --modules DIR)")
         if kernel_package is not None and kernel is not None:
@@ -210,6 +211,7 @@ class Machine:
         self._image = prebuilt      # an image another Machine of the same topology built (multihost)
         self._stack: contextlib.ExitStack | None = None
         self._appliance_dir: Path | None = None
+        self._boot_failed = False      # launch or wait_ready failed (not an interrupt)
 
     # ------------------------------------------------------------------ plan
 
@@ -271,7 +273,8 @@ class Machine:
             raise VMError(f"{self.name}: this Machine was already started")
         stack = self._stack = contextlib.ExitStack()
         try:
-            self.run_dir = stack.enter_context(_run_directory(self.run_dir_arg, self.keep, self.say))
+            self.run_dir = stack.enter_context(_run_directory(self.run_dir_arg, self.keep, self.say,
+                                                              lambda: self._boot_failed))
             if self._pick_name:   # guests sharing a run directory each get their own log names
                 self.name = stack.enter_context(guest_name(self.run_dir, self.name))
             fds = self._attach(stack)
@@ -292,13 +295,21 @@ class Machine:
                 plugin_args = []
             self.vm = self._vm(self.run_dir, plugin_args, fds, ring_fd)
             stack.callback(self.vm.shutdown)
-            self.vm.launch()
+            self.vm.launch(self.ready_timeout)      # QEMU's monitor answers within it, or the boot fails
+        except Exception:
+            self._boot_failed = True       # a temporary run directory is kept: the error names its logs
+            self.close()
+            raise
         except BaseException:
             self.close()
             raise
 
     def wait_ready(self) -> dict:
-        info = self._booted().wait_ready(self.ready_timeout)
+        try:
+            info = self._booted().wait_ready(self.ready_timeout)
+        except Exception:
+            self._boot_failed = True
+            raise
         if self.timing is not None:
             self.timing.start()
         return info
@@ -471,9 +482,12 @@ def _with_baseline(config: timing_mod.TimingConfig, baseline_ns: float) -> timin
 
 
 @contextlib.contextmanager
-def _run_directory(path: Path | None, keep: bool, say: Callable[[str], None]):
+def _run_directory(path: Path | None, keep: bool, say: Callable[[str], None],
+                   boot_failed: Callable[[], bool] = lambda: False):
     """The directory for backing files and logs: given (kept), or temporary (removed afterwards,
-    kept with its logs when something failed)."""
+    kept with its logs, less the guest's memory, when something failed: an exception through it,
+    or `boot_failed()` when it is closed, as Machine closes its stack without the exception after a
+    failed boot; a failure before anything was written there leaves nothing to keep)."""
     if path is not None:
         writable_dir(path, "run directory")       # 0700: it holds guest memory
         yield path
@@ -484,11 +498,14 @@ def _run_directory(path: Path | None, keep: bool, say: Callable[[str], None]):
         yield path
         failed = False
     finally:
-        if keep or failed:
+        if keep or failed or boot_failed():
             if not keep:
                 for f in path.glob("*.mem"):
                     f.unlink()
-            say(f"run directory kept: {path}")
+            if keep or any(path.iterdir()):
+                say(f"run directory kept: {path}")
+            else:
+                path.rmdir()
         else:
             shutil.rmtree(path, ignore_errors=True)
 

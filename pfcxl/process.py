@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -123,6 +125,25 @@ def run(argv: Sequence[str], *, what: str, error: type[PfcxlError] = PfcxlError,
         raise error(f"{what}: {describe_exit(argv, done.returncode)}"
                     + (f":\n{detail}" if detail else "") + f"\ncommand: {' '.join(argv)}")
     return done.stdout
+
+
+def probe(argv: Sequence[str], timeout: float, limit: int = 1 << 16) -> tuple[int, str]:
+    """Run a short probe (`qemu --version`) to its end: its status and the first `limit` bytes of
+    its stdout and stderr together. It runs in a session of its own, and whatever it leaves behind
+    (a background child still holding its output open) is killed when it ends, so neither an
+    output pipe kept open nor a child outlives the call. subprocess.TimeoutExpired after `timeout`
+    seconds; OSError if it cannot be started. A signal's KeyboardInterrupt kills it too."""
+    with tempfile.TemporaryFile() as out:     # a file, not a pipe: its end is the probe's exit, not EOF
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            status = proc.wait(timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)     # its session's group: the probe and what it started
+            proc.wait()
+        out.seek(0)
+        return status, out.read(limit).decode(errors="replace")
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> None:

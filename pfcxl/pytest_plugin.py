@@ -15,6 +15,9 @@ attached to that appliance as host 0 (marker `host=N` to choose).
 
 from __future__ import annotations
 
+import difflib
+import inspect
+
 import pytest
 
 from pfcxl.process import is_running
@@ -35,7 +38,20 @@ def _options(request) -> dict:
     for mark in reversed(list(request.node.iter_markers(MARKER))):
         options.update(mark.kwargs)
     options.update(getattr(request, "param", None) or {})
+    valid = option_names()
+    for key in options:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            pytest.fail(f"@pytest.mark.{MARKER}: no option '{key}'" + (f" (did you mean '{close[0]}'?)" if close else "")
+                        + f"; the options are Machine's keywords and appliance_topology: {', '.join(valid)}",
+                        pytrace=False)
     return options
+
+
+def option_names() -> list[str]:
+    """What the marker takes: pfcxl.Machine's keyword arguments, and appliance_topology."""
+    from pfcxl.machine import Machine
+    return [*inspect.signature(Machine).parameters, "appliance_topology"]
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.guest.tool_output import json_lines
 
 from pfcxl import cache
+from pfcxl.text_files import read_text
 
 
 @dataclass(frozen=True)
@@ -71,16 +72,21 @@ class BenchResult:
     modelled: dict = field(default_factory=dict)   # fabric models fed by this run's captured accesses
 
 
+def unknown_suite(name: str) -> str:
+    """What a --suite that is neither a shipped suite nor a file is told."""
+    return f"no suite '{name}' (shipped: {', '.join(SUITES)}; or a JSON file)"
+
+
 def load_suite(name_or_path: str) -> list[BenchSpec]:
     """A shipped suite (quick, full) or a JSON file: [{"name", "command", "system", "timeout"}]."""
     if name_or_path in SUITES:
         return SUITES[name_or_path]
     path = Path(name_or_path)
+    if not os.path.lexists(path):
+        raise PfcxlError(unknown_suite(name_or_path))
+    text = read_text(path, PfcxlError, f"suite file {path}")
     try:
-        raw = json.loads(path.read_text())
-        specs = [BenchSpec(**item) for item in raw]
-    except FileNotFoundError as exc:
-        raise PfcxlError(f"no suite '{name_or_path}' (shipped: {', '.join(SUITES)}; or a JSON file)") from exc
+        specs = [BenchSpec(**item) for item in json.loads(text)]
     except (ValueError, TypeError) as exc:
         raise PfcxlError(f"suite file {path}: {exc} (a list of objects with name, command, system, timeout)") from exc
     if len({s.name for s in specs}) != len(specs):

@@ -121,6 +121,8 @@ def cmd_multihost(args) -> int:
         raise PfcxlError("pfcxl multihost: give a command after --, e.g. pfcxl multihost -n 4 -- cxl list")
     topo, path = _topology(args)
     topo = data_path.with_data_path(topo, args.data_path)
+    from pfcxl.host_tools.vm.console import check_syntax
+    check_syntax(multihost.expand(args.command, 0, args.hosts))    # before N boots (of the busybox image)
     start = time.monotonic()
 
     def host_done(r: multihost.HostResult) -> None:
@@ -216,7 +218,9 @@ def add_parsers(sub, common) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", "-n", type=argtypes.count, required=True, help="number of hosts")
     p.add_argument("--topology", "-t", help=f"default {DEFAULT_APPLIANCE}")
-    p.add_argument("--appliance-dir", help="run directory of a running appliance to use")
+    p.add_argument("--run-dir", dest="appliance_dir", help="the run directory of a running appliance to use "
+                   "(as for appliance and kv commands)")
+    argtypes.old_spelling(p, "--appliance-dir", "--run-dir")
     p.add_argument("--timeout", type=argtypes.seconds, default=900, help="seconds for all guests to be ready (default 900)")
     argtypes.add_data_path(p)
     p.add_argument("--command-timeout", type=argtypes.seconds, default=900, help="seconds for the command (default 900)")

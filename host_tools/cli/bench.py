@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import os
 import time
 from pathlib import Path
 
@@ -117,6 +118,15 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _suite(text: str) -> str:
+    """--suite: a shipped suite or a file that exists (one that is not: argparse's one line, status 2,
+    as for every other bad value); the file is read and checked when the command runs."""
+    from pfcxl.host_tools.bench import suite as bench       # when bench's arguments are parsed, not for --help
+    if text in bench.SUITES or os.path.lexists(text):
+        return text
+    raise argparse.ArgumentTypeError(bench.unknown_suite(text))
+
+
 def add_parsers(sub) -> None:
     p = sub.add_parser("bench", help="run the guest benchmark suite; or compare two results",
                        description="pfcxl bench [--topology T] [--suite quick|full|FILE] [--image busybox|debian] "
@@ -134,7 +144,8 @@ def add_parsers(sub) -> None:
                        "pfcxl bench compare A B: compare two results files (pfcxl bench compare --help).",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", "-t", help="the topology to boot (default pf-nic)")
-    p.add_argument("--suite", default="quick", help="quick (default, a minute or two), full, or a JSON suite file")
+    p.add_argument("--suite", type=_suite, default="quick",
+                   help="quick (default, a minute or two), full, or a JSON suite file")
     p.add_argument("--image", choices=IMAGE_KINDS, default="busybox", help="guest image (default busybox)")
     argtypes.add_packages(p)
     p.add_argument("--timing", choices=("trace",), help="also model each CXL run's whole trace (idle latency "

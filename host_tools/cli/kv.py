@@ -14,7 +14,7 @@ from pathlib import Path
 from pfcxl.device.appliance import rundir as appliance_rundir
 from pfcxl.device import topology
 from pfcxl.device.topology.units import human, parse_size
-from pfcxl.errors import PfcxlError
+from pfcxl.errors import ApplianceError, PfcxlError
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
 from pfcxl.host_tools.image import debian as debian_image
@@ -38,11 +38,11 @@ def pool_file(args) -> Path:
     run_dir = Path(args.run_dir) if args.run_dir else appliance.default_dir(topo)
     where = appliance_rundir.pool_dir(run_dir, topo.appliance.backing)
     if where is None:
-        raise PfcxlError(f"appliance '{topo.name}' keeps its pool in memfds (backing memfd): the host cannot open "
+        raise ApplianceError(f"appliance '{topo.name}' keeps its pool in memfds (backing memfd): the host cannot open "
                          "it; use backing \"shm\" or \"directory\"")
     path = where / "shared.pool"
     if not path.exists():
-        raise PfcxlError(f"{path}: no pool there; start the appliance (pfcxl appliance start) or give --pool FILE")
+        raise ApplianceError(f"{path}: no pool there; start the appliance (pfcxl appliance start) or give --pool FILE")
     return path
 
 

@@ -97,11 +97,15 @@ def _field(text: str) -> tuple[str, object]:
 
 def cmd_inject(args) -> int:
     import json
-    fields = dict(args.set)
-    for key in ("dpa", "length", "log", "type"):
-        value = getattr(args, key)
-        if value is not None:
-            fields[key] = _field(f"{key}={value}")[1]
+    fields: dict = {}
+    given = [(f"--set {key.replace('_', '-')}={value}", key, value) for key, value in args.set]
+    given += [(f"--{key} {getattr(args, key)}", key, _field(f"{key}={getattr(args, key)}")[1])
+              for key in ("dpa", "length", "log", "type") if getattr(args, key) is not None]
+    said: dict[str, str] = {}
+    for option, key, value in given:      # one field set twice is a conflict, whichever value would win
+        if key in said:
+            raise PfcxlError(f"{said[key]} and {option} both set the field {key.replace('_', '-')}: give it once")
+        said[key], fields[key] = option, value
     request = dict(fields, kind=args.kind, device=args.device, expect=args.expect, timeout=args.expect_timeout)
     reply = detached.call(args.name, {"op": "inject", "inject": request},
                           timeout=2 * detached.INJECT_TIMEOUT + args.expect_timeout + detached.EXEC_SLACK)

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.markup import escape
 
@@ -175,10 +175,11 @@ def cmd_boot(args) -> int:
 def cmd_run(args) -> int:
     if not args.command:
         raise PfcxlError("pfcxl run: give a command after --, e.g. pfcxl run -- cxl list -R")
-    from pfcxl.host_tools.vm.console import shell_command
+    from pfcxl.host_tools.vm.console import check_syntax, shell_command
     command = shell_command(args.command)
     if args.dry_run:
         return _print_plan(_machine(args, progress=lambda m: None), command)
+    check_syntax(command, args.image)       # before a boot, not after it
     if args.reuse and (status := cli_machines.run_reused(args, command)) is not None:
         return status
     from pfcxl.host_tools.timing import model_runs, report as timing_report
@@ -285,8 +286,17 @@ def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: boo
         add_clock_options(p)
 
 
+class _Parser(argparse.ArgumentParser):
+    """pfcxl's parser and, through add_subparsers, every command's: a usage error (a bad choice, a
+    value its type refuses, a missing argument) is one line, the error and where the usage is,
+    rather than the whole usage (a dozen lines) above it. Status 2, as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}; see {self.prog} --help\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="pfcxl", description="Emulate a photonic-fabric CXL memory appliance: "
+    ap = _Parser(prog="pfcxl", description="Emulate a photonic-fabric CXL memory appliance: "
                                  "QEMU CXL Type 3 devices, a Linux 6.12 guest, /dev/daxN.M.", epilog=_epilog(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"pfcxl {__version__}")

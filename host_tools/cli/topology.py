@@ -136,7 +136,7 @@ TABLES_DESCRIPTION = """\
 pfcxl tables [TOPOLOGY] [--out DIR]: write CEDT.dat, one CDAT per device and switch,
   the generic-port/HMAT QEMU options and decoded dumps.
 pfcxl tables decode FILE...: decode any CEDT or CDAT (ours, QEMU's, a real machine's)
-  and list every violation found; exit 1 if there are any."""
+  and list every violation found; exit 1 if there are any, 6 if a file is not a CEDT or CDAT."""
 
 
 def add_tables_parser(sub) -> None:

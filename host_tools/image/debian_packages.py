@@ -55,6 +55,16 @@ def parse_simulation(text: str) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in re.finditer(r"^Inst (\S+) (?:\[\S+\] )?\((\S+)", text, re.M)]
 
 
+def not_installed_by_name(names: tuple[str, ...], simulation: str) -> list[str]:
+    """The asked-for names no `Inst` line of `simulation` installs. apt reads a name that is no
+    package as a regular expression when it holds '.' or '+' (`numa.+`, `python3-num.+`: 152
+    packages), and a virtual package's name as its provider: both are valid Debian names, so only
+    apt's answer tells them from packages. The simulation starts from an empty dpkg status, so a
+    real package asked for is always among its Inst lines."""
+    installed = {name for name, _ in parse_simulation(simulation)}
+    return [name for name in names if name not in installed]
+
+
 def unknown_names(text: str) -> list[str]:
     """The package names apt's errors say it cannot install."""
     found = re.findall(r"Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate", text)
@@ -81,6 +91,10 @@ def layer(names: tuple[str, ...], base_tar: Path, progress: Callable[[str], None
                 raise ImageError(f"--packages: no Debian package {', '.join(missing)} in trixie")
             why = (proc.stderr.strip().splitlines() or ["exit 100"])[-1]
             raise ImageError(f"--packages {','.join(names)}: apt cannot install them in trixie: {why}")
+        inexact = not_installed_by_name(names, proc.stdout)
+        if inexact:
+            raise ImageError(f"--packages: no Debian package named {', '.join(inexact)} in trixie (apt reads such "
+                             "a name as a pattern, or as a package that provides it); give exact package names")
         have = installed_in(base_tar)
         wanted = [f"{n}={v}" for n, v in parse_simulation(proc.stdout) if n not in have]
         debs = download_debs(s, trixie_apt, wanted) if wanted else []

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pfcxl.errors import ImageError
+from pfcxl.errors import ImageError, shown
 
 from pfcxl import cache
 from pfcxl.host_tools.image import kernel_pvh
@@ -42,13 +42,13 @@ def bzimage_release(path: Path) -> str:
     with open(path, "rb") as f:
         head = f.read(SETUP_AREA)
     if head[HDRS_OFFSET:HDRS_OFFSET + 4] != HDRS_MAGIC or len(head) < KERNEL_VERSION_FIELD + 2:
-        raise ImageError(f"--kernel {path}: not a bzImage (no 'HdrS' boot header); give arch/x86/boot/bzImage "
+        raise ImageError(f"--kernel {shown(path)}: not a bzImage (no 'HdrS' boot header); give arch/x86/boot/bzImage "
                          "or the build tree")
     at = int.from_bytes(head[KERNEL_VERSION_FIELD:KERNEL_VERSION_FIELD + 2], "little") + 0x200
     text = head[at:at + 256].split(b"\0")[0].decode(errors="replace")
     match = RELEASE_RE.match(text)
     if at <= 0x200 or match is None:
-        raise ImageError(f"--kernel {path}: its boot header has no kernel version string")
+        raise ImageError(f"--kernel {shown(path)}: its boot header has no kernel version string")
     return match.group(0)
 
 
@@ -61,10 +61,10 @@ def modules_root(modules: Path, release: str) -> Path:
     others = sorted(p.name for base in ("lib/modules", "usr/lib/modules") if (modules / base).is_dir()
                     for p in (modules / base).iterdir())
     if others:
-        raise ImageError(f"--modules {modules} holds modules for {', '.join(others)}, but the kernel is {release}")
+        raise ImageError(f"--modules {shown(modules)} holds modules for {', '.join(others)}, but the kernel is {release}")
     if (modules / "modules.builtin").is_file():
         return modules
-    raise ImageError(f"--modules {modules}: no lib/modules/{release} (an INSTALL_MOD_PATH tree) and no "
+    raise ImageError(f"--modules {shown(modules)}: no lib/modules/{release} (an INSTALL_MOD_PATH tree) and no "
                      "modules.builtin")
 
 
@@ -87,17 +87,17 @@ def own(kernel: Path | str, modules: Path | str | None) -> Kernel:
     if kernel.is_dir():
         bzimage, vmlinux = kernel / BUILD_TREE_BZIMAGE, kernel / "vmlinux"
         if not bzimage.is_file():
-            raise ImageError(f"--kernel {kernel}: a directory but no {BUILD_TREE_BZIMAGE} (build the kernel first)")
+            raise ImageError(f"--kernel {shown(kernel)}: a directory but no {BUILD_TREE_BZIMAGE} (build the kernel first)")
         modules = Path(modules) if modules is not None else kernel
     elif kernel.is_file():
         bzimage, vmlinux = kernel, None
         if modules is None:
-            raise ImageError(f"--kernel {kernel}: a kernel file needs --modules DIR (its INSTALL_MOD_PATH tree)")
+            raise ImageError(f"--kernel {shown(kernel)}: a kernel file needs --modules DIR (its INSTALL_MOD_PATH tree)")
         modules = Path(modules)
     else:
-        raise ImageError(f"--kernel {kernel}: no such file or directory")
+        raise ImageError(f"--kernel {shown(kernel)}: no such file or directory")
     if not modules.is_dir():
-        raise ImageError(f"--modules {modules}: no such directory")
+        raise ImageError(f"--modules {shown(modules)}: no such directory")
     release = bzimage_release(bzimage)
     root = modules_root(modules.absolute(), release)
     return Kernel(bzimage, _pvh_of(bzimage, vmlinux), root, release, f"--kernel {kernel}")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from pfcxl.device.fabric import constants as fc
 from pfcxl.device import topology
 from pfcxl.errors import TimingError
+from pfcxl.text_files import open_regular
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,7 +43,7 @@ def read_trace(path: Path) -> np.ndarray:
     from pfcxl.device.fabric.engine import trace_dtype
     fmt = np.lib.format
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, TimingError, f"{path}: cannot read a trace") as f:   # not a FIFO or /dev/zero
             version = fmt.read_magic(f)
             if version not in ((1, 0), (2, 0)):
                 raise ValueError(f"unsupported .npy version {version[0]}.{version[1]}")

@@ -18,6 +18,13 @@ from pfcxl.errors import PfcxlError
 from pfcxl.host_tools.image.debian_packages import parse_names
 from pfcxl.host_tools.timing import CLOCKS, FABRICS
 
+# QEMU options that would take QEMU away from pfcxl, which spawned it and shuts it down. QEMU
+# reads each with one dash or two.
+DETACHING_QEMU_ARGS = {
+    "daemonize": "QEMU would fork into the background and detach (the guest would outlive the run, "
+                 "orphaned, and its run directory be removed under it)",
+}
+
 # A command-line option whose name is not the field's.
 FIELD_OF_DEST = {"appliance_dir": "appliance"}
 
@@ -105,6 +112,10 @@ class BootOptions:
         if isinstance(self.qemu_args, (str, bytes)) or not all(isinstance(a, str) for a in self.qemu_args):
             raise PfcxlError(f"qemu_args must be a list of strings, not {self.qemu_args!r}")
         object.__setattr__(self, "qemu_args", tuple(self.qemu_args))
+        for arg in self.qemu_args:
+            if arg.startswith("-") and arg.lstrip("-") in DETACHING_QEMU_ARGS:
+                raise PfcxlError(f"--qemu-arg {arg}: {DETACHING_QEMU_ARGS[arg.lstrip('-')]}; pfcxl must stay QEMU's "
+                                 "parent to shut it down")
         object.__setattr__(self, "packages", parse_names(self.packages))
         if self.issue not in ISSUES:
             raise PfcxlError(f"issue '{self.issue}' is not one of {', '.join(ISSUES)}")

@@ -17,14 +17,19 @@ as a job of its own beside a watchdog that kills its process group at the comman
 from __future__ import annotations
 
 import base64
+import os
 import secrets
 import shlex
+import shutil
 import socket
+import subprocess
 import time
 from typing import BinaryIO, Sequence
 
 import pexpect
 from pexpect import fdpexpect
+
+from pfcxl.errors import CommandError
 
 READ = 1 << 16
 SHORT = 600             # base64 characters that fit on the one line that also starts the script
@@ -54,6 +59,29 @@ def shell_command(command: str | Sequence[str], substitutions: dict[str, str] | 
         return sub(command)
     words = [sub(w) for w in command]
     return words[0] if len(words) == 1 else shlex.join(words)
+
+
+def not_shell(who: str, said: str, command: str) -> CommandError:
+    """A command that is not valid shell, in the words of the shell's `sh -n`."""
+    return CommandError(f"{who}: the command is not valid shell syntax (sh -n): {' '.join(said.split())}; "
+                        f"command: {command[:200]}")
+
+
+def check_syntax(command: str, image: str = "busybox") -> None:
+    """`sh -n` of the command on the host, before a guest boots to find it out: in the guest's own
+    shell, busybox's ash (the image's busybox is the host's static /bin/busybox) or, for the Debian
+    image, dash. CommandError in one line when it is not valid shell. Where that shell is missing
+    on the host, or does not answer, nothing is said: the guest's own check still runs."""
+    from pfcxl.host_tools.image.initramfs import BUSYBOX
+    shell = [str(BUSYBOX), "sh"] if image == "busybox" else [shutil.which("dash") or ""]
+    if not os.access(shell[0], os.X_OK):
+        return
+    try:       # the script on stdin: -n reads it and runs nothing; no argument size limit
+        done = subprocess.run([*shell, "-n"], input=command.encode(), capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if done.returncode != 0:
+        raise not_shell("checked before booting", done.stderr.decode(errors="replace") or f"exit {done.returncode}", command)
 
 
 def line_markers(marker: str) -> list[bytes]:

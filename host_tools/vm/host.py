@@ -8,9 +8,13 @@ The console and QMP ride on socket pairs handed to QEMU as file descriptors: no 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
+import os
 import re
+import select
+import signal
 import socket
 import subprocess
 import time
@@ -22,13 +26,14 @@ from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from pfcxl.device.topology import Topology
-from pfcxl.errors import CommandError, VMError
+from pfcxl.errors import VMError
 from pfcxl.firmware_tables.generate import TableSet, tables_for
 from pfcxl.firmware_tables.table_files import write as write_tables
 
 from pfcxl.host_tools.image import kernel_pvh
 from pfcxl.host_tools.vm import qemu
-from pfcxl.host_tools.vm.console import CommandRunner, Console, ConsoleClosed, ConsoleTimeout, shell_command
+from pfcxl.host_tools.vm.console import (CommandRunner, Console, ConsoleClosed, ConsoleTimeout, not_shell,
+                                         shell_command)
 from pfcxl.host_tools.image.initramfs import BootImage
 from pfcxl.process import describe_exit, spawn, starved_seconds
 
@@ -48,6 +53,8 @@ _Part = TypeVar("_Part")     # VM._made: what launch() makes
 # of wall time). READY_WALL_FACTOR times the timeout of wall time ends even a starved boot.
 READY_WALL_FACTOR = 10
 READY_POLL = 5.0      # seconds between looks at QEMU's scheduling figures
+QMP_TIMEOUT = 30.0    # seconds for a QMP reply, and (by default) for the monitor's greeting at launch
+GREETING_POLL = 0.2   # seconds between looks at whether QEMU is still running while it has not greeted
 
 
 class VMState(enum.Enum):
@@ -113,6 +120,7 @@ class VM:
         self._output: Console | None = None
         self._serial_commands: CommandRunner | None = None  # output over the serial line
         self._qmp: QEMUMonitorProtocol | None = None
+        self._qmp_connected = False
         self._log_file: BinaryIO | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -143,7 +151,10 @@ class VM:
                          cdat=cdat_files, numa_args=self.tables.numa_args,
                          extra_args=self.extra_args + self.qemu_args)
 
-    def launch(self) -> None:
+    def launch(self, timeout: float = QMP_TIMEOUT) -> None:
+        """Start QEMU and connect to its QMP monitor, which must greet within `timeout` seconds (a
+        QEMU that waits, e.g. for a client of a `--qemu-arg` chardev with wait=on, fails the launch
+        then rather than hanging it)."""
         if self.state is not VMState.CREATED:
             raise VMError(f"{self.name}: launch() called in state {self.state.value}")
         missing = [d.id for d in self.topo.devices if d.appliance and d.id not in self.appliance_fds]
@@ -173,13 +184,31 @@ class VM:
             self._console = Console(console_ours, self._log_file)
             self._output = Console(output_ours, None)
             self._qmp = QEMUMonitorProtocol(qmp_ours)
-            self._qmp.settimeout(30)
+            self._qmp.settimeout(QMP_TIMEOUT)
+            self._await_greeting(qmp_ours, timeout)     # qemu.qmp's connect() itself waits without a limit
             self._qmp.connect(negotiate=True)
+            self._qmp_connected = True
         except Exception as exc:
             message = self._failure(f"QEMU did not start: {exc}")
             self.shutdown()
             self.state = VMState.FAILED
             raise VMError(message) from exc
+
+    def _await_greeting(self, sock: socket.socket, timeout: float) -> None:
+        """Until QEMU's QMP greeting is there to read; VMError when QEMU exits first or `timeout`
+        seconds pass (a signal's KeyboardInterrupt ends the wait too)."""
+        proc, deadline = self._made(self._proc), time.monotonic() + timeout
+        while True:
+            readable = bool(select.select([sock], [], [], GREETING_POLL)[0])
+            if readable and sock.recv(1, socket.MSG_PEEK):
+                return                               # the greeting's first byte: connect() reads it
+            if readable or proc.poll() is not None:  # its end closed (nothing to read), or it exited
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(GREETING_POLL)         # its status, for the message, once it is gone
+                raise VMError("QEMU exited before its QMP monitor greeted")
+            if time.monotonic() >= deadline:
+                raise VMError(f"its QMP monitor did not greet within {timeout:g} s (is QEMU waiting, e.g. for "
+                              "a client of a --qemu-arg chardev with wait=on?)")
 
     def wait_ready(self, timeout: float = 180) -> dict:
         """Wait for init's PFCXL-READY line; return its JSON. Raises VMError with the console tail.
@@ -228,12 +257,16 @@ class VM:
         """Stop QEMU: QMP quit, then SIGTERM, then SIGKILL. Safe in any state, twice."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            if self._qmp is not None:
+            steps = [("term", 5.0), ("kill", 5.0)]
+            # QMP quit only on a monitor that is connected: waiting `timeout` for a quit that was
+            # never sent (a launch that failed or was interrupted before the greeting) is time lost
+            if self._qmp is not None and self._qmp_connected:
                 try:
                     self._qmp.cmd("quit")
                 except (QMPError, OSError, EOFError, Exception):
                     pass   # QEMU may close the monitor before answering; the wait below decides
-            for sig, wait in (("quit", timeout), ("term", 5), ("kill", 5)):
+                steps.insert(0, ("quit", timeout))
+            for sig, wait in steps:
                 if sig == "term":
                     proc.terminate()
                 elif sig == "kill":
@@ -243,6 +276,11 @@ class VM:
                     break
                 except subprocess.TimeoutExpired:
                     continue
+        if proc is not None and proc.poll() is not None:
+            # QEMU's own process group (spawn starts it in a session of its own): what is left
+            # there, say the children of a --qemu wrapper that exited, goes with it
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
         for closer in (self._qmp, self._console_sock, self._output_sock, self._log_file):
             if closer is not None:
                 try:
@@ -250,6 +288,7 @@ class VM:
                 except Exception:
                     pass
         self._qmp = self._console_sock = self._output_sock = self._log_file = None
+        self._qmp_connected = False
         self._console = self._output = self._commands = self._serial_commands = None
         if self.state is not VMState.FAILED:
             self.state = VMState.STOPPED
@@ -292,8 +331,7 @@ class VM:
         except ConsoleClosed:
             self._fail(self._panic() or f"QEMU exited while running: {command[:200]}")
         if status == "syntax":
-            raise CommandError(f"{self.name}: the command is not valid shell syntax (sh -n): "
-                               f"{' '.join(data.decode(errors='replace').split())}; command: {command[:200]}")
+            raise not_shell(self.name, data.decode(errors="replace"), command)
         if status == "late":
             raise VMError(f"{self.name}: command did not finish within {limit:g}s: the guest killed it "
                           f"(its process group); the guest is still up: {command[:200]}")

@@ -10,9 +10,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from pfcxl.errors import VMError
+from pfcxl.errors import VMError, shown
+from pfcxl.process import probe
 
 MIN_VERSION = (10, 0)
+VERSION_TIMEOUT = 60    # seconds for `--version`, at most (Machine: no more than its ready timeout)
 VERSION_RE = re.compile(r"QEMU emulator version (\d+)\.(\d+)(?:\.(\d+))?")
 
 
@@ -25,32 +27,32 @@ def resolve(value: str | os.PathLike) -> str:
     if "/" not in text:
         found = shutil.which(text)
         if found is None:
-            raise VMError(f"--qemu {text}: no such program on PATH")
+            raise VMError(f"--qemu {shown(text)}: no such program on PATH")
         return found
     return str(Path(text).absolute())
 
 
-def version(path: str) -> str:
+def version(path: str, timeout: float = VERSION_TIMEOUT) -> str:
     """`path --version`'s version, e.g. '10.0.2'; VMError in one line when it is not a QEMU
-    that runs, or older than MIN_VERSION."""
+    that runs, does not answer within `timeout` seconds, or is older than MIN_VERSION. Whatever
+    the program started is gone when this returns (process.probe)."""
     if not os.path.isfile(path):
-        raise VMError(f"--qemu {path}: no such file")
+        raise VMError(f"--qemu {shown(path)}: no such file")
     if not os.access(path, os.X_OK):
-        raise VMError(f"--qemu {path}: not executable")
+        raise VMError(f"--qemu {shown(path)}: not executable")
     try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)
+        status, said = probe([path, "--version"], timeout)
     except OSError as exc:
-        raise VMError(f"--qemu {path}: cannot run it: {exc.strerror or exc}") from exc
+        raise VMError(f"--qemu {shown(path)}: cannot run it: {exc.strerror or exc}") from exc
     except subprocess.TimeoutExpired as exc:
-        raise VMError(f"--qemu {path}: '--version' did not answer within 60 s") from exc
-    match = VERSION_RE.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        said = " ".join((done.stdout + done.stderr).split())[:120] or "nothing"
-        raise VMError(f"--qemu {path}: not a QEMU ('--version' exited {done.returncode} and said: {said})")
+        raise VMError(f"--qemu {shown(path)}: '--version' did not answer within {timeout:g} s") from exc
+    match = VERSION_RE.search(said)
+    if status != 0 or match is None:
+        said = " ".join(said.split())[:120] or "nothing"
+        raise VMError(f"--qemu {shown(path)}: not a QEMU ('--version' exited {status} and said: {said})")
     major, minor, micro = int(match[1]), int(match[2]), match[3]
     found = f"{major}.{minor}" + (f".{micro}" if micro is not None else "")
     if (major, minor) < MIN_VERSION:
-        raise VMError(f"--qemu {path} is QEMU {found}; pfcxl needs QEMU "
+        raise VMError(f"--qemu {shown(path)} is QEMU {found}; pfcxl needs QEMU "
                       f"{MIN_VERSION[0]}.{MIN_VERSION[1]} or newer")
     return found

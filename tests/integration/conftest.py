@@ -9,6 +9,7 @@ first boot, CEDT override, failures, persistence) and tests that write boot thei
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,23 @@ def read_region_from_backing(topo: topology.Topology, region, backing: dict[str,
     finally:
         for f in files.values():
             f.close()
+
+
+@pytest.fixture
+def machine_name():
+    """Names for machines kept up (`pfcxl up --name`), unique to this pytest process, so two runs
+    of the suite at once never reach for the same machine; each is brought down afterwards."""
+    from pfcxl.host_tools.fleet import detached
+    names: list[str] = []
+
+    def _name(tag: str) -> str:
+        names.append(f"t{os.getpid()}-{tag}")
+        return names[-1]
+
+    yield _name
+    for n in names:
+        if detached.machine_dir(n).exists():
+            detached.down(n)
 
 
 def pfcxl_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:

@@ -47,22 +47,8 @@ def assert_gone(name: str, info: dict) -> None:
     assert name not in ps()
 
 
-@pytest.fixture
-def name(request):
-    names = []
-
-    def _name(tag: str) -> str:
-        names.append(f"t{os.getpid()}-{tag}")
-        return names[-1]
-
-    yield _name
-    for n in names:
-        if detached.machine_dir(n).exists():
-            detached.down(n)
-
-
-def test_exec_is_run_two_execs_at_once_reuse_and_down(name):
-    a = name("a")
+def test_exec_is_run_two_execs_at_once_reuse_and_down(machine_name):
+    a = machine_name("a")
     info = up(a)
     assert info["state"] == "ready" and pid_alive(info["qemu_pid"]) and pid_alive(info["daemon_pid"])
     listing = ps()
@@ -124,10 +110,10 @@ def test_exec_is_run_two_execs_at_once_reuse_and_down(name):
     assert_gone(a, info)
 
 
-def test_sigterm_to_up_brings_the_booting_machine_down(name):
+def test_sigterm_to_up_brings_the_booting_machine_down(machine_name):
     # SIGTERM to `pfcxl up`'s process group said "guests were shut down" and
     # exited 130 while the daemon (a session of its own) booted on and answered exec later
-    d = name("d")
+    d = machine_name("d")
     up_cli = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli.main", "up", "--name", d],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     where = detached.machine_dir(d)
@@ -142,8 +128,8 @@ def test_sigterm_to_up_brings_the_booting_machine_down(name):
     assert_gone(d, {"daemon_pid": daemon_pid, "qemu_pid": None})
 
 
-def test_a_killed_guest_is_reported_by_ps_and_exec(name):
-    b = name("b")
+def test_a_killed_guest_is_reported_by_ps_and_exec(machine_name):
+    b = machine_name("b")
     info = up(b)
     os.kill(info["qemu_pid"], signal.SIGKILL)
     deadline = time.monotonic() + 30
@@ -166,8 +152,8 @@ def test_a_killed_guest_is_reported_by_ps_and_exec(name):
     assert_gone(b, info)
 
 
-def test_a_guest_that_cannot_boot_is_reported_and_down_removes_it(name, tmp_path):
-    c = name("c")
+def test_a_guest_that_cannot_boot_is_reported_and_down_removes_it(machine_name, tmp_path):
+    c = machine_name("c")
     bad = tmp_path / "bad.toml"
     bad.write_text(topology.resolve("pf-nic").read_text())
     done = pfcxl_cli("up", "--name", c, "--append", "init=/nonexistent rdinit=/nonexistent", "-t", str(bad),

@@ -57,8 +57,8 @@ def in_process(capfd, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, status, out.out, out.err)
 
 
-def test_pfcxl_inject_on_an_up_machine_prints_the_guests_record(tmp_path, capfd):
-    name = "kernel-eng-inject"
+def test_pfcxl_inject_on_an_up_machine_prints_the_guests_record(tmp_path, capfd, machine_name):
+    name = machine_name("inject")        # not a fixed name: two runs at once each keep their own up
     up = pfcxl_cli("up", "-t", "pf-nic", "--name", name, timeout=900)
     try:
         assert up.returncode == 0, up.stderr

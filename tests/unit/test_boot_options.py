@@ -160,3 +160,19 @@ def test_the_calibration_guest_boots_with_the_machines_own_options(tmp_path, mon
     [probe] = probes
     assert probe.options == dataclasses.replace(m.options, timing="count", run_dir=str(tmp_path / "calibrate"))
     assert (probe.append, probe.lean, probe.topology.guest.data_path) == ("quiet", False, "direct")
+
+
+@pytest.mark.parametrize("arg", ["-daemonize", "--daemonize"])
+def test_a_qemu_argument_that_detaches_qemu_is_refused_in_one_line(arg, capsys, monkeypatch):
+    from pfcxl.errors import PfcxlError
+    from pfcxl.host_tools.cli import main as cli
+    from pfcxl.machine import Machine
+    with pytest.raises(PfcxlError, match=f"^--qemu-arg {arg}: QEMU would fork into the background"):
+        BootOptions(qemu_args=("-name", "x", arg))
+    monkeypatch.setattr(Machine, "launch", lambda self: pytest.fail("QEMU was started"))
+    for command in (["run", "--dry-run", f"--qemu-arg={arg}", "--", "true"], ["up", f"--qemu-arg={arg}"],
+                    ["qemu-args", f"--qemu-arg={arg}"]):
+        assert cli.main(command) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"--qemu-arg {arg}: QEMU would fork" in err, err
+    assert BootOptions(qemu_args=("-name", "daemonize")).qemu_args == ("-name", "daemonize")   # a value, not the option

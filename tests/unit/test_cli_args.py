@@ -1,4 +1,5 @@
-"""Bad numbers on the command line are refused before anything boots: one line, exit 2."""
+"""Bad numbers, choices and names on the command line are refused before anything boots: one
+line (the error and where the usage is, not the usage itself), exit 2."""
 
 import subprocess
 import sys
@@ -41,6 +42,24 @@ def test_bad_numbers_are_refused_in_one_line():
         assert "Traceback" not in done.stderr, args
         errors = [line for line in done.stderr.splitlines() if "error:" in line]
         assert len(errors) == 1, (args, done.stderr)
+
+
+BAD_CHOICES = [
+    (["run", "--timing", "x", "--", "true"], "pfcxl run: error: argument --timing: invalid choice: 'x'"),
+    (["bench", "--suite", "quik"], "pfcxl bench: error: argument --suite: no suite 'quik' (shipped: quick, full"),
+    (["kv"], "pfcxl kv: error: the following arguments are required: ACTION"),
+    (["nosuch"], "pfcxl: error: argument COMMAND: invalid choice: 'nosuch'"),
+    (["appliance", "start", "--fabric", "photonic"], "pfcxl appliance start: error: argument --fabric"),
+]
+
+
+def test_a_bad_choice_is_one_line_and_points_at_the_help():
+    outcomes = bounded_cli.run([args for args, _ in BAD_CHOICES], limit=1 << 30)
+    for done, (args, said) in zip(outcomes, BAD_CHOICES):
+        lines = done.stderr.strip().splitlines()
+        assert done.rc == 2 and len(lines) == 1, (args, done.rc, done.stderr)
+        prog = said.split(": error:")[0]
+        assert lines[0].startswith(said) and lines[0].endswith(f"; see {prog} --help"), (args, lines)
 
 
 def _parsed(*argv: str):

@@ -136,3 +136,24 @@ def test_the_port_carries_carriage_returns_as_written(tmp_path):
         os.waitpid(pid, 0)
         os.close(fd)
         ours.close()
+
+
+@pytest.mark.parametrize("image", ["busybox", "debian"])
+def test_a_command_that_is_not_shell_is_refused_on_the_host_before_a_boot(image, capsys, monkeypatch, tmp_path):
+    """sh -n of the guest's own shell (busybox ash, or the Debian image's dash), run on the host:
+    `pfcxl run` and `multihost` say it in one line, exit 2, and boot nothing."""
+    from pfcxl.errors import CommandError
+    from pfcxl.host_tools.cli import main as cli
+    from pfcxl.host_tools.vm import console
+    from pfcxl.machine import Machine
+    monkeypatch.setattr(Machine, "launch", lambda self: pytest.fail("a guest was booted"))
+    cases = [["run", "--image", image, "--run-dir", str(tmp_path), "--", "if true; then echo ("]]
+    if image == "busybox":               # multihost boots the busybox image
+        cases.append(["multihost", "-n", "2", "--", "echo {host} 'unbalanced"])
+    for argv in cases:
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "not valid shell syntax (sh -n)" in err, err
+    console.check_syntax("echo fine; if true; then echo ok; fi | tr a b", image)     # valid: nothing said
+    with pytest.raises(CommandError, match="^checked before booting: .*; command: case x in$"):
+        console.check_syntax("case x in", image)

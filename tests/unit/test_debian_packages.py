@@ -42,6 +42,16 @@ def test_apt_simulation_and_errors_are_read():
     assert debian_packages.unknown_names(errors) == ["nosuch", "oldthing"]
 
 
+def test_a_name_apt_read_as_a_pattern_or_a_provider_is_found_out():
+    # apt-get install -s numactl numa.+ g++: numa.+ is no package, so apt took it for a regular
+    # expression; g++ and libstdc++6 (a '+' in a real name) are packages and are installed by name
+    text = ("Inst gcc-14-base (14.2.0-19 Debian:13.2/stable [amd64])\nInst numactl (2.0.19-1 Debian:13.2/stable [amd64])\n"
+            "Inst libnuma1 (2.0.19-1 Debian:13.2/stable [amd64])\nInst numad (0.5+20150602-9 Debian:13.2/stable [amd64])\n"
+            "Inst g++ (4:14.2.0-1 Debian:13.2/stable [amd64])\nInst libstdc++6 (14.2.0-19 Debian:13.2/stable [amd64])\n")
+    assert debian_packages.not_installed_by_name(("g++", "libstdc++6", "numa.+", "numactl"), text) == ["numa.+"]
+    assert debian_packages.not_installed_by_name(("numactl",), text) == []
+
+
 def test_installed_packages_are_read_from_the_rootfs_status(tmp_path):
     status = (b"Package: bash\nStatus: install ok installed\nVersion: 5\n\n"
               b"Package: gone\nStatus: deinstall ok config-files\n\nPackage: libc6\nStatus: install ok installed\n")

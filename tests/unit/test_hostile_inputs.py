@@ -3,6 +3,7 @@ as paths. Each gets one clear line, or the work it asked for, never a traceback 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -43,7 +44,7 @@ def test_as_cdat_forces_cdat_decoding_of_an_acpi_looking_file(tmp_path):
     f = tmp_path / "facp.bin"
     f.write_bytes(_acpi_table("FACP"))
     refused = _cli("tables", "decode", str(f))
-    assert refused.returncode == 1 and "not a CEDT" in refused.stderr and "== " not in refused.stdout
+    assert refused.returncode == 6 and "not a CEDT" in refused.stderr and "== " not in refused.stdout
     forced = _cli("tables", "decode", str(f), "--as", "cdat")
     assert "CDAT (Coherent Device Attribute Table)" in forced.stdout, forced.stderr
     assert forced.returncode == 1 and "Violations: 0" not in forced.stdout
@@ -64,7 +65,7 @@ def test_one_bad_file_does_not_stop_the_next(tmp_path):
     good = tmp_path / "CEDT.dat"
     good.write_bytes(_cedt())
     done = _cli("tables", "decode", str(missing), str(refused), str(good))
-    assert done.returncode == 1
+    assert done.returncode == 6
     assert f"== {good}" in done.stdout and "Violations: 0" in done.stdout
     errors = done.stderr.strip().splitlines()
     assert len(errors) == 2 and str(missing) in errors[0] and str(refused) in errors[1], done.stderr
@@ -76,7 +77,7 @@ def test_acpi_signatures_with_digits_are_not_taken_for_a_cdat(tmp_path, signatur
     f = tmp_path / "t.dat"
     f.write_bytes(_acpi_table(signature))
     done = _cli("tables", "decode", str(f))
-    assert done.returncode == 1 and "CDAT (" not in done.stdout
+    assert done.returncode == 6 and "CDAT (" not in done.stdout
     assert f"'{signature}'" in done.stderr and "not a CEDT" in done.stderr
 
 
@@ -84,14 +85,28 @@ def test_a_tiny_file_is_too_short_not_a_c_table(tmp_path):
     f = tmp_path / "c.bin"
     f.write_bytes(b"C")
     done = _cli("tables", "decode", str(f))
-    assert done.returncode == 1 and "'C' table" not in done.stderr
+    assert done.returncode == 6 and "'C' table" not in done.stderr
     assert "1 byte" in done.stderr and "too short" in done.stderr, done.stderr
 
 
-def test_decoding_dev_zero_stops_at_the_size_cap():
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "tables", "decode", "/dev/zero"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1 and "larger than" in done.stderr and "/dev/zero" in done.stderr
+def test_dev_zero_and_a_fifo_are_refused_unread(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", "tables", "decode", "/dev/zero",
+                           str(fifo)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 6 and done.stderr.splitlines() == [
+        "pfcxl: error: /dev/zero: a character device, not a regular file",
+        f"pfcxl: error: {fifo}: a FIFO, not a regular file"]
+
+
+def test_a_text_file_is_not_taken_for_a_cdat(tmp_path):
+    f = tmp_path / "api.py"
+    f.write_text('"""The public API."""\nimport os\n' * 20)
+    done = _cli("tables", "decode", str(f))
+    assert done.returncode == 6 and "== " not in done.stdout and "Violations" not in done.stdout
+    assert done.stderr.startswith(f"pfcxl: error: {f}: not a CEDT or a CDAT") and len(done.stderr.splitlines()) == 1
+    forced = _cli("tables", "decode", "--as", "cdat", str(f))
+    assert forced.returncode == 1 and "Violations" in forced.stdout
 
 
 def test_an_oversized_file_is_refused_and_the_rest_decoded(tmp_path):
@@ -100,7 +115,7 @@ def test_an_oversized_file_is_refused_and_the_rest_decoded(tmp_path):
     good = tmp_path / "CEDT.dat"
     good.write_bytes(_cedt())
     done = _cli("tables", "decode", str(big), str(good))
-    assert done.returncode == 1 and f"== {good}" in done.stdout and f"== {big}" not in done.stdout
+    assert done.returncode == 6 and f"== {good}" in done.stdout and f"== {big}" not in done.stdout
     assert str(big) in done.stderr and "larger than" in done.stderr
 
 

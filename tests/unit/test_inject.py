@@ -113,3 +113,16 @@ def test_the_guests_trace_lines_are_found_for_the_device_and_matched_to_what_was
     wrong_serial = TRACE.replace("serial=1346764801", "serial=99")
     injection = inject.plan(pfnic, "dram", dev, dpa=0x3000, log="failure")
     assert inject._records(lambda command: _Done(wrong_serial), injection) == []
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--dpa", "0", "--set", "dpa=64"], "--set dpa=64 and --dpa 0 both set the field dpa: give it once"),
+    (["--set", "length=64", "--length", "128"], "--set length=64 and --length 128 both set the field length: give it once"),
+    (["--set", "dpa=0", "--set", "dpa=64"], "--set dpa=0 and --set dpa=64 both set the field dpa: give it once"),
+])
+def test_a_field_given_twice_is_refused_before_anything_is_sent(argv, why, capsys, monkeypatch):
+    from pfcxl.host_tools.cli import main as cli
+    from pfcxl.host_tools.fleet import detached
+    monkeypatch.setattr(detached, "call", lambda *a, **k: pytest.fail("the injection was sent"))
+    assert cli.main(["inject", "poison", "--name", "nosuch", "-d", "pfnic0", *argv]) == 1
+    assert capsys.readouterr().err.strip() == f"pfcxl: error: {why}"

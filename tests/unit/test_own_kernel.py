@@ -133,3 +133,22 @@ def test_a_build_tree_boots_its_vmlinux_and_takes_its_modules(tmp_path):
     wanted = elf_deps.module_closure(elf_deps.ModuleTree(tree), plan.modules_needed(machine.topology))
     assert {m.name for m in wanted} >= {"cxl_mem", "cxl_acpi", "cxl_pci"}
     assert all(str(m.path).startswith(str(tree)) for m in wanted)
+
+
+def test_a_newline_in_a_kernel_modules_or_qemu_path_keeps_the_error_on_one_line(tmp_path):
+    from pfcxl.errors import VMError
+    from pfcxl.host_tools.vm import qemu_binary
+    odd = tmp_path / "line\nbreak"
+    odd.mkdir()
+    (odd / "bzImage").write_bytes(b"not a kernel")
+    cases = [(lambda: own_kernel.own(odd / "absent", None), ImageError, "no such file or directory"),
+             (lambda: own_kernel.own(odd, None), ImageError, "a directory but no"),
+             (lambda: own_kernel.own(odd / "bzImage", None), ImageError, "needs --modules DIR"),
+             (lambda: own_kernel.own(odd / "bzImage", odd / "mods"), ImageError, "no such directory"),
+             (lambda: own_kernel.own(odd / "bzImage", odd), ImageError, "not a bzImage"),
+             (lambda: qemu_binary.version(str(odd / "qemu")), VMError, "no such file")]
+    for call, error, words in cases:
+        with pytest.raises(error) as caught:
+            call()
+        message = str(caught.value)
+        assert "\n" not in message and "line\\nbreak" in message and words in message, message

@@ -61,6 +61,15 @@ def test_a_package_trixie_does_not_have_is_named_and_nothing_is_built():
     assert set((cache.cache_dir() / "debian").glob("packages-*.tar")) == layers
 
 
+def test_a_name_apt_would_read_as_a_pattern_is_refused_and_nothing_is_built():
+    pattern = "numa.+"           # a valid Debian name, but no package: apt takes it for a regex
+    layers = set((cache.cache_dir() / "debian").glob("packages-*.tar"))
+    done = cli("image", "--image", "debian", "--packages", f"numactl,{pattern}")
+    assert done.returncode == 4
+    assert one_line(done).startswith(f"pfcxl: error: --packages: no Debian package named {pattern} in trixie")
+    assert set((cache.cache_dir() / "debian").glob("packages-*.tar")) == layers
+
+
 def test_the_same_package_list_reuses_the_image_and_another_list_does_not():
     from pfcxl import Machine
     first = Machine("pf-nic", image="debian", packages=["numactl"]).boot_image()

@@ -1,7 +1,8 @@
 """Options renamed so that one word means one thing keep their old spelling: `appliance start
 --timing SYSTEM` and `kv replay --timing SYSTEM` are now `--fabric SYSTEM` (the fabric system the
 appliance models, as multihost's --fabric), and `--timing` stays the TCG plugin's mode (count,
-trace, inject)."""
+trace, inject); `multihost --appliance-dir` is now `--run-dir`, the appliance's run directory as in
+the appliance and kv commands."""
 
 from __future__ import annotations
 
@@ -54,3 +55,14 @@ def test_without_either_the_appliance_is_untimed(command):
 def test_the_plugin_mode_keeps_its_name():
     args = cli.parser().parse_args(["run", "--timing", "trace", "--", "true"])
     assert args.timing == "trace"
+
+
+@pytest.mark.parametrize("spelling", ["--run-dir", "--appliance-dir"])
+def test_multihost_names_the_appliance_directory_run_dir_as_appliance_and_kv_do(spelling, capsys, tmp_path):
+    args = cli.parser().parse_args(["multihost", "-n", "2", spelling, str(tmp_path), "--", "true"])
+    assert args.appliance_dir == str(tmp_path)
+    from pfcxl.host_tools.vm.boot_options import from_args
+    assert from_args(args).appliance == str(tmp_path) and from_args(args).run_dir is None   # not the hosts' own
+    err = capsys.readouterr().err
+    assert err == ("pfcxl: notice: --appliance-dir is now --run-dir (the old spelling still works)\n"
+                   if spelling == "--appliance-dir" else "")

@@ -3,8 +3,10 @@ their accesses and order; at load 1.0 every PF port carries its 25.6 GB/s while 
 pool's shared switch link is the limit."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,8 +97,11 @@ def test_the_command_replays_a_saved_trace_and_refuses_bad_files(tmp_path):
     assert report["system"] == "modelled PF appliance (DDR5 path)" and report["requests"] == 20_000
     assert all(abs(g - PORT_GBS) < 0.03 * PORT_GBS for g in report["ports"]["port_up"]["gbs"])
     np.save(tmp_path / "other.npy", np.zeros(3))
+    os.mkfifo(tmp_path / "fifo.npy")
     for bad, line in ((tmp_path / "missing.npy", "missing.npy: cannot read a trace"),
-                      (tmp_path / "other.npy", "other.npy: holds float64, not trace records")):
+                      (tmp_path / "other.npy", "other.npy: holds float64, not trace records"),
+                      (tmp_path / "fifo.npy", "fifo.npy: cannot read a trace: a FIFO, not a regular file"),
+                      (Path("/dev/zero"), "/dev/zero: cannot read a trace: a character device, not a regular")):
         done = cli(str(bad), "--load", "1")
         assert done.returncode == 9 and line in done.stderr and "Traceback" not in done.stderr
     low = captured(n=50)

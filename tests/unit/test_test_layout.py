@@ -36,3 +36,28 @@ def test_no_integration_test_imports_a_unit_test_module():
             if isinstance(node, ast.Import):
                 imports += [f"{path.name}:{node.lineno} import {a.name}" for a in node.names if a.name.startswith("tests.unit")]
     assert imports == []
+
+
+def _fixed_strings(function: ast.AST) -> set[str]:
+    """The variables a function assigns a string literal to."""
+    return {target.id for node in ast.walk(function) if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+            for target in node.targets if isinstance(target, ast.Name)}
+
+
+def test_no_integration_test_keeps_a_machine_up_under_a_fixed_name():
+    # machines kept up share one directory ($PFCXL_CACHE/machines): a fixed name collides when two
+    # runs of the suite go at once; the machine_name fixture gives names unique to the process
+    fixed = []
+    for path in sorted((TESTS / "integration").glob("test_*.py")):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            literals = _fixed_strings(function)
+            for call in (n for n in ast.walk(function) if isinstance(n, ast.Call)):
+                args = call.args
+                for flag, value in zip(args, args[1:]):
+                    if isinstance(flag, ast.Constant) and flag.value == "--name" and (
+                            isinstance(value, ast.Constant) or isinstance(value, ast.Name) and value.id in literals):
+                        fixed.append(f"{path.name}:{call.lineno}")
+    assert fixed == []
