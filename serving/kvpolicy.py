@@ -27,6 +27,7 @@ from pfcxl.serving.tiers import LruTier
 
 POLICIES = ("chunk-lru", "radix-lru")
 ACCOUNTING = ("any-tier", "kv-beyond-gpu")
+SCOPES = ("request", "session")
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,14 @@ class Policy:
     name: str = "chunk-lru"
     reservation: bool = False
     hit_accounting: str = "any-tier"
+    store_answer: bool = False           # LLMServingSim: a finished request stores input + output KV
+    reservation_scope: str = "request"   # session: held while the session is admitted (session model)
 
     def __post_init__(self) -> None:
+        if self.reservation_scope not in SCOPES:
+            raise ServingError(f"--reservation-scope: '{self.reservation_scope}' must be one of {', '.join(SCOPES)}")
+        if self.reservation_scope != "request" and not self.reservation:
+            raise ServingError("--reservation-scope sets what --reservation covers: use it with --reservation")
         if self.name not in POLICIES:
             raise ServingError(f"--policy: '{self.name}' must be one of {', '.join(POLICIES)}")
         if self.hit_accounting not in ACCOUNTING:
@@ -46,7 +53,9 @@ class Policy:
 
     @property
     def label(self) -> str:
-        return f"{self.name}{', reservation' if self.reservation else ''}, hits {self.hit_accounting}"
+        scope = f" per {self.reservation_scope}" if self.reservation_scope != "request" else ""
+        return (f"{self.name}{', reservation' + scope if self.reservation else ''}"
+                f"{', answers stored' if self.store_answer else ''}, hits {self.hit_accounting}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""Sensitivity sweeps (`--sweep PARAM[=V,V,...]`): how the figures move with one mechanism
+constant (serving/data/constants.toml), as a table and a PNG plot of model / paper against it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from pfcxl.errors import ServingError
+
+from pfcxl.serving import mechanisms
+
+FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def values(spec: str, c: mechanisms.Constants) -> tuple[str, list[float]]:
+    """'PARAM' (its published value times FACTORS, fractions kept at most 1) or 'PARAM=V,V,...'."""
+    name, _, listed = spec.partition("=")
+    name = name.strip()
+    if name not in mechanisms.NUMERIC:
+        raise ServingError(f"--sweep: '{name}' is not a mechanism constant (known: {', '.join(mechanisms.NUMERIC)})")
+    if listed:
+        try:
+            out = sorted({float(v) for v in listed.split(",")})
+        except ValueError as exc:
+            raise ServingError(f"--sweep: '{listed}' must be numbers, comma-separated") from exc
+    else:
+        base = getattr(c, name)
+        out = sorted({min(base * f, 1.0) if name.endswith("fraction") else base * f for f in FACTORS})
+    for v in out:
+        c.with_value(name, v)                       # the constant's own rule, one line if broken
+    return name, out
+
+
+def table(name: str, xs: list[float], series: dict[str, list[float]], title: str) -> Table:
+    """One row per swept value, one column per series (model / paper)."""
+    t = Table(title=title, title_justify="left")
+    t.add_column(name, justify="right")
+    for label in series:
+        t.add_column(label, justify="right")
+    for i, x in enumerate(xs):
+        cells = []
+        for ys in series.values():
+            y = ys[i]
+            colour = "green" if 0.5 <= y <= 2 else "red"
+            cells.append(f"[{colour}]{y:.2f}[/{colour}]")
+        t.add_row(f"{x:g}", *cells)
+    return t
+
+
+def plot(name: str, xs: list[float], series: dict[str, list[float]], path: Path, title: str,
+         ylabel: str = "model / paper") -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for label, ys in series.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.axhline(1.0, color="black", lw=0.8)
+    for y in (0.5, 2.0):
+        ax.axhline(y, color="grey", lw=0.6, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(name)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=8, wrap=True)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
