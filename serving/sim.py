@@ -109,8 +109,9 @@ class SimResult:
             "mean_ms": {name: 1000 * float(np.mean([getattr(x, name + "_s") for x in t]))
                         for name in ("link_wait", "load", "gpu_wait", "prefill")},
             "prefill_utilisation": self.prefill_busy_s / self.window_s if self.window_s else 0.0,
-            # prefill asked of the engine by the window's turns over the window (above 1: overloaded)
-            "offered_prefill": sum(x.prefill_s for x in t) / self.window_s if self.window_s else 0.0,
+            # the prefill the workload's request rate asks of the engine: rate x mean prefill per turn
+            # (above 1 the engine is overloaded: sessions wait for their answers and the rate is not met)
+            "offered_prefill": self.setup.workload.qps * float(np.mean([x.prefill_s for x in t])),
             "chunk_load_ms": self.chunk_load_s * 1000,
             "gpu_tier_chunks": self.gpu_tier_chunks,
             "kv_tier_chunks": self.kv_tier_chunks,

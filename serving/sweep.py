@@ -34,18 +34,13 @@ def values(spec: str, c: mechanisms.Constants) -> tuple[str, list[float]]:
 
 
 def table(name: str, xs: list[float], series: dict[str, list[float]], title: str) -> Table:
-    """One row per swept value, one column per series (model / paper)."""
+    """One row per series (model / paper, green within 2x), one column per swept value."""
     t = Table(title=title, title_justify="left")
-    t.add_column(name, justify="right")
-    for label in series:
-        t.add_column(label, justify="right")
-    for i, x in enumerate(xs):
-        cells = []
-        for ys in series.values():
-            y = ys[i]
-            colour = "green" if 0.5 <= y <= 2 else "red"
-            cells.append(f"[{colour}]{y:.2f}[/{colour}]")
-        t.add_row(f"{x:g}", *cells)
+    t.add_column(f"{name} =", justify="left")
+    for x in xs:
+        t.add_column(f"{x:g}", justify="right")
+    for label, ys in series.items():
+        t.add_row(label, *(f"[{'green' if 0.5 <= y <= 2 else 'red'}]{y:.2f}[/]" for y in ys))
     return t
 
 
