@@ -38,7 +38,7 @@ KINDS = ("datasheet", "measured", "engine", "assumption")
 ENGINES = ("lmcache", "vllm")
 # raw PCIe x16 rate per direction (GB/s, after line coding) -> generation; the GPU files give the
 # nominal rate (16 GT/s x 16 = 32 GB/s for Gen4, 64 for Gen5, 128 for Gen6)
-PCIE_RAW_GBS = {32: (4, 31.5), 64: (5, 63.0), 128: (6, 121.0)}
+PCIE_RAW_GBS: dict[float, tuple[int, float]] = {32: (4, 31.5), 64: (5, 63.0), 128: (6, 121.0)}
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,8 @@ class Constants:
                 raise ServingError(f"{f}: {value!r} must be {bound}")
 
     def with_value(self, name: str, value: float) -> Constants:
-        kind = int if name.endswith("_tokens") else float
-        return replace(self, **{name: kind(value)})
+        values: dict = {name: int(value) if name.endswith("_tokens") else float(value)}
+        return replace(self, **values)
 
 
 NUMERIC = tuple(f.name for f in fields(Constants) if f.type in ("float", "int"))
@@ -103,7 +103,8 @@ def read_sources(path=CONSTANTS) -> dict[str, Source]:
 
 def load(path=CONSTANTS, **switches) -> Constants:
     sources = read_sources(path)
-    return Constants(**{name: sources[name].value for name in NUMERIC}, **switches)
+    values: dict = {name: sources[name].value for name in NUMERIC}
+    return Constants(**values, **switches)
 
 
 def published_prefill_tflops(gpu: Gpu, constants: Constants | None = None) -> float:
