@@ -176,9 +176,7 @@ def simulate(setup: ServingSetup) -> SimResult:
             n = whole_chunks(prompt)
             keys = chunk_keys(w, s, c, n)
             reusable = min(n, max(stored.get((s, c), 0), shared_stored))
-            if setup.policy.reservation_scope == "session" and k:
-                tiers.finish((s, c, k - 1))          # the session stayed admitted: its reservation moves on
-            found = tiers.lookup(keys, (s, c, k), -(-(prompt + w.output_tokens) // KV_CHUNK_TOKENS))
+            found = tiers.lookup(keys, (s, c, k), -(-(prompt + w.output_tokens) // KV_CHUNK_TOKENS), s)
             hits, gpu_hits = found.hits, found.gpu
             load = (hits - gpu_hits) * load_per_chunk
             start = max(now, link_free) if load else now
@@ -201,8 +199,7 @@ def simulate(setup: ServingSetup) -> SimResult:
             if setup.policy.store_answer:            # LLMServingSim: the answer's KV is stored too
                 tiers.store(chunk_keys(w, s, c, whole_chunks(prompt_tokens(w, k) + w.output_tokens)), (s, c, k))
                 stored[s, c] = whole_chunks(prompt_tokens(w, k) + w.output_tokens)
-            if setup.policy.reservation_scope == "request" or k + 1 == w.turns:
-                tiers.finish((s, c, k))
+            tiers.finish((s, c, k), s, last=k + 1 == w.turns)
         else:                                        # first token: store, decode, schedule the next turn
             p = pending.pop((s, c, k))
             n = whole_chunks(p["prompt"])

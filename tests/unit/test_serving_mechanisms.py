@@ -88,18 +88,32 @@ def test_storing_the_answer_lets_the_next_turn_find_it():
     assert turn_hits(Policy("radix-lru", True, store_answer=True)) == {768}
 
 
-def test_a_session_reservation_is_held_across_the_think_time():
+def two_sessions(scope: str) -> tuple[list[int], list[int]]:
+    """Sessions A and B, 8-block prompts reserving 9 blocks, then 17-block prompts reserving 18, in a
+    20-block KV tier (no GPU tier): the KV tier's size after each store, and each second turn's hits."""
     from pfcxl.serving.kvpolicy import TwoTiers
-    tiers = TwoTiers(Policy("radix-lru", True, reservation_scope="session"), 0, 100)
-    tiers.lookup([1, 2], "turn 0", 3)
-    tiers.store([1, 2], "turn 0")
-    assert tiers.kv.reserved == 3                 # the answer is out, the session stays admitted
-    # the simulator moves the reservation on when the session's next turn arrives
-    tier = replace(inputs.load_tier("host-dram-2tb"), capacity_tb=0.2)
-    runs = {scope: sim.simulate(sim.ServingSetup(replace(SMALL, input_tokens=4096, qps=1), M8, H200, tier, 40, 425e12,
-                                                 1, Policy("radix-lru", True, reservation_scope=scope)))
-            for scope in ("request", "session")}
-    assert runs["session"].summary()["hit_rate"] <= runs["request"].summary()["hit_rate"]
+    tiers = TwoTiers(Policy("radix-lru", True, reservation_scope=scope), 0, 20)
+    kv = tiers.kv
+    a, b = [("a", j) for j in range(17)], [("b", j) for j in range(17)]
+    sizes, hits = [], []
+    for name, keys in (("A", a), ("B", b)):
+        tiers.lookup(keys[:8], name + "0", 9, name)
+        tiers.store(keys[:8], name + "0")
+        tiers.finish(name + "0", name, last=False)
+        sizes.append(len(kv))
+    for name, keys in (("A", a), ("B", b)):
+        hits.append(tiers.lookup(keys, name + "1", 18, name).kv)
+    return sizes, hits
+
+
+def test_a_session_reservation_is_held_across_the_think_time():
+    # per request: A's 8 blocks (unreserved after its answer) are the LRU victim when B's prefix and
+    # reservation need room (8 + 8 + 9 > 20), and B's when A's second turn reserves 18 (8 + 18 > 20)
+    assert two_sessions("request") == ([8, 8], [0, 0])
+    # per session: A still holds its 9 blocks and its lock, so B's 8 blocks do not fit beside the two
+    # reservations (8 + 8 + 18 > 20) and are not kept; when A returns it releases its old
+    # reservation and finds its 8 blocks, and B finds nothing
+    assert two_sessions("session") == ([8, 8], [8, 0])
     with pytest.raises(ServingError, match="--reservation-scope"):
         Policy("radix-lru", False, reservation_scope="session")
 
