@@ -193,14 +193,15 @@ def _cmd_sweep(args, w, model, gpu, tiers, roles, sessions, tflops, mech, policy
                             series.setdefault(f"{report.ROLES[role]} {n} {metric}", []).append(value)
     title = (f"{model.name} on {w.gpus} x {gpu.name}: " + ("model / paper" if paper else "figures") +
              f" against {name} (published {getattr(mech, name):g}); load path {mech.engine}")
-    out.print(sweep.table(name, xs, series, title))
+    band = (0.75, 1.25) if paper else (0.0, float("inf"))
+    out.print(sweep.table(name, xs, series, title, band))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out or Path("results") / f"serving-sweep-{stamp}-{name}")
     out_dir.mkdir(parents=True, exist_ok=True)
     import json
     (out_dir / "sweep.json").write_text(json.dumps({"param": name, "values": xs, "series": series}, indent=1))
-    png = sweep.plot(name, xs, series, out_dir / "sweep.png", title,
-                              "model / paper" if paper else "figure")
+    png = sweep.plot(name, xs, series, out_dir / "sweep.png", title, "model / paper" if paper else "figure",
+                     (0.75, 1.25) if paper else (1.0, 1.0))
     err.print(f"results in {escape(str(out_dir / 'sweep.json'))}; plot: {png.name}")
     return 0
 
