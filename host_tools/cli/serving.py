@@ -128,7 +128,8 @@ def cmd_serving(args) -> int:
     bounds.check(w, model, gpu, [tiers[r] for r in roles], sessions, tflops, mech)
     calibration = {"prefill_tflops_per_gpu": tflops, "source": "--prefill-tflops" if args.prefill_tflops
                    else ("fitted to the paper now (--calibrate)" if args.calibrate else
-                         f"published: prefill.dense_fraction in {mechanisms.CONSTANTS}")}
+                         f"published: prefill.dense_fraction in {mechanisms.CONSTANTS}"),
+                   "constants": vars(mech)}
     policy = cli_serving_trace.policy(args)
     if args.sweep:
         return _cmd_sweep(args, w, model, gpu, tiers, roles, sessions, tflops, mech, policy, paper)
@@ -173,8 +174,10 @@ def constants(args):
 def _cmd_sweep(args, w, model, gpu, tiers, roles, sessions, tflops, mech, policy, paper) -> int:
     """`pfcxl serving --sweep PARAM`: the table's model / paper ratios (or the figures themselves,
     off the paper's setup) against one constant."""
-    from pfcxl.serving import mechanisms, report, sim, sweep
+    from pfcxl.serving import bounds, mechanisms, report, sim, sweep
     name, xs = sweep.values(args.sweep, mech)
+    for x in xs:                                    # every swept value keeps the simulator's bounds
+        bounds.check(w, model, gpu, [tiers[r] for r in roles], sessions, tflops, mech.with_value(name, x))
     series: dict[str, list[float]] = {}
     with err.status("sweeping") as status:
         for x in xs:
@@ -229,7 +232,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--gaps", choices=("fixed", "exponential"),
                    help="a session's gaps between requests: fixed (sessions / qps) or exponential, same mean")
     p.add_argument("--prefill-tflops", type=float,
-                   help="effective prefill TFLOP/s per GPU instead of the calibrated value")
+                   help="dense prefill TFLOP/s per GPU instead of the published one (prefill.dense_fraction of the "
+                   "GPU's dense BF16 peak)")
     p.add_argument("--seed", type=int, default=1, help="seed of the session start times (default 1)")
     p.add_argument("--calibrate", action="store_true",
                    help="opt in: fit the dense prefill throughput to the paper's 50-session TTFT and use it for "
