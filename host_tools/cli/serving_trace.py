@@ -195,12 +195,15 @@ def add_options(p) -> None:
                    "(LLMServingSim's radix tree); also for the session model")
     g.add_argument("--reservation", action="store_true",
                    help="radix-lru: the KV tier first reserves room for every running request's full KV")
-    g.add_argument("--reservation-scope", default="request", choices=("request", "session"),
-                   help="with --reservation, session model: request (arrival to answer, default) or session (held "
-                   "while the session is admitted, across its think time: every admitted request's KV)")
-    g.add_argument("--store-answer", action="store_true",
-                   help="session model: a finished request stores its input and output KV (LLMServingSim's "
-                   "cache_finished_req), not only its prompt's")
+    llmservingsim = {   # LLMServingSim's two further KV mechanisms (serving/kvpolicy.py), session model only
+        "--reservation-scope": dict(default="request", choices=("request", "session"), help=(
+            "with --reservation: request (arrival to answer, default) or session (held while the session is "
+            "admitted, across its think time: every admitted request's KV)")),
+        "--store-answer": dict(action="store_true", help=(
+            "a finished request stores its input and output KV (LLMServingSim's cache_finished_req), not "
+            "only its prompt's"))}
+    for flag, spec in llmservingsim.items():
+        g.add_argument(flag, **spec)
     m = p.add_argument_group("mechanisms (serving/data/constants.toml, docs/serving.md)")
     m.add_argument("--engine", choices=("lmcache", "vllm"),
                    help="how KV is moved: lmcache (one transfer per 256-token chunk per layer; the default, and "
