@@ -195,7 +195,7 @@ def add_options(p) -> None:
                    "(LLMServingSim's radix tree); also for the session model")
     g.add_argument("--reservation", action="store_true",
                    help="radix-lru: the KV tier first reserves room for every running request's full KV")
-    llmservingsim = {   # LLMServingSim's two further KV mechanisms (serving/kvpolicy.py), session model only
+    llmservingsim: dict[str, dict] = {   # LLMServingSim's two further KV mechanisms (serving/kvpolicy.py), session model only
         "--reservation-scope": dict(default="request", choices=("request", "session"), help=(
             "with --reservation: request (arrival to answer, default) or session (held while the session is "
             "admitted, across its think time: every admitted request's KV)")),
