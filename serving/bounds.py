@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pfcxl.errors import ServingError
 
-from pfcxl.serving import compute
+from pfcxl.serving import compute, mechanisms
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes, whole_chunks
 from pfcxl.serving.inputs import MAX_TOKENS, Gpu, Model, Tier, Workload
 from pfcxl.serving.sim import prompt_tokens
@@ -29,7 +29,8 @@ MAX_GRANULES = 1 << 20
 MAX_CLOCK_S = 1e8               # about 3 years; float64 seconds resolve 15 ns there
 
 
-def check(w: Workload, model: Model, gpu: Gpu, tiers: list[Tier], sessions: list[int], prefill_tflops: float) -> None:
+def check(w: Workload, model: Model, gpu: Gpu, tiers: list[Tier], sessions: list[int], prefill_tflops: float,
+          constants: mechanisms.Constants | None = None) -> None:
     """ServingError naming the first bound the command breaks (see the module docstring)."""
     last = prompt_tokens(w, w.turns - 1)
     if last > MAX_TOKENS:
@@ -50,9 +51,10 @@ def check(w: Workload, model: Model, gpu: Gpu, tiers: list[Tier], sessions: list
         raise ServingError(f"{len(tiers)} tier(s) x {sum(sessions):,} sessions x {w.rounds} rounds x {w.turns} turns = "
                            f"{turns:,} turns and {lookups:,} chunk lookups: at most {MAX_TURNS:,} turns and "
                            f"{MAX_LOOKUPS:,} lookups per command (the simulation's time and memory grow with them)")
-    flops = prefill_tflops * 1e12 * w.gpus
-    load = max(chunk_seconds(t, size, gpu, w.gpus) for t in tiers)      # granules bounded above
-    serial = (sum(compute.prefill_flops(model, prompt_tokens(w, k), 0) for k in range(w.turns)) / flops
+    mech = constants or mechanisms.load()
+    load = max(chunk_seconds(t, model, KV_CHUNK_TOKENS, gpu, w.gpus, mech) for t in tiers)   # granules bounded above
+    serial = (sum(mechanisms.prefill_seconds(model, gpu, w.gpus, prompt_tokens(w, k), 0, prefill_tflops * 1e12, mech)
+                  for k in range(w.turns))
               + sum(per_conversation) * load + w.turns * compute.decode_seconds(model, gpu, w.gpus, w.output_tokens))
     most = max(sessions)
     clock = (w.rounds + 1) * w.turns * most / w.qps + most * w.rounds * serial

@@ -9,7 +9,13 @@ both simulators (sim.py, trace_sim.py) share.
   tree and the KV tree are matched from the start each on their own; blocks beyond the GPU's
   match that the KV tree holds are loaded (and enter the GPU tree). Write-through to both.
   With `reservation`, the KV tier first reserves room for the full KV (input and output) of
-  every running request and locks the request's prefix until it finishes.
+  every running request and locks the request's prefix until it finishes. With
+  `reservation_scope = "session"` (our reading of LLMServingSim's reservation over every admitted
+  request) a request's reservation and lock are held past its answer, until its session's next
+  request arrives (or its session ends): every admitted session holds one.
+* `store_answer` (LLMServingSim's cache_finished_req): a request that finishes stores the KV of
+  its input and its output, so the next turn finds the answer too (the simulators call store()
+  again with the longer prefix).
 
 Hit accounting (what the reported "hit rate" counts): `any-tier` (pfcxl's): input tokens found
 in any tier; `kv-beyond-gpu` (LLMServingSim's second-tier count): tokens the KV tier adds beyond
@@ -27,6 +33,7 @@ from pfcxl.serving.tiers import LruTier
 
 POLICIES = ("chunk-lru", "radix-lru")
 ACCOUNTING = ("any-tier", "kv-beyond-gpu")
+SCOPES = ("request", "session")
 
 
 @dataclass(frozen=True)
@@ -34,8 +41,14 @@ class Policy:
     name: str = "chunk-lru"
     reservation: bool = False
     hit_accounting: str = "any-tier"
+    store_answer: bool = False           # LLMServingSim: a finished request stores input + output KV
+    reservation_scope: str = "request"   # session: held while the session is admitted (session model)
 
     def __post_init__(self) -> None:
+        if self.reservation_scope not in SCOPES:
+            raise ServingError(f"--reservation-scope: '{self.reservation_scope}' must be one of {', '.join(SCOPES)}")
+        if self.reservation_scope != "request" and not self.reservation:
+            raise ServingError("--reservation-scope sets what --reservation covers: use it with --reservation")
         if self.name not in POLICIES:
             raise ServingError(f"--policy: '{self.name}' must be one of {', '.join(POLICIES)}")
         if self.hit_accounting not in ACCOUNTING:
@@ -46,7 +59,9 @@ class Policy:
 
     @property
     def label(self) -> str:
-        return f"{self.name}{', reservation' if self.reservation else ''}, hits {self.hit_accounting}"
+        scope = f" per {self.reservation_scope}" if self.reservation_scope != "request" else ""
+        return (f"{self.name}{', reservation' + scope if self.reservation else ''}"
+                f"{', answers stored' if self.store_answer else ''}, hits {self.hit_accounting}")
 
 
 @dataclass(frozen=True)
@@ -77,9 +92,13 @@ class TwoTiers:
         else:
             self.gpu, self.kv = self._sets = LruTier("", gpu_blocks), LruTier("", kv_blocks)
         self._held: dict = {}                      # request -> (reserved blocks, locked KV-tier node)
+        self._sessions: dict = {}                  # session -> its finished request still held
 
-    def lookup(self, keys, request=None, blocks: int = 0) -> Lookup:
-        """The longest cached prefix of `keys`; with reservation, `request` reserves `blocks`."""
+    def lookup(self, keys, request=None, blocks: int = 0, session=None) -> Lookup:
+        """The longest cached prefix of `keys`; with reservation, `request` reserves `blocks`
+        (per session: first releasing what the session's previous request still holds)."""
+        if session in self._sessions:
+            self._release(self._sessions.pop(session))
         if self._trees is not None:
             gpu, kv_tree = self._trees
             g = gpu.match(keys)
@@ -125,7 +144,15 @@ class TwoTiers:
         else:
             kv_tree.insert(keys)
 
-    def finish(self, request) -> None:
+    def finish(self, request, session=None, last: bool = True) -> None:
+        """`request`'s answer is out. Its reservation ends now, or (reservation per session, and
+        not the session's `last` request) when the session's next request arrives."""
+        if self.policy.reservation_scope == "session" and session is not None and not last:
+            self._sessions[session] = request
+            return
+        self._release(request)
+
+    def _release(self, request) -> None:
         if self.policy.reservation and self._trees is not None:    # reservation is radix-lru's (Policy)
             kv_tree = self._trees[1]
             blocks, node = self._held.pop(request)

@@ -35,7 +35,7 @@ import numpy as np
 
 from pfcxl.errors import ServingError
 
-from pfcxl.serving import compute
+from pfcxl.serving import compute, mechanisms
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes, whole_chunks
 from pfcxl.serving.inputs import Gpu, Model, Tier, Workload
 from pfcxl.serving.kvpolicy import Policy, TwoTiers
@@ -54,6 +54,7 @@ class ServingSetup:
     prefill_flops_per_gpu: float
     seed: int = 1
     policy: Policy = field(default_factory=Policy)     # kvpolicy: chunk-lru, or LLMServingSim's radix-lru
+    constants: mechanisms.Constants = field(default_factory=mechanisms.load)   # load path and prefill
 
     def __post_init__(self) -> None:
         if not isinstance(self.sessions, int) or self.sessions < 1:
@@ -108,6 +109,9 @@ class SimResult:
             "mean_ms": {name: 1000 * float(np.mean([getattr(x, name + "_s") for x in t]))
                         for name in ("link_wait", "load", "gpu_wait", "prefill")},
             "prefill_utilisation": self.prefill_busy_s / self.window_s if self.window_s else 0.0,
+            # the prefill the workload's request rate asks of the engine: rate x mean prefill per turn
+            # (above 1 the engine is overloaded: sessions wait for their answers and the rate is not met)
+            "offered_prefill": self.setup.workload.qps * float(np.mean([x.prefill_s for x in t])),
             "chunk_load_ms": self.chunk_load_s * 1000,
             "gpu_tier_chunks": self.gpu_tier_chunks,
             "kv_tier_chunks": self.kv_tier_chunks,
@@ -139,8 +143,8 @@ def simulate(setup: ServingSetup) -> SimResult:
     gpu_chunks = int(compute.gpu_kv_bytes(model, gpu, w.gpus, w.gpu_memory_utilization) // cbytes)
     kv_chunks = int(setup.tier.capacity_bytes // cbytes)
     tiers = TwoTiers(setup.policy, gpu_chunks, kv_chunks)
-    load_per_chunk = chunk_seconds(setup.tier, cbytes, gpu, w.gpus)
-    flops = setup.prefill_flops_per_gpu * w.gpus
+    mech = setup.constants
+    load_per_chunk = chunk_seconds(setup.tier, model, KV_CHUNK_TOKENS, gpu, w.gpus, mech)
     decode_s = compute.decode_seconds(model, gpu, w.gpus, w.output_tokens)
 
     rng = np.random.default_rng(setup.seed)
@@ -172,7 +176,7 @@ def simulate(setup: ServingSetup) -> SimResult:
             n = whole_chunks(prompt)
             keys = chunk_keys(w, s, c, n)
             reusable = min(n, max(stored.get((s, c), 0), shared_stored))
-            found = tiers.lookup(keys, (s, c, k), -(-(prompt + w.output_tokens) // KV_CHUNK_TOKENS))
+            found = tiers.lookup(keys, (s, c, k), -(-(prompt + w.output_tokens) // KV_CHUNK_TOKENS), s)
             hits, gpu_hits = found.hits, found.gpu
             load = (hits - gpu_hits) * load_per_chunk
             start = max(now, link_free) if load else now
@@ -184,14 +188,18 @@ def simulate(setup: ServingSetup) -> SimResult:
         elif kind == "loaded":
             p = pending[s, c, k]
             hit_tokens = p["hits"] * KV_CHUNK_TOKENS
-            prefill = compute.prefill_seconds(model, p["prompt"] - hit_tokens, hit_tokens, flops)
+            prefill = mechanisms.prefill_seconds(model, gpu, w.gpus, p["prompt"] - hit_tokens, hit_tokens,
+                                                 setup.prefill_flops_per_gpu, mech)
             start = max(now, gpu_free)
             gpu_free = start + prefill
             busy.append((start, gpu_free))
             p.update(gpu_wait=start - now, prefill=prefill)
             push(gpu_free, "first_token", (s, c, k))
         elif kind == "finish":                       # the answer is out: the request stops running
-            tiers.finish((s, c, k))
+            if setup.policy.store_answer:            # LLMServingSim: the answer's KV is stored too
+                tiers.store(chunk_keys(w, s, c, whole_chunks(prompt_tokens(w, k) + w.output_tokens)), (s, c, k))
+                stored[s, c] = whole_chunks(prompt_tokens(w, k) + w.output_tokens)
+            tiers.finish((s, c, k), s, last=k + 1 == w.turns)
         else:                                        # first token: store, decode, schedule the next turn
             p = pending.pop((s, c, k))
             n = whole_chunks(p["prompt"])

@@ -4,9 +4,11 @@
   granularity (as the pool interleaves them, device/appliance/pool.py) and read by one host at once. The
   fabric model (pf_appliance in device/fabric/model.py, run in device/fabric/engine.py) times that stream:
   the 128 GB/s host link, the 25.6 GB/s optical paths and the modules' DDR5, with the paper's
-  latency terms. The GPUs then pull the chunk over their PCIe links (the slower of the two bounds).
-* Host DRAM: the chunk streams from DRAM to the GPUs at the smaller of the DRAM bandwidth and the
-  GPUs' PCIe links together (tensor parallel: each GPU holds and loads its share of the heads).
+  latency terms. The GPUs then pull the chunk over their PCIe links with the engine's copy calls
+  (mechanisms.load_seconds); the load takes the slower of the two.
+* Host DRAM: the GPUs copy the chunk from DRAM with the engine's copy calls per layer, over their
+  effective PCIe rates, drawing together on the DRAM bandwidth (mechanisms.load_seconds; tensor
+  parallel: each GPU holds and loads its share of the heads).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pfcxl.device.fabric import model as fabric_model
 from pfcxl.device.fabric.workloads import PS_STAMP
 from pfcxl.device.topology.model import ApplianceSpec
 
-from pfcxl.serving.inputs import Gpu, Tier
+from pfcxl.serving import mechanisms
+from pfcxl.serving.inputs import Gpu, Model, Tier
 
 
 class LruTier:
@@ -94,9 +97,9 @@ def stream_seconds(model: fabric_model.FabricModel, chunk_bytes: int, g: int) ->
     return result.window_ps / 1e12
 
 
-def chunk_seconds(tier: Tier, chunk_bytes: int, gpu: Gpu, gpus: int) -> float:
-    """Time to bring one chunk from `tier` into the GPUs' HBM."""
-    pcie = chunk_bytes / (gpus * gpu.host_link_gbs * 1e9)
+def chunk_seconds(tier: Tier, model: Model, tokens: int, gpu: Gpu, gpus: int, c: mechanisms.Constants) -> float:
+    """Time to bring one chunk of `tokens` tokens from `tier` into the GPUs' HBM."""
     if tier.kind == "appliance":
-        return max(appliance_chunk_seconds(tier, chunk_bytes), pcie)
-    return max(chunk_bytes / (tier.dram_bandwidth_gbs * 1e9), pcie)
+        gpu_side = mechanisms.load_seconds(model, gpu, gpus, tokens, c)
+        return max(appliance_chunk_seconds(tier, tokens * model.kv_bytes_per_token), gpu_side)
+    return mechanisms.load_seconds(model, gpu, gpus, tokens, c, source_gbs=tier.dram_bandwidth_gbs)

@@ -25,7 +25,7 @@ import numpy as np
 
 from pfcxl.errors import ServingError
 
-from pfcxl.serving import compute
+from pfcxl.serving import compute, mechanisms
 from pfcxl.serving.inputs import Gpu, Model, Tier
 from pfcxl.serving.kvpolicy import Policy, TwoTiers
 from pfcxl.serving.tiers import chunk_seconds
@@ -47,8 +47,12 @@ class TraceSetup:
     time_scale: float = 1.0
     policy: Policy = field(default_factory=Policy)
     sequence_only: bool = False
+    constants: mechanisms.Constants = field(default_factory=mechanisms.load)   # load path and prefill
 
     def __post_init__(self) -> None:
+        if self.policy.store_answer or self.policy.reservation_scope != "request":
+            raise ServingError("--store-answer and --reservation-scope session are the session model's: a trace "
+                               "gives no block ids for the answers, and its requests belong to no session")
         if not self.kv_capacity_tokens >= 0:
             raise ServingError(f"KV-tier capacity: {self.kv_capacity_tokens!r} tokens must be 0 or more")
         if not self.time_scale > 0 or self.time_scale == UNBOUNDED:
@@ -128,8 +132,7 @@ def replay(setup: TraceSetup) -> TraceResult:
             tiers.finish(i)
         return TraceResult(setup, inputs, gpu_hit, kv_hit, counted, None, gpu_blocks, kv_blocks, 0.0)
 
-    load_per_block = chunk_seconds(setup.tier, block_bytes, setup.gpu, setup.gpus)
-    flops = setup.prefill_flops_per_gpu * setup.gpus
+    load_per_block = chunk_seconds(setup.tier, model, bt, setup.gpu, setup.gpus, setup.constants)
     seconds_per_token = load_per_block / bt
     ttft = np.zeros(n)
     scale = setup.time_scale / 1000
@@ -149,7 +152,8 @@ def replay(setup: TraceSetup) -> TraceResult:
             heapq.heappush(events, (link_free if load else now, 1, i))
         elif kind == 1:                              # loaded: queue the prefill of the rest
             hit = int(gpu_hit[i] + kv_hit[i])
-            prefill = compute.prefill_seconds(model, r.input_length - hit, hit, flops)
+            prefill = mechanisms.prefill_seconds(model, setup.gpu, setup.gpus, r.input_length - hit, hit,
+                                                 setup.prefill_flops_per_gpu, setup.constants)
             busy += prefill
             gpu_free = max(now, gpu_free) + prefill
             heapq.heappush(events, (gpu_free, 2, i))

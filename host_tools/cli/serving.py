@@ -27,15 +27,17 @@ are FIFO queues. Prints mean TTFT and prefix hit rate per tier and session count
 figures with the ratio model / paper when the setup is the paper's; writes results.json, ttft.png and
 hit_rate.png.
 
-The one fitted constant, the effective prefill throughput per GPU, is read from the stored calibration
-(serving/data/calibration.toml); --calibrate re-fits it to the paper's 50-session TTFT (2,690 ms).
+Nothing is fitted to the paper by default: the KV load path and the prefill come from mechanisms with
+published constants (serving/data/constants.toml, each with its source). --calibrate is an explicit
+opt-in that fits the dense prefill throughput to the paper's 50-session TTFT (2,690 ms) for that run.
 Inputs are TOML files (models, GPUs, tiers, workloads) shipped in serving/data, or paths to your own.
 
 Examples:
   pfcxl serving                                  # the paper's table: 50, 100, 300 sessions
   pfcxl serving --model llama-70b --sessions 10..500 --appliance-tb 8
   pfcxl serving --sessions 100 --appliance-bw-scale 2 --tiers appliance
-  pfcxl serving --calibrate --save               # re-fit and store the prefill throughput
+  pfcxl serving --sweep call_overhead_us         # how the table moves with one constant
+  pfcxl serving --calibrate                      # opt in: fit the prefill throughput to the paper
 See docs/serving.md for the model, its sources and its assumptions."""
 
 _SERIES = (1, 2, 3, 5)
@@ -77,7 +79,7 @@ def _setup(args):
     if not 0 <= args.seed < 1 << 63:
         raise ServingError(f"--seed: {args.seed} must be a whole number from 0 to 2^63-1 (a numpy seed)")
     base = inputs.load_workload(args.workload)
-    w = replace(base, qps=args.qps or base.qps, gaps=args.gaps or base.gaps, gpus=args.gpus or base.gpus,
+    w = replace(base, qps=(args.qps or base.qps) / (args.time_scale or 1.0), gaps=args.gaps or base.gaps, gpus=args.gpus or base.gpus,
                 model=args.model or base.model, gpu=args.gpu or base.gpu,
                 appliance=args.appliance or base.appliance, host=args.host or base.host)
     appliance = inputs.load_tier(w.appliance)
@@ -89,64 +91,68 @@ def _setup(args):
     inputs.check_option("--prefill-tflops", (float, *inputs.within(0, gpu.bf16_dense_tflops, f"{gpu.name}'s dense BF16 "
                                                                    "peak: what prefill can reach")), args.prefill_tflops)
     paper = (w == base and appliance == inputs.load_tier(base.appliance) and host == inputs.load_tier(base.host)
-             and args.prefill_tflops is None and args.seed == 1)
+             and args.prefill_tflops is None and args.seed == 1 and not args.time_scale)
     return w, model, gpu, {"appliance": appliance, "host": host}, paper
 
 
 def cmd_serving(args) -> int:
     from rich.progress import Progress
 
-    from pfcxl.serving import bounds, calibrate, report, sim
+    from pfcxl.serving import bounds, calibrate, mechanisms, report, sim
     sessions = parse_sessions(args.sessions)
     roles = [r.strip() for r in args.tiers.split(",")]
     if not roles or any(r not in report.ROLES for r in roles):
         raise ServingError(f"--tiers: '{args.tiers}' must list appliance and/or host, comma-separated")
     w, model, gpu, tiers, paper = _setup(args)
-    if args.save and not args.calibrate:
-        raise ServingError("--save stores a calibration: use it with --calibrate")
     if args.calibrate and not paper:
         raise ServingError("--calibrate fits the paper's figure, on the paper's setup only: drop the options "
                            "that change it")
+    if args.time_scale is not None and not 0 < args.time_scale < float("inf"):
+        raise ServingError(f"--time-scale: {args.time_scale!r} must be a positive number")
+    mech = constants(args)
     if args.calibrate:
         with err.status("fitting the prefill throughput to the paper's 50-session TTFT") as status:
-            cal = calibrate.fit(w, seed=args.seed, progress=lambda m: status.update(m))
-        err.print(f"calibrated: {cal.prefill_tflops_per_gpu:.3f} TFLOP/s per GPU "
-                  f"({cal.prefill_tflops_per_gpu / gpu.bf16_dense_tflops:.1%} of {gpu.name} dense BF16) -> "
-                  f"{cal.fitted_ms:.2f} ms at {cal.sessions} sessions in {cal.runs} runs")
-        if args.save:
-            calibrate.save(cal, gpu)
-            err.print(f"[dim]stored in {escape(str(calibrate.CALIBRATION))}[/dim]")
+            cal = calibrate.fit(w, seed=args.seed, constants=mech, progress=lambda m: status.update(m))
+        err.print(f"[yellow]--calibrate: fitted to the paper's {cal.target_ms:,.0f} ms TTFT at {cal.sessions} "
+                  f"sessions, not measured: {cal.prefill_tflops_per_gpu:.1f} TFLOP/s per GPU "
+                  f"({cal.prefill_tflops_per_gpu / gpu.bf16_dense_tflops:.1%} of {gpu.name} dense BF16; published: "
+                  f"{mech.dense_fraction:.0%}) in {cal.runs} runs[/yellow]")
+        tflops = cal.prefill_tflops_per_gpu
     else:
-        cal = calibrate.load()
-    tflops = args.prefill_tflops or cal.prefill_tflops_per_gpu
+        tflops = args.prefill_tflops or mechanisms.published_prefill_tflops(gpu, mech)
     cli_serving_trace.check_trace_only(args)
     if args.table == "retrieval":
-        return cli_serving_trace.cmd_retrieval(args, tiers["host"], tflops)
+        return cli_serving_trace.cmd_retrieval(args, tiers["host"], mech)
     if args.trace:
-        return cli_serving_trace.cmd_trace(args, roles, tiers, w, gpu, tflops)
-    bounds.check(w, model, gpu, [tiers[r] for r in roles], sessions, tflops)
+        return cli_serving_trace.cmd_trace(args, roles, tiers, w, gpu, tflops, mech)
+    bounds.check(w, model, gpu, [tiers[r] for r in roles], sessions, tflops, mech)
     calibration = {"prefill_tflops_per_gpu": tflops, "source": "--prefill-tflops" if args.prefill_tflops
-                   else ("fitted now (--calibrate)" if args.calibrate else str(calibrate.CALIBRATION)),
-                   "command": calibrate.COMMAND}
+                   else ("fitted to the paper now (--calibrate)" if args.calibrate else
+                         f"published: prefill.dense_fraction in {mechanisms.CONSTANTS}"),
+                   "constants": vars(mech)}
+    policy = cli_serving_trace.policy(args)
+    if args.sweep:
+        return _cmd_sweep(args, w, model, gpu, tiers, roles, sessions, tflops, mech, policy, paper)
 
-    from pfcxl.serving.kvpolicy import Policy
-    policy = Policy(args.policy, args.reservation, args.hit_accounting)
     results: dict[str, list[sim.SimResult]] = {r: [] for r in roles}
     points = [(r, n) for r in roles for n in sessions]
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("simulating", total=len(points))
         for role, n in points:
             progress.update(task, description=f"{report.ROLES[role]}, {n} sessions")
-            setup = sim.ServingSetup(w, model, gpu, tiers[role], n, tflops * 1e12, args.seed, policy)
+            setup = sim.ServingSetup(w, model, gpu, tiers[role], n, tflops * 1e12, args.seed, policy, mech)
             results[role].append(sim.simulate(setup))
             progress.advance(task)
 
     title = (f"{model.name} on {w.gpus} x {gpu.name}, {w.name} ({w.turns} turns, {w.input_tokens}+{w.output_tokens} "
              f"tokens, {w.system_prefix_tokens}-token prefix, {w.qps:g} req/s); appliance "
              f"{tiers['appliance'].capacity_tb:g} TB, host DRAM {tiers['host'].capacity_tb:g} TB; prefill "
-             f"{tflops:.1f} TFLOP/s per GPU; KV policy {policy.label}")
+             f"{tflops:.1f} TFLOP/s per GPU; KV policy {policy.label}; load path {mech.engine}"
+             f"{'' if mech.pinned else ', pageable'}")
     rows = report.comparison(results, w, paper)
     out.print(report.table(rows, title))
+    cli_serving_trace.overload_notice(max(r.summary()["offered_prefill"] for rs in results.values() for r in rs),
+                                      "the measured window")
     if not paper:
         err.print("[dim]not the paper's setup: its figures are not shown[/dim]")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -155,6 +161,51 @@ def cmd_serving(args) -> int:
     report.write_json(out_dir / "results.json", results, rows, calibration)
     written = report.plots(rows, out_dir, title)
     err.print(f"results in {escape(str(out_dir / 'results.json'))}; plots: {', '.join(p.name for p in written)}")
+    return 0
+
+
+def constants(args):
+    """The mechanism constants with the command line's switches (serving/mechanisms.py)."""
+    from pfcxl.serving import mechanisms
+    return mechanisms.load(engine=args.engine or "lmcache", pinned=not args.pageable,
+                           shared_host_memory=not args.private_host_memory)
+
+
+def _cmd_sweep(args, w, model, gpu, tiers, roles, sessions, tflops, mech, policy, paper) -> int:
+    """`pfcxl serving --sweep PARAM`: the table's model / paper ratios (or the figures themselves,
+    off the paper's setup) against one constant."""
+    from pfcxl.serving import bounds, mechanisms, report, sim, sweep
+    name, xs = sweep.values(args.sweep, mech)
+    for x in xs:                                    # every swept value keeps the simulator's bounds
+        bounds.check(w, model, gpu, [tiers[r] for r in roles], sessions, tflops, mech.with_value(name, x))
+    series: dict[str, list[float]] = {}
+    with err.status("sweeping") as status:
+        for x in xs:
+            c = mech.with_value(name, x)
+            flops = (args.prefill_tflops or mechanisms.published_prefill_tflops(gpu, c)) if name == "dense_fraction" \
+                else tflops
+            for role in roles:
+                for n in sessions:
+                    status.update(f"{name} = {x:g}: {report.ROLES[role]}, {n} sessions")
+                    run = sim.simulate(sim.ServingSetup(w, model, gpu, tiers[role], n, flops * 1e12, args.seed,
+                                                        policy, c))
+                    row = report.comparison({role: [run]}, w, paper)[0]
+                    for metric in ("ttft_ms", "hit_rate"):
+                        value = row[f"{metric}_ratio"] if paper else row[metric]
+                        if value is not None:
+                            series.setdefault(f"{report.ROLES[role]} {n} {metric}", []).append(value)
+    title = (f"{model.name} on {w.gpus} x {gpu.name}: " + ("model / paper" if paper else "figures") +
+             f" against {name} (published {getattr(mech, name):g}); load path {mech.engine}")
+    band = (0.75, 1.25) if paper else (0.0, float("inf"))
+    out.print(sweep.table(name, xs, series, title, band))
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.out or Path("results") / f"serving-sweep-{stamp}-{name}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    import json
+    (out_dir / "sweep.json").write_text(json.dumps({"param": name, "values": xs, "series": series}, indent=1))
+    png = sweep.plot(name, xs, series, out_dir / "sweep.png", title, "model / paper" if paper else "figure",
+                     (0.75, 1.25) if paper else (1.0, 1.0))
+    err.print(f"results in {escape(str(out_dir / 'sweep.json'))}; plot: {png.name}")
     return 0
 
 
@@ -181,11 +232,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--gaps", choices=("fixed", "exponential"),
                    help="a session's gaps between requests: fixed (sessions / qps) or exponential, same mean")
     p.add_argument("--prefill-tflops", type=float,
-                   help="effective prefill TFLOP/s per GPU instead of the calibrated value")
+                   help="dense prefill TFLOP/s per GPU instead of the published one (prefill.dense_fraction of the "
+                   "GPU's dense BF16 peak)")
     p.add_argument("--seed", type=int, default=1, help="seed of the session start times (default 1)")
     p.add_argument("--calibrate", action="store_true",
-                   help="re-fit the prefill throughput to the paper's 50-session TTFT and use it")
-    p.add_argument("--save", action="store_true", help="with --calibrate: store the fit in the package")
+                   help="opt in: fit the dense prefill throughput to the paper's 50-session TTFT and use it for "
+                   "this run (a fit to the paper, not a measurement; never stored)")
     p.add_argument("--out", help="results directory (default results/serving-<time>-<model>)")
     cli_serving_trace.add_options(p)
     p.set_defaults(func=cmd_serving)

@@ -4,6 +4,7 @@ tier or a capacity sweep. host_tools/cli/serving.py parses the options and hands
 from __future__ import annotations
 
 import datetime
+import math
 import re
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from pfcxl.host_tools.ui import err, out
 
 _BYTES = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
           "TIB": 2**40}
-TRACE_ONLY = ("block_tokens", "time_scale", "kv_capacity", "capacity_sweep", "sequence_only", "hosts", "routing",
+TRACE_ONLY = ("block_tokens", "kv_capacity", "capacity_sweep", "sequence_only", "hosts", "routing",
               "cache")
 
 
@@ -51,16 +52,30 @@ def load_trace(args):
     return traces.load(path, args.block_tokens or traces.DEFAULT_BLOCK_TOKENS)
 
 
-def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float) -> int:
+def policy(args):
+    from pfcxl.serving.kvpolicy import Policy
+    return Policy(args.policy, args.reservation, args.hit_accounting, args.store_answer, args.reservation_scope)
+
+
+def overload_notice(busy: float, span: str) -> None:
+    """One line when the prefill engine is offered more than it can do (above 100% busy)."""
+    if busy > 1:
+        err.print(f"[yellow]engine overloaded: prefill needs {busy:.0%} of {span}, so requests queue without end and "
+                  f"TTFT measures the queue; spread arrivals with --time-scale {math.ceil(busy * 1.25 * 10) / 10:g} "
+                  f"or more[/yellow]")
+
+
+def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float, mech) -> int:
     """One replay per KV tier in `roles`, or (--capacity-sweep) a sweep with the first tier."""
     from pfcxl.serving import trace_report
-    from pfcxl.serving.kvpolicy import Policy
     from pfcxl.serving.trace_sim import UNBOUNDED, TraceSetup, replay
 
     if args.time_scale is not None and not args.time_scale > 0:
         raise ServingError(f"--time-scale: {args.time_scale!r} must be a positive number")
     model = inputs.load_model(args.model or TRACE_MODEL)
-    policy = Policy(args.policy, args.reservation, args.hit_accounting)
+    if args.sweep:
+        raise ServingError("--sweep runs the session model or the retrieval table: drop --trace")
+    policy_ = policy(args)
     sweep = parse_sweep(args.capacity_sweep, model.kv_bytes_per_token) if args.capacity_sweep else None
     fixed = parse_capacity("--kv-capacity", args.kv_capacity, model.kv_bytes_per_token) if args.kv_capacity else None
     if sweep and fixed is not None:
@@ -77,7 +92,7 @@ def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float) -> int
 
     def setup(tier, capacity):
         return TraceSetup(trace, model, gpu, w.gpus, tier, capacity, tflops * 1e12, w.gpu_memory_utilization,
-                          args.time_scale or 1.0, policy, args.sequence_only)
+                          args.time_scale or 1.0, policy_, args.sequence_only, mech)
 
     def capacity_of(tier):
         return fixed if fixed is not None else tier.capacity_bytes / model.kv_bytes_per_token
@@ -85,11 +100,11 @@ def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float) -> int
     mode = setup(tiers[roles[0]], 0).mode
     title = (f"{trace.name} trace ({len(trace.requests):,} requests over {trace.span_ms / 1000:,.0f} s, "
              f"{trace.block_tokens}-token blocks), {model.name} on {w.gpus} x {gpu.name}; {mode}; policy "
-             f"{policy.label}; time scale x{args.time_scale or 1:g}")
+             f"{policy_.label}; time scale x{args.time_scale or 1:g}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out or Path("results") / f"serving-trace-{stamp}-{trace.name}")
     doc = {"trace": trace.path, "block_tokens": trace.block_tokens, "model": model.name, "gpu": gpu.name,
-           "gpus": w.gpus, "mode": mode, "policy": policy.label, "time_scale": args.time_scale or 1.0,
+           "gpus": w.gpus, "mode": mode, "policy": policy_.label, "time_scale": args.time_scale or 1.0,
            "prefill_tflops_per_gpu": tflops, "kv_bytes_per_token": model.kv_bytes_per_token}
     with err.status("replaying") as status:
         if sweep:
@@ -119,10 +134,7 @@ def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float) -> int
         written = [trace_report.sweep_plot(points, ceiling, marks, out_dir / "capacity_sweep.png", sweep_title)]
     else:
         out.print(trace_report.runs_table(runs, title))
-        busy = max(r.summary().get("prefill_utilisation", 0) for r in runs.values())
-        if busy > 1:
-            err.print(f"[yellow]prefill needs {busy:.0%} of the trace's span: the GPUs cannot keep up and requests "
-                      f"queue through the trace (slow arrivals down with --time-scale, e.g. {busy * 1.25:.1f})[/yellow]")
+        overload_notice(max(r.summary().get("prefill_utilisation", 0) for r in runs.values()), "the trace's span")
         trace_report.write_json(out_dir / "results.json", doc, runs=runs)
         written = [] if args.sequence_only else [trace_report.ttft_cdf(runs, out_dir / "ttft_cdf.png", title)]
     err.print(f"results in {escape(str(out_dir / 'results.json'))}" +
@@ -162,7 +174,8 @@ def add_options(p) -> None:
     g.add_argument("--trace", help="replay a request trace: a JSON-lines file (Mooncake's format) or a shipped "
                    "trace's name (conversation, synthetic); the model defaults to llama-70b")
     g.add_argument("--block-tokens", type=int, help="tokens per hash block in the trace (default 512)")
-    g.add_argument("--time-scale", type=float, help="multiply the trace's arrival times by this (default 1)")
+    p.add_argument("--time-scale", type=float, help="multiply the arrival times by this (the trace's timestamps, or "
+                   "the session model's gaps: its request rate divided by it; default 1)")
     g.add_argument("--kv-capacity", help="KV-tier capacity: tokens (e.g. 6e6) or bytes with a unit (2TB, "
                    "500GiB); default: the tier files'")
     g.add_argument("--capacity-sweep", nargs="?", const="default", metavar="LIST",
@@ -182,6 +195,26 @@ def add_options(p) -> None:
                    "(LLMServingSim's radix tree); also for the session model")
     g.add_argument("--reservation", action="store_true",
                    help="radix-lru: the KV tier first reserves room for every running request's full KV")
+    llmservingsim: dict[str, dict] = {   # LLMServingSim's two further KV mechanisms (serving/kvpolicy.py), session model only
+        "--reservation-scope": dict(default="request", choices=("request", "session"), help=(
+            "with --reservation: request (arrival to answer, default) or session (held while the session is "
+            "admitted, across its think time: every admitted request's KV)")),
+        "--store-answer": dict(action="store_true", help=(
+            "a finished request stores its input and output KV (LLMServingSim's cache_finished_req), not "
+            "only its prompt's"))}
+    for flag, spec in llmservingsim.items():
+        g.add_argument(flag, **spec)
+    m = p.add_argument_group("mechanisms (serving/data/constants.toml, docs/serving.md)")
+    m.add_argument("--engine", choices=("lmcache", "vllm"),
+                   help="how KV is moved: lmcache (one transfer per 256-token chunk per layer; the default, and "
+                   "the retrieval table shows both) or vllm (one cudaMemcpyAsync per 16-token block per layer, K and "
+                   "V apart)")
+    m.add_argument("--pageable", action="store_true", help="host KV buffers are pageable, not pinned")
+    m.add_argument("--private-host-memory", action="store_true",
+                   help="each GPU's copies get the whole host DRAM bandwidth (default: the GPUs share it)")
+    m.add_argument("--sweep", metavar="PARAM[=V,...]",
+                   help="sensitivity: the table against one mechanism constant (its value x 0.25..4, or a list); "
+                   "a table and sweep.png")
     p.add_argument("table", nargs="?", choices=("retrieval",),
                    help="retrieval: the paper's Table I, loading KV from host memory or disk vs recomputing it")
     r = p.add_argument_group("retrieval table")
@@ -203,9 +236,13 @@ def check_trace_only(args) -> None:
             raise ServingError(f"--{name.replace('_', '-')} is a trace-replay option: use it with --trace FILE")
 
 
-def cmd_retrieval(args, host, cal_tflops: float) -> int:
-    """`pfcxl serving retrieval`: the paper's Table I from the serving model (serving/retrieval.py)."""
-    from rich.table import Table
+DOCS_OFF = "docs/serving.md, \"Table I: where the model is still off\""
+
+
+def cmd_retrieval(args, host, mech) -> int:
+    """`pfcxl serving retrieval`: the paper's Table I from the serving model (serving/retrieval.py),
+    each end beside the paper's with the ratio; both engines' load paths unless --engine picks one."""
+    from dataclasses import replace
 
     from pfcxl.serving import retrieval
     disk = retrieval.load_disk(args.disk)
@@ -213,37 +250,73 @@ def cmd_retrieval(args, host, cal_tflops: float) -> int:
         if not args.disk_gbs > 0:
             raise ServingError(f"--disk-gbs: {args.disk_gbs!r} must be a positive number")
         disk = retrieval.Disk(disk.name, args.disk_gbs, "--disk-gbs")
-    fraction = retrieval.fitted_fraction(cal_tflops, inputs.load_gpu("h200"))
-    t = Table(title=f"Loading KV vs recomputing it: speedup ranges over batch {list(retrieval.BATCHES)} and "
-              f"contexts 1K..4M tokens that fit the GPUs; prefill at {fraction:.1%} of each GPU's dense BF16 peak "
-              f"(calibrated on h200); host DRAM {host.dram_bandwidth_gbs:g} GB/s; disk {disk.name} "
-              f"{disk.read_gbs:g} GB/s ({disk.source})", title_justify="left")
-    for col in ("model", "GPUs", "contexts", "host: model", "paper", "ratio lo/hi", "disk: model", "paper",
-                "ratio lo/hi"):
-        t.add_column(col, justify="left" if col == "model" else "right")
-    rows = []
-    for (name, gpu_name, gpus), (paper_host, paper_disk) in retrieval.PAPER.items():
-        model, gpu = inputs.load_model(name), inputs.load_gpu(gpu_name)
-        pts = retrieval.points(model, gpu, gpus, host, disk, fraction * gpu.bf16_dense_tflops * 1e12)
-        if not pts:
-            raise ServingError(f"{name} on {gpus} x {gpu_name}: no batch of 1K tokens fits the GPUs' HBM")
-        host_range = (min(p.host_speedup for p in pts), max(p.host_speedup for p in pts))
-        disk_range = (min(p.disk_speedup for p in pts), max(p.disk_speedup for p in pts))
-        max_context = max(p.context for p in pts)
-        row = {"model": name, "gpu": gpu_name, "gpus": gpus, "max_context": max_context,
-               "host": host_range, "paper_host": paper_host, "disk": disk_range, "paper_disk": paper_disk}
-        rows.append(row)
-
-        def cells(mine, paper):
-            ratio = f"{mine[0] / paper[0]:.2f} / {mine[1] / paper[1]:.2f}" if paper else "-"
-            return [f"{mine[0]:.1f}x-{mine[1]:.1f}x", f"{paper[0]:g}x-{paper[1]:g}x" if paper else "-", ratio]
-        t.add_row(name, f"{gpus} x {gpu_name}", f"1K-{max_context // 1024:,}K",
-                  *cells(host_range, paper_host), *cells(disk_range, paper_disk))
-    out.print(t)
+    engines = [args.engine] if args.engine else ["lmcache", "vllm"]
+    if args.sweep:
+        return _retrieval_sweep(args, host, disk, [replace(mech, engine=e) for e in engines])
+    rows = [retrieval.row(name, g, n, host, disk, replace(mech, engine=e))
+            for e in engines for (name, g, n) in retrieval.PAPER]
+    for r, e in zip(rows, [e for e in engines for _ in retrieval.PAPER]):
+        r["engine"] = e
+    title = (f"Loading KV vs recomputing it, from mechanisms (serving/data/constants.toml), nothing fitted: speedup "
+             f"ranges over batch {list(retrieval.BATCHES)} and contexts 1K..4M tokens that fit the GPUs; prefill at "
+             f"{mech.dense_fraction:.0%} of dense BF16 peak; host DRAM {host.dram_bandwidth_gbs:g} GB/s "
+             f"{'shared by' if mech.shared_host_memory else 'for each of'} the GPUs, "
+             f"{'pinned' if mech.pinned else 'pageable'}; disk {disk.name} {disk.read_gbs:g} GB/s ({disk.source})")
+    out.print(retrieval_table(rows, title))
+    off = sum(retrieval.outside(r["host_ratio"]) + retrieval.outside(r["disk_ratio"]) for r in rows)
+    if off:
+        out.print(f"{off} of {len(rows) * 2 - sum(r['paper_disk'] is None for r in rows)} cells (marked !) have an end "
+                  f"outside 2x of the paper: why, in {DOCS_OFF}")
     if args.out:
         import json
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "retrieval.json").write_text(json.dumps({"disk": vars(disk), "prefill_fraction": fraction,
-                                                                  "rows": rows}, indent=1))
+        doc = {"disk": vars(disk), "constants": vars(mech), "rows": rows}
+        (Path(args.out) / "retrieval.json").write_text(json.dumps(doc, indent=1))
         err.print(f"results in {escape(str(Path(args.out) / 'retrieval.json'))}")
+    return 0
+
+
+def retrieval_table(rows: list[dict], title: str):
+    from rich.table import Table
+
+    from pfcxl.serving import retrieval
+    t = Table(title=title, title_justify="left")
+    for col in ("model", "GPUs", "engine", "contexts", "host: model", "paper", "ratio lo / hi", "disk: model",
+                "paper", "ratio lo / hi"):
+        t.add_column(col, justify="left" if col in ("model", "engine") else "right")
+
+    def cells(mine, paper, ratios):
+        if not paper:
+            return [f"{mine[0]:.2f}x-{mine[1]:.1f}x", "-", "-"]
+        marked = [f"[red]{r:.2f}![/red]" if not 0.5 <= r <= 2 else f"[green]{r:.2f}[/green]" for r in ratios]
+        return [f"{mine[0]:.2f}x-{mine[1]:.1f}x", f"{paper[0]:g}x-{paper[1]:g}x", " / ".join(marked)]
+    for r in rows:
+        t.add_row(r["model"], f"{r['gpus']} x {r['gpu']}", r["engine"], f"1K-{r['max_context'] // 1024:,}K",
+                  *cells(r["host"], r["paper_host"], r["host_ratio"]), *cells(r["disk"], r["paper_disk"], r["disk_ratio"]))
+    return t
+
+
+def _retrieval_sweep(args, host, disk, mechs) -> int:
+    """`pfcxl serving retrieval --sweep PARAM`: each row end's model / paper against one constant."""
+    import json
+
+    from pfcxl.serving import retrieval, sweep
+    name, xs = sweep.values(args.sweep, mechs[0])
+    series: dict[str, list[float]] = {}
+    for mech in mechs:
+        for x in xs:
+            c = mech.with_value(name, x)
+            for (model, g, n) in retrieval.PAPER:
+                r = retrieval.row(model, g, n, host, disk, c)
+                for what in ("host", "disk"):
+                    if r[f"{what}_ratio"]:
+                        for end, value in zip(("lo", "hi"), r[f"{what}_ratio"]):
+                            series.setdefault(f"{model} {n}x{g} {what} {end} ({mech.engine})", []).append(value)
+    title = f"Table I, model / paper at each row end, against {name} (published {getattr(mechs[0], name):g})"
+    out.print(sweep.table(name, xs, series, title))
+    out_dir = Path(args.out or Path("results") / f"retrieval-sweep-{datetime.datetime.now():%Y%m%d-%H%M%S}-{name}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sweep.json").write_text(json.dumps({"param": name, "values": xs, "series": series}, indent=1))
+    png = sweep.plot(name, xs, series, out_dir / "sweep.png", title)
+    err.print(f"results in {escape(str(out_dir / 'sweep.json'))}; plot: {png.name}")
     return 0

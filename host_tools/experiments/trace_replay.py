@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from pfcxl.serving import calibrate, inputs, traces
+from pfcxl.serving import inputs, mechanisms, traces
 from pfcxl.serving.trace_sim import UNBOUNDED, TraceSetup, replay
 from pfcxl.serving.traces import SWEEP_DEFAULT, TRACE_MODEL
 
@@ -36,7 +36,7 @@ def run(trace_arg: str) -> dict:
     path = Path(trace_arg) if Path(trace_arg).exists() else traces.bundled(trace_arg)
     trace, read = timed(lambda: traces.load(path))
     model, gpu, host = inputs.load_model(TRACE_MODEL), inputs.load_gpu("h200"), inputs.load_tier("host-dram-2tb")
-    flops = calibrate.load().prefill_tflops_per_gpu * 1e12
+    flops = mechanisms.published_prefill_tflops(gpu) * 1e12
 
     def setup(capacity, sequence_only=False):
         return TraceSetup(trace, model, gpu, 8, host, capacity, flops, sequence_only=sequence_only)

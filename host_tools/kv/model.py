@@ -1,12 +1,12 @@
 """Modelled time to load one KV chunk, beside the store's measured figures (`pfcxl kv bench`):
 from the PF appliance, the electrical pool and host DRAM (the fabric models, one host reading the
 chunk as 4 KiB requests all issued at once), and the time to recompute it instead (the serving
-model's prefill FLOPs at its calibrated throughput)."""
+model's prefill FLOPs at its measured dense throughput)."""
 
 from __future__ import annotations
 
 from pfcxl.device.fabric import model as fabric_model
-from pfcxl.serving import calibrate, compute, inputs
+from pfcxl.serving import compute, inputs, mechanisms
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes
 from pfcxl.serving.tiers import appliance_fabric, stream_seconds
 
@@ -23,7 +23,7 @@ def chunk_load_rows() -> tuple[list[dict], str]:
     electrical = fabric_model.electrical_pool(jitter=False)
     dram = fabric_model.local_dram()
     gpu = inputs.load_gpu(GPU)
-    flops = calibrate.load().prefill_tflops_per_gpu * 1e12 * GPUS
+    flops = mechanisms.published_prefill_tflops(gpu) * 1e12 * GPUS
     rows = []
     for name in MODELS:
         model = inputs.load_model(name)
@@ -34,8 +34,8 @@ def chunk_load_rows() -> tuple[list[dict], str]:
                          dram_ms=stream_seconds(dram, size, g) * 1e3,
                          recompute_ms=compute.prefill_seconds(model, KV_CHUNK_TOKENS, RECOMPUTE_CONTEXT, flops) * 1e3))
     assumption = (f"recompute: the prefill FLOPs of {KV_CHUNK_TOKENS} new tokens after {RECOMPUTE_CONTEXT} cached "
-                  f"(serving/compute.py) on {GPUS} x {gpu.name} at the calibrated "
-                  f"{flops / GPUS / 1e12:.0f} TFLOP/s per GPU (serving/data/calibration.toml); loads: one host "
+                  f"(serving/compute.py) on {GPUS} x {gpu.name} at the measured "
+                  f"{flops / GPUS / 1e12:.0f} TFLOP/s per GPU (serving/data/constants.toml); loads: one host "
                   f"reading the chunk as {g // 1024} KiB requests all at once, no GPU PCIe hop")
     return rows, assumption
 

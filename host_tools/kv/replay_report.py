@@ -5,7 +5,7 @@ The payloads the store moved are scaled (`--block-bytes`); the modelled TTFT use
 block (kv bytes per token x block tokens, e.g. 160 MiB per 512-token block of LLaMA-3.1-70B):
 the hit blocks loaded one after another at the fabric model's time for one real block (host_tools/
 host_tools/kv/model.py's setting: one host, 4 KiB requests all at once), then the prefill of the tokens past
-the hits (serving/compute.py at the calibrated throughput). No queueing, no GPU tier: a lower bound
+the hits (serving/compute.py at the measured dense throughput (serving/data/constants.toml)). No queueing, no GPU tier: a lower bound
 per request that compares the modes, not a serving simulation (that is `pfcxl serving`).
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from pfcxl.device.fabric import model as fabric_model
 from pfcxl.device.topology.units import human
-from pfcxl.serving import calibrate, compute, inputs
+from pfcxl.serving import compute, inputs, mechanisms
 from pfcxl.serving.tiers import appliance_fabric, stream_seconds
 
 from pfcxl.host_tools.kv.model import GPU, GPUS
@@ -46,9 +46,9 @@ def block_load_seconds(model_name: str, block_tokens: int) -> dict:
 
 def prefill_seconds(result: dict, requests, model_name: str, block_tokens: int) -> list[tuple[int, float]]:
     """(request index, modelled prefill seconds of its tokens past the hits) of each finished
-    request: serving/compute.py at the calibrated throughput."""
+    request: serving/compute.py at the measured dense throughput (serving/data/constants.toml)."""
     model = inputs.load_model(model_name)
-    flops = calibrate.load().prefill_tflops_per_gpu * 1e12 * GPUS
+    flops = mechanisms.published_prefill_tflops(inputs.load_gpu(GPU)) * 1e12 * GPUS
     return [(i, compute.prefill_seconds(model, max(requests[i].input_length - r["hits"] * block_tokens, 0),
                                         min(r["hits"] * block_tokens, requests[i].input_length), flops))
             for i, r in enumerate(result["results"]) if r is not None]

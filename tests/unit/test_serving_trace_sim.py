@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pfcxl.errors import ServingError
-from pfcxl.serving import calibrate, inputs, traces
+from pfcxl.serving import inputs, mechanisms, traces
 from pfcxl.serving.kvpolicy import Policy, TwoTiers
 from pfcxl.serving.radix import RadixTree
 from pfcxl.serving.trace_sim import UNBOUNDED, TraceSetup, replay
@@ -18,7 +18,7 @@ from pfcxl.serving.trace_sim import UNBOUNDED, TraceSetup, replay
 MODEL = inputs.load_model("llama-70b")
 GPU = inputs.load_gpu("h200")
 HOST = inputs.load_tier("host-dram-2tb")
-TFLOPS = calibrate.load().prefill_tflops_per_gpu * 1e12
+TFLOPS = mechanisms.published_prefill_tflops(inputs.load_gpu("h200")) * 1e12
 POLICIES = [Policy(), Policy("radix-lru"), Policy("radix-lru", reservation=True),
             Policy("radix-lru", hit_accounting="kv-beyond-gpu")]
 
