@@ -105,7 +105,7 @@ def _loaded_latency(results: dict) -> dict:
 def _by_size(label: str, rows: list[tuple[dict, float]], color: int) -> list[dict]:
     """One series per (pattern, op) of one-thread rows: (row, figure) pairs by transfer size; one
     colour for the system, a dash and marker per (pattern, op)."""
-    out = []
+    out: list[dict] = []
     for key in sorted({(r["pattern"], r["op"]) for r, _ in rows if r["threads"] == 1}):
         pts = sorted((r["size"], v) for r, v in rows if (r["pattern"], r["op"]) == key and r["threads"] == 1)
         out.append(_series(f"{label} {key[0]} {key[1]}", [p[0] for p in pts], [p[1] for p in pts], "joined",

@@ -126,10 +126,11 @@ def _loaded_modelled(run: dict) -> Table:
         m = modelled[i] if i < len(modelled) else {}
         t.add_row(str(row["delay"]), f"{m['offered_gbs']:.3g}" if "offered_gbs" in m else m.get("error", "-"),
                   *(_chase(m.get(s, {})) for s in MODEL_SYSTEMS))
-    t.caption = _rows_caption(run, LOADED_CAPTION)
+    caption = _rows_caption(run, LOADED_CAPTION) or ""
     if any(low_sample(m.get(s, {})) for m in modelled for s in MODEL_SYSTEMS):
-        t.caption += (f"; low-sample: fewer than {MIN_CHASE_LOADS} chase loads ran beside the traffic, so that "
+        caption += (f"; low-sample: fewer than {MIN_CHASE_LOADS} chase loads ran beside the traffic, so that "
                       "p50 varies from run to run (loaded_latency.png draws it apart, unjoined)")
+    t.caption = caption
     return t
 
 
