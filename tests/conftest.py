@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import suite_cpu
+
 MARKERS = ("unit", "component", "integration")
 _started = [0]          # processes started in this pytest process so far
 
@@ -44,7 +46,11 @@ _STARTERS = [(subprocess.Popen, "_execute_child"), (multiprocessing.util, "spawn
 _originals: list = []
 
 
+_TIMES_KEY = pytest.StashKey[os.times_result]()
+
+
 def pytest_configure(config) -> None:
+    config.stash[_TIMES_KEY] = os.times()
     for owner, name in _STARTERS:
         _originals.append((owner, name, getattr(owner, name)))
         setattr(owner, name, _counting(getattr(owner, name)))
@@ -54,6 +60,11 @@ def pytest_unconfigure(config) -> None:
     while _originals:
         owner, name, original = _originals.pop()
         setattr(owner, name, original)
+    # the last line of the run, in the controller only: by now xdist's workers have been reaped,
+    # so their CPU time (and that of what they waited for) is in os.times()' children fields
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not hasattr(config, "workerinput") and _TIMES_KEY in config.stash:
+        reporter.write_line(suite_cpu.line(config.stash[_TIMES_KEY], os.times()))
 
 
 # Unit modules that take long all the same (mypy over the whole package, cold in a fresh clone).

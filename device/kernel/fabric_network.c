@@ -64,7 +64,9 @@ static inline int cache_lookup(const struct model *m, const struct access *a, in
     return !a->write[i] && d >= 0 && d < (1LL << m->cache_bits) - lines;
 }
 
-struct pair { int64_t t, i; };
+/* An access waiting at a stage: its arrival, number and size (read here, in number order, so a
+ * departure in arrival order touches no per-access array but the times). */
+struct pair { int64_t t; int32_t i, size; };
 
 static int pair_cmp(const void *x, const void *y)
 {
@@ -131,11 +133,11 @@ static void arrival_order(struct pair *p, int64_t len)
     }
 }
 
-/* One queue's next access: FIFO departure, bytes and busy time. */
+/* One queue's next access (number i, `size` bytes): FIFO departure, bytes and busy time. */
 static inline void depart(const struct model *m, const struct stage *st, const struct access *a, int32_t q,
-                          int64_t i, int64_t *t, int64_t *last, uint8_t *hit)
+                          int64_t i, int64_t size, int64_t *t, int64_t *last, uint8_t *hit)
 {
-    int64_t size = a->size[i], s;
+    int64_t s;
     if (hit && m->hit_bandwidth_mbs && (hit[i] = (uint8_t)cache_lookup(m, a, i)))
         s = service(size, m->hit_bandwidth_mbs);
     else
@@ -161,7 +163,7 @@ static void serve_batch(const struct model *m, const struct stage *st, const str
     for (int64_t j = 0, lo = 0; j < nq; lo = start[j++]) {
         arrival_order(out + lo, start[j] - lo);
         for (int64_t k = lo; k < start[j]; k++)
-            depart(m, st, a, (int32_t)j, out[k].i, t, last, hit);
+            depart(m, st, a, (int32_t)j, out[k].i, out[k].size, t, last, hit);
     }
 }
 
@@ -203,7 +205,7 @@ static int serve(const struct model *m, struct stage *st, const struct access *a
         last[j] = INT64_MIN / 4;
     if (x == len) {
         for (x = 0; x < len; x++)
-            depart(m, st, a, queue_of(m, st, a, ID(x)), ID(x), t, last, hit);
+            depart(m, st, a, queue_of(m, st, a, ID(x)), ID(x), a->size[ID(x)], t, last, hit);
         rc = 0;
         goto done;
     }
@@ -218,7 +220,8 @@ static int serve(const struct model *m, struct stage *st, const struct access *a
         int64_t lo = k * BATCH, hi = lo + BATCH < len ? lo + BATCH : len, fl = floor[k + 1], n = 0, kept = 0;
         memset(start, 0, (size_t)(nq + 1) * sizeof *start);
         for (x = 0; x < pending + hi - lo; x++) {       /* the waiting ones first: lower numbers */
-            struct pair p = x < pending ? wait[x] : (struct pair){t[ID(lo + x - pending)], ID(lo + x - pending)};
+            int64_t id = x < pending ? 0 : ID(lo + x - pending);
+            struct pair p = x < pending ? wait[x] : (struct pair){t[id], (int32_t)id, a->size[id]};
             if (p.t <= fl) {
                 q[n] = queue_of(m, st, a, p.i);
                 start[q[n] + 1]++;
@@ -235,11 +238,11 @@ static int serve(const struct model *m, struct stage *st, const struct access *a
                 goto done;
             wait = all;
             for (x = hi; x < len; x++)
-                wait[pending++] = (struct pair){t[ID(x)], ID(x)};
+                wait[pending++] = (struct pair){t[ID(x)], (int32_t)ID(x), a->size[ID(x)]};
             if (radix_order(wait, pending))     /* the waiting ones have the lower numbers */
                 goto done;
             for (x = 0; x < pending; x++)
-                depart(m, st, a, queue_of(m, st, a, wait[x].i), wait[x].i, t, last, hit);
+                depart(m, st, a, queue_of(m, st, a, wait[x].i), wait[x].i, wait[x].size, t, last, hit);
             break;
         }
     }

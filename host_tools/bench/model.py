@@ -43,8 +43,7 @@ from pfcxl.host_tools.timing import report as timing_report
 SYSTEMS = model_runs.CURVE_SYSTEMS                     # pf, electrical, dram: the columns
 HOST_LINK_LOAD = fc.PF_HOST_BANDWIDTH_MBS / fc.PF_PORT_BANDWIDTH_MBS   # in PF ports (replay's load unit)
 HOST_LINK_GBS = fc.PF_HOST_BANDWIDTH_MBS / 1000
-# offered load per host in PF ports: up to past the host link, so both knees show
-CURVE_LOADS = [0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0]
+CURVE_LOADS = model_runs.CURVE_LOADS                 # offered load per host in PF ports, past the host link
 def _models(topo: Topology) -> dict:
     models = fabric_systems.models(topo)
     return {s: models[model_runs.SYSTEMS[s]] for s in SYSTEMS}

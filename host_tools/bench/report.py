@@ -26,6 +26,13 @@ DIRECT = "direct device (measured in emulator)"
 PF, EL = LABELS["pf"], LABELS["electrical"]
 MODEL_SYSTEMS = bench_model.SYSTEMS                   # the modelled columns: pf, electrical, dram
 MODEL_KEYS = model_runs.SYSTEMS                        # -> timing_report's keys and LABELS
+IDLE_MODELLED = ("pf", "electrical")                   # the idle table's modelled columns (and latency_cdf.png's)
+# A loaded row's modelled chase p50 rests on the chase loads issued while the captured traffic ran:
+# at full rate that traffic replays in microseconds, so a row may have only a few (3-30 seen, and
+# the p50 of two identical runs 1,716 against 2,557 ns). Below this many the cell says low-sample.
+MIN_CHASE_LOADS = 200
+IDLE_CAPTION = ("measured: mean = the measured laps' time / loads; p50 = the median of the guest's {batch}-load "
+                "batch means (idle_latency --batch). modelled: the p50 of the traced chase replayed")
 LOADED_CAPTION = ("modelled columns: each row's captured stream replayed: its traffic at the nominal rate "
                   f"(threads x 64 B per delay, delay 0 = the host's {bench_model.HOST_LINK_GBS:g} GB/s link), its chase dependent "
                   "beside it; chase read p50 while the traffic ran")
@@ -44,8 +51,14 @@ def _runs(results: dict) -> dict[str, dict]:
 
 def _modelled(run: dict | None, key: str, op: str) -> str:
     if run and run.get("modelled", {}).get(key, {}).get(op, {}).get("count"):
-        return f"{run['modelled'][key][op]['p50']:.0f} ns (traced)"
+        return f"p50 {run['modelled'][key][op]['p50']:.0f} ns (traced)"
     return "-"
+
+
+def measured_idle(d: dict, op: str) -> tuple[float, float]:
+    """A measured idle run's (mean, p50) ns for `op`: what the table and latency_cdf.png show."""
+    per = "ns_per_load" if op == "read" else "ns_per_store"
+    return d[op][per], d[op]["p50_ns"]
 
 
 def _idle_topology(topo_name: str):
@@ -71,12 +84,17 @@ def _modelled_caption(run: dict | None, topo_name: str) -> str:
     return f"modelled system: {modelled_system(topo)}{note}"
 
 
+def low_sample(fig: dict) -> bool:
+    """Whether a modelled loaded row's chase p50 rests on fewer than MIN_CHASE_LOADS loads."""
+    return fig.get("latency_p50_ns") is not None and fig.get("chase_loads", 0) < MIN_CHASE_LOADS
+
+
 def _chase(fig: dict) -> str:
     """A modelled chase p50 and how many chase loads it is of (few under full traffic: the
-    captured traffic replays in microseconds)."""
+    captured traffic replays in microseconds), marked low-sample below MIN_CHASE_LOADS."""
     if fig.get("latency_p50_ns") is None:
         return "-"
-    return f"{fig['latency_p50_ns']:.0f} ({fig['chase_loads']} loads)"
+    return f"{fig['latency_p50_ns']:.0f} ({'low-sample: ' if low_sample(fig) else ''}{fig['chase_loads']} loads)"
 
 
 def _rows_caption(run: dict, what: str) -> str | None:
@@ -108,7 +126,11 @@ def _loaded_modelled(run: dict) -> Table:
         m = modelled[i] if i < len(modelled) else {}
         t.add_row(str(row["delay"]), f"{m['offered_gbs']:.3g}" if "offered_gbs" in m else m.get("error", "-"),
                   *(_chase(m.get(s, {})) for s in MODEL_SYSTEMS))
-    t.caption = _rows_caption(run, LOADED_CAPTION)
+    caption = _rows_caption(run, LOADED_CAPTION) or ""
+    if any(low_sample(m.get(s, {})) for m in modelled for s in MODEL_SYSTEMS):
+        caption += (f"; low-sample: fewer than {MIN_CHASE_LOADS} chase loads ran beside the traffic, so that "
+                      "p50 varies from run to run (loaded_latency.png draws it apart, unjoined)")
+    t.caption = caption
     return t
 
 
@@ -147,22 +169,26 @@ def tables(results: dict) -> list[Table]:
     out = []
     direct_runs = any(name.endswith("/direct") for name in runs)
     t = Table(title="idle latency (pointer chase, 64 B lines)", title_justify="left")
-    for col in ("", MEASURED, PF, EL, LOCAL) + ((DIRECT,) if direct_runs else ()):
+    for col in ("", MEASURED, *(LABELS[k] for k in IDLE_MODELLED), LOCAL) + ((DIRECT,) if direct_runs else ()):
         t.add_column(col, justify="right")
     cxl, local = runs.get("idle_latency/cxl"), runs.get("idle_latency/local")
-    for op, per in (("read", "ns_per_load"), ("write", "ns_per_store")):
+    for op in ("read", "write"):
         def measured(run):
             d = (run or {}).get("data") or {}
-            return f"{d[op][per]:.0f} ns" if d.get(op) else (run or {}).get("error") or "-"
+            if not d.get(op):
+                return (run or {}).get("error") or "-"
+            mean, p50 = measured_idle(d, op)
+            return f"mean {mean:.0f} / p50 {p50:.0f} ns"
         t.add_row(op, measured(cxl),
-                  _modelled(cxl, "pf", op) if cxl and cxl.get("modelled") else _idle(env["topology"], "pf", op),
-                  _modelled(cxl, "electrical", op) if cxl and cxl.get("modelled") else _idle(env["topology"], "electrical", op),
+                  *(_modelled(cxl, key, op) if cxl and cxl.get("modelled") else _idle(env["topology"], key, op)
+                    for key in IDLE_MODELLED),
                   measured(local), *((measured(runs.get("idle_latency/direct")),) if direct_runs else ()))
-    t.caption = _modelled_caption(cxl, env["topology"])
+    batch = ((cxl or local or {}).get("data") or {}).get("batch", 64)
+    t.caption = IDLE_CAPTION.format(batch=batch) + "; " + _modelled_caption(cxl, env["topology"])
     out.append(t)
     t = Table(title="loaded latency (one chasing thread + traffic threads)", title_justify="left")
     loaded = runs.get("loaded_latency/cxl") or {}
-    for col in (_delay(loaded), f"{MEASURED}: MB/s", "ns", f"{LOCAL}: MB/s", "ns"):
+    for col in (_delay(loaded), f"{MEASURED}: MB/s", "mean ns", f"{LOCAL}: MB/s", "mean ns"):
         t.add_column(col, justify="right")
     cxl_rows = (loaded.get("data") or {}).get("rows", [])
     local_rows = ((runs.get("loaded_latency/local") or {}).get("data") or {}).get("rows", [])
@@ -170,6 +196,7 @@ def tables(results: dict) -> list[Table]:
         lrow = local_rows[i] if i < len(local_rows) else {}
         t.add_row(str(row["delay"]), f"{row['bandwidth_MBps']:.1f}", f"{row['latency_ns']:.0f}",
                   f"{lrow.get('bandwidth_MBps', 0):.1f}" if lrow else "-", f"{lrow.get('latency_ns', 0):.0f}" if lrow else "-")
+    t.caption = "mean ns: the chase's time / its loads while the traffic threads ran"
     out.append(t)
     if cxl_rows:
         out.append(_loaded_modelled(loaded))

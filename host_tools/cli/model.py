@@ -13,7 +13,7 @@ from pfcxl.device.fabric import constants as fc
 from pfcxl.device import topology
 
 from pfcxl.host_tools import argtypes
-from pfcxl.host_tools.timing.model_runs import SYSTEMS, checked, curve_report, read_trace, replay_report, save_curve
+from pfcxl.host_tools.timing.model_runs import CURVE_LOADS, SYSTEMS, checked, curve_report, read_trace, replay_report, save_curve
 from pfcxl.host_tools.ui import out
 
 DESCRIPTION = f"""\
@@ -57,8 +57,10 @@ def add_parsers(sub) -> None:
                         "achieved below 95% of offered), and save the curves as a PNG.")
     p.add_argument("trace", type=Path, help=".npy file of trace records")
     p.add_argument("--out", type=Path, default=Path("latency-bandwidth.png"), help="PNG to write")
-    p.add_argument("--loads", type=argtypes.loads_list, default=argtypes.loads_list("0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1"),
-                   help="comma-separated offered loads in PF ports per host (default 0.1 to 1.1)")
+    p.add_argument("--loads", type=argtypes.loads_list, default=list(CURVE_LOADS),
+                   help="comma-separated offered loads in PF ports per host (default "
+                   f"{','.join(f'{x:g}' for x in CURVE_LOADS)}: past the {fc.PF_HOST_BANDWIDTH_MBS / 1000:g} GB/s "
+                   "host link, so each system's knee shows)")
     p.add_argument("--topology", "-t", default="pf-nic", help="the topology the trace was captured on")
     p.add_argument("--ns-per-insn", type=argtypes.positive, default=1.0, help="ns per instruction stamp (default 1)")
     p.add_argument("--json", action="store_true", help="print the points as one JSON document")

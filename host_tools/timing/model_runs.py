@@ -21,6 +21,9 @@ SYSTEMS = {"pf": "pf", "pf_hbm": "pf_hbm", "electrical": "electrical", "dram": "
 
 
 CURVE_SYSTEMS = ("pf", "electrical", "dram")
+# offered load per host in PF ports (`model curve`'s default, the bench's curve): past the host
+# link (5 PF ports), so the PF appliance's knee and the electrical pool's both show
+CURVE_LOADS = [0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0]
 
 
 
@@ -117,8 +120,10 @@ def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, 
 def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float], ns_per_insn: float = 1.0) -> dict:
     from pfcxl.device.fabric import replay as fabric_replay
     from pfcxl.device.fabric import systems as fabric_systems
+    import numpy as np
     base, granularity = placement(topo)
     models = fabric_systems.models(topo)
+    hosts = int(len(np.unique(records["host"])))
     out = {}
     for system in CURVE_SYSTEMS:
         key = SYSTEMS[system]
@@ -127,8 +132,38 @@ def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float
                                          ns_per_insn=ns_per_insn)
         except ValueError as exc:
             raise TimingError(f"cannot replay on {models[key].name}: {exc}") from exc
-        out[system] = {"label": fabric_systems.LABELS[key], "points": points, "knee": fabric_replay.knee(points)}
+        out[system] = {"label": fabric_systems.LABELS[key], "points": points, "knee": fabric_replay.knee(points),
+                       "hosts": hosts}
     return out
+
+
+LOG_PAD = 1.12           # a log axis's limits lie this factor beyond its outer ticks
+
+
+def log_limits(lo: float, hi: float) -> tuple[float, float, tuple[int, ...]]:
+    """Limits and tick steps of a log axis over [lo, hi] (lo > 0): ticks at 1, 2 and 5 x 10^n,
+    or at 10^n alone over a wide range; the outer ticks are the steps at or beyond each end of the
+    data, so a tick lies at or beyond each end (a latency axis whose ticks stopped at 500 ns under
+    900 ns of data, no more), and the limits lie LOG_PAD beyond them (no curve on the frame)."""
+    import math
+    for subs in ((1, 2, 5), (1,)):
+        steps = [m * 10.0 ** e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 2)
+                 for m in subs]
+        bottom, top = max(v for v in steps if v <= lo), min(v for v in steps if v >= hi)
+        if top / bottom < 300:
+            break
+    return bottom / LOG_PAD, top * LOG_PAD, subs
+
+
+def curve_axes(report: dict) -> dict:
+    """What the curve's axes say and span: the x label names how many hosts the trace held, the
+    latency axis runs from a 1-2-5 tick below the lowest p50 to one above the highest."""
+    hosts = max((s.get("hosts", 0) for s in report.values()), default=0)
+    who = ", one host" if hosts == 1 else f", all {hosts} hosts" if hosts else ""    # 0: a report without the count
+    p50s = [p["p50_ns"] for s in report.values() for p in s["points"] if p["p50_ns"] > 0]
+    return {"xlabel": f"achieved bandwidth{who} (GB/s, modelled)", "ylabel": "read latency p50 (ns, modelled)",
+            "ylim": log_limits(min(p50s), max(p50s)) if p50s else None,     # (bottom, top, tick steps)
+            "title": "latency against bandwidth, replayed trace (knees: open diamonds)"}
 
 
 def curve_figure(report: dict):
@@ -148,15 +183,20 @@ def curve_figure(report: dict):
         if knee:
             ax.plot([knee["achieved_gbs"]], [knee["p50_ns"]], marker="D", markersize=9, color=f"C{i}",
                     markerfacecolor="none")
-    ax.set_xlabel("achieved bandwidth, all hosts (GB/s, modelled)")
-    ax.set_ylabel("read latency p50 (ns, modelled)")
+    axes = curve_axes(report)
+    ax.set_xlabel(axes["xlabel"])
+    ax.set_ylabel(axes["ylabel"])
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    subs = (1, 2, 5)
+    if axes["ylim"]:
+        *limits, subs = axes["ylim"]
+        ax.set_ylim(*limits)
+    ax.yaxis.set_major_locator(LogLocator(subs=subs))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
-    ax.set_title("latency against bandwidth, replayed trace (knees: open diamonds)")
+    ax.set_title(axes["title"])
     return fig
 
 

@@ -49,11 +49,13 @@ def test_tables_carry_the_labelled_columns_and_the_failures():
     text = render(bench_report.tables(sample()))
     for label in ("measured in emulator", "modelled PF appliance", "modelled electrical switch pool", "local DRAM"):
         assert label in text
-    # each cell is the results' figure for its row and column: measured CXL, traced PF and
-    # electrical p50s, measured local; a measured figure follows the data (scale 3)
-    assert _row(text, "read") == ["read", "700 ns", "283 ns (traced)", "833 ns (traced)", "700 ns"]
-    assert _row(text, "write") == ["write", "800 ns", "224 ns (traced)", "774 ns (traced)", "800 ns"]
-    assert _row(render(bench_report.tables(sample(3.0))), "read")[1] == "2100 ns"
+    # each cell is the results' figure for its row and column, its statistic named: measured CXL
+    # mean and p50, traced PF and electrical p50s, measured local; a measured mean follows the data
+    assert _row(text, "read") == ["read", "mean 700 / p50 690 ns", "p50 283 ns (traced)", "p50 833 ns (traced)",
+                                  "mean 700 / p50 690 ns"]
+    assert _row(text, "write") == ["write", "mean 800 / p50 790 ns", "p50 224 ns (traced)", "p50 774 ns (traced)",
+                                   "mean 800 / p50 790 ns"]
+    assert _row(render(bench_report.tables(sample(3.0))), "read")[1] == "mean 2100 / p50 690 ns"
     assert _row(text, "seq", "read", "1024")[4:] == ["320.0", "320.0"]     # 20 MB/s x 1024 / 64, CXL and local
     assert _row(text, "hanger") == ["hanger", "benchmark hanger: command did not finish within 15s"]
 
@@ -80,7 +82,7 @@ def test_a_direct_run_gets_its_own_column():
     assert bench_report.DIRECT not in plain
     text = render(bench_report.tables(_with_direct(sample(), 0.5)))
     assert text.count(bench_report.DIRECT) == 2             # idle latency and bandwidth tables
-    assert _row(text, "read")[-1] == "350 ns"                 # 700 ns x 0.5 on the direct device
+    assert _row(text, "read")[-1] == "mean 350 / p50 345 ns"   # 700 and 690 ns x 0.5 on the direct device
     assert _row(text, "seq", "read", "1024")[4:7] == ["320.0", "320.0", "160.0"]   # CXL, local, direct MB/s
 
 
@@ -173,7 +175,8 @@ def test_modelled_rows_print_the_figures_results_json_holds():
         for g, d in ((128.0, 0), (0.032, 1))]}
     text = render(bench_report.tables(json.loads(json.dumps(results))))
     assert _row(text, "seq", "read", "64", last=True)[-3:] == ["110.2", "111.2", "112.2"]   # PF, electrical, DRAM GB/s
-    assert _row(text, "2000", last=True)[-4:] == ["0.032", "301 (8 loads)", "401 (8 loads)", "501 (8 loads)"]
+    assert _row(text, "2000", last=True)[-4:] == ["0.032", "301 (low-sample: 8 loads)", "401 (low-sample: 8 loads)",
+                                                  "501 (low-sample: 8 loads)"]
     assert "modelled PF appliance (DDR5 path): chase p50 ns" in text
     # a run whose rows were not captured one by one says so instead
     runs["bandwidth/cxl"]["modelled"] = {}

@@ -387,3 +387,23 @@ def test_kernel_decodes_records_like_the_numpy_path(modules, granularity):
     tr["hpa"][7] = 0x8fff
     with pytest.raises(ValueError, match="0x8fff lies below the appliance's base 0x9000"):
         fe.run(fm.electrical_pool(16, modules), tr, base_hpa=0x9000, granularity=granularity)
+
+
+def test_loading_the_kernel_makes_a_second_large_allocation_reuse_touched_pages():
+    # native.reuse_freed_memory: a block as large as a run's arrays, freed and allocated again,
+    # comes back from the heap already touched, instead of as fresh pages the OS must zero
+    import resource
+
+    from pfcxl.device.fabric import native
+    native._library()
+    assert native.reuse_freed_memory()
+
+    def touch_faults() -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        block = np.ones(96 << 20, np.uint8)              # 96 MiB: above glibc's own mmap threshold
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        del block
+        return faults
+
+    touch_faults()                                       # the heap grows and keeps the pages
+    assert touch_faults() < 8
