@@ -17,6 +17,7 @@ static const char HELP[] =
     "words seq, len at 0; ack, rlen, pid at 64; the message at 128; the reply in the second half).\n"
     "Operations, one a line: O ALONE STALE_MS (open the store as H; ALONE 1: a private cache),\n"
     "R INDEX BLOCK... (look the blocks up as a prefix, load and check each hit, store the rest;\n"
+    "BLOCK: a 64-bit signed integer, else an E reply;\n"
     "reply: INDEX blocks hits own other stored present lost checked bad read written),\n"
     "C (close: reply S evictions lookups index_lines), Q (quit). Errors: E message.\n"
     "A block's bytes: BLAKE2b-512 of \"pfcxl-replay/BLOCK\" repeated to BYTES; its key \"replay/BLOCK\".\n"
@@ -128,7 +129,7 @@ static void serve(const long long *blocks, int n, uint64_t c[C_N])
 /* One line of the message; its reply appended at *out (room bytes left). */
 static void operate(char *line, int host, char **out, char *end)
 {
-    static long long blocks[1 << 16];
+    static long long blocks[MB_HALF / 2 + 1]; /* a message's every id: each takes 2 bytes or more */
     char *p = line;
     const char op = *p++;
     int w = 0;
@@ -148,12 +149,29 @@ static void operate(char *line, int host, char **out, char *end)
     } else if (op == 'R' && g_open) {
         const long long index = strtoll(p, &p, 10);
         int n = 0;
-        for (char *q; n < (int)(sizeof blocks / sizeof *blocks); n++) {
+        const char *why = NULL;
+        for (char *q;; n++) {
+            errno = 0;
             const long long b = strtoll(p, &q, 10);
             if (q == p)
                 break;
+            if (errno == ERANGE) {
+                why = "a block id beyond the 64-bit signed range";
+                break;
+            }
+            if (n == (int)(sizeof blocks / sizeof *blocks)) {
+                why = "more block ids than a message holds";
+                break;
+            }
             blocks[n] = b;
             p = q;
+        }
+        if (why) {
+            w = snprintf(*out, (size_t)(end - *out), "E request %lld: %s\n", index, why);
+            if (w < 0 || w >= end - *out)
+                die("a reply does not fit in the mailbox's %u bytes", MB_HALF);
+            *out += w;
+            return;
         }
         uint64_t c[C_N];
         serve(blocks, n, c);
