@@ -328,7 +328,7 @@ def drive(setup: ReplaySetup, requests, mode, reader, crew) -> dict:
             routed += 1
         now = time.monotonic()
         for h in live:
-            work = []
+            work: list[tuple[int, list[int]]] = []
             while queue[h] and len(sent[h]) + len(work) < IN_FLIGHT and startable(queue[h][0], h):
                 i = queue[h].popleft()
                 work.append((i, list(requests[i].hash_ids)))
@@ -345,7 +345,7 @@ def drive(setup: ReplaySetup, requests, mode, reader, crew) -> dict:
             end(i)
             if not sent[h]:
                 idle_since[h] = time.monotonic()
-        if strike is not None and strike <= time.monotonic():
+        if strike is not None and setup.kill_host is not None and strike <= time.monotonic():
             h = setup.kill_host
             crew.kill(h)
             killed = dict(host=h, at_s=round(time.monotonic() - t0, 3))
