@@ -140,7 +140,8 @@ def render(summaries: list[dict], note: str) -> None:
         w = s["waits"]
         pace = "each batch after the one before" if not s["ahead"] else f"hosts up to {s['ahead']} batches apart"
         out.print(f"hosts waited {w['total_s']:,.1f} s in all for work ({min(w['host_s']):,.1f} to "
-                  f"{max(w['host_s']):,.1f} s each, of {s['seconds']:.1f} s; {w['batches']} batches, {pace})",
+                  f"{max(w['host_s']):,.1f} s each, of {s['seconds']:.1f} s; {w['batches']} "
+                  f"batch{'es' if w['batches'] != 1 else ''}, {pace})",
                   highlight=False)
         k = s["killed"]
         if k is not None and k["at_s"] is None:
@@ -172,4 +173,7 @@ def render(summaries: list[dict], note: str) -> None:
         t.add_row(s["mode"], f"{o['hit_rate']:.1%}", str(o["lost"]), str(o["evictions"]),
                   f"{s['waits']['total_s']:,.1f}", *cells)
     out.print(t)
+    if timed:
+        note += ("; with --fabric, the TTFT loads each real block at its host's modelled rate (the appliance's "
+                 "tables above) instead of the fabric model's time per block")
     out.print(f"[dim]{note}[/dim]")
