@@ -22,6 +22,7 @@ static const char HELP[] =
     "C (close: reply S evictions lookups index_lines), Q (quit). Errors: E message.\n"
     "A block's bytes: BLAKE2b-512 of \"pfcxl-replay/BLOCK\" repeated to BYTES; its key \"replay/BLOCK\".\n"
     "--base: as kvstore's (0 on a direct-path DAX device, 2 MiB on a CXL one or a file).\n"
+    "While idle it leaves (status 2, its lease released) once the process that started it is gone.\n"
     "exit status: 0 after Q; 2 error (one line on stderr).\n";
 
 #define MB_BYTES (1u << 20)
@@ -248,11 +249,16 @@ int main(int argc, char **argv)
     uint64_t done = box[MB_ACK];
     box[MB_PID] = (uint64_t)getpid(); /* the host side waits for this hello */
     kv_fence(&box[MB_PID]);
+    const pid_t parent = getppid();
     for (int quit = 0; !quit;) {
         uint64_t seq;
-        while ((seq = box[MB_SEQ]) == done) {
+        for (unsigned idle = 1; (seq = box[MB_SEQ]) == done; idle++) {
             if (g_open)
                 kv_beat(&g_kv); /* idle but alive: our lease is not stale */
+            if (idle % 256 == 0 && getppid() != parent) {
+                release_lease(); /* first: the message may meet a closed pipe (SIGPIPE) */
+                die("the process that started this one is gone: no one will post or read this mailbox");
+            }
             kv_sleep_ms(1);
         }
         kv_fence(NULL);
