@@ -2,7 +2,8 @@
 cross-check with the real store's replay (`pfcxl kv replay`, docs/kvstore.md "Replay").
 
 Requests are routed as the store's replay routes them (serving/routing.py) and served in trace
-order. A request walks its blocks as a prefix (chunk-lru, no GPU tier, no timing: how hit rates are
+order, each on the ceil(input_length / block_tokens) blocks its input fills (traces.counted), as
+the store's replay serves them. A request walks its blocks as a prefix (chunk-lru, no GPU tier, no timing: how hit rates are
 compared) and then stores every block it did not find:
 * `local`: each host has its own LRU cache of `capacity_blocks` and looks only there;
 * `shared`: one LRU tier of hosts x `capacity_blocks` that every host reads; a block is stored once,
@@ -22,7 +23,7 @@ from pfcxl.errors import ServingError
 
 from pfcxl.serving.routing import ROUTINGS, Router, batches, held_depths
 from pfcxl.serving.tiers import LruTier
-from pfcxl.serving.traces import Trace
+from pfcxl.serving.traces import Trace, counted
 
 CACHES = ("local", "shared")
 UNBOUNDED = float("inf")
@@ -72,7 +73,7 @@ class HostsResult:
 
 def replay_hosts(setup: HostsSetup) -> HostsResult:
     trace = setup.trace
-    requests = list(trace.requests)
+    requests = counted(trace.requests, trace.block_tokens)      # routed and served on the blocks they count
     if not requests:
         raise ServingError(f"{trace.name}: the trace has no requests")
     local = setup.cache == "local"
@@ -98,7 +99,7 @@ def replay_hosts(setup: HostsSetup) -> HostsResult:
             host_of[i] = router.pick(requests[i], live)
         for i in batch:
             h, r = host_of[i], requests[i]
-            blocks = list(r.hash_ids[:trace.blocks(r)])
+            blocks = list(r.hash_ids)
             row, tier = rows[h], cache_of(h)
             found = 0
             for block in blocks:

@@ -73,6 +73,13 @@ def blocks_for(tokens: int, block_tokens: int) -> int:
     return -(-tokens // block_tokens)
 
 
+def counted(requests, block_tokens: int) -> list[Request]:
+    """Each request with only the ids its input counts (`blocks_for`): what a cache serves. The
+    serving model's N-host replay and the store's (`pfcxl kv replay`) both route and serve these."""
+    return [r if len(r.hash_ids) == (n := blocks_for(r.input_length, block_tokens)) else
+            Request(r.timestamp_ms, r.input_length, r.output_length, r.hash_ids[:n]) for r in requests]
+
+
 def bundled(name: str) -> Path:
     """A trace shipped with pfcxl: 'conversation' or 'synthetic' (Mooncake's), or a file name
     under serving/data/traces/."""

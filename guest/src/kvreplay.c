@@ -17,10 +17,12 @@ static const char HELP[] =
     "words seq, len at 0; ack, rlen, pid at 64; the message at 128; the reply in the second half).\n"
     "Operations, one a line: O ALONE STALE_MS (open the store as H; ALONE 1: a private cache),\n"
     "R INDEX BLOCK... (look the blocks up as a prefix, load and check each hit, store the rest;\n"
+    "BLOCK: a 64-bit signed integer, else an E reply;\n"
     "reply: INDEX blocks hits own other stored present lost checked bad read written),\n"
     "C (close: reply S evictions lookups index_lines), Q (quit). Errors: E message.\n"
     "A block's bytes: BLAKE2b-512 of \"pfcxl-replay/BLOCK\" repeated to BYTES; its key \"replay/BLOCK\".\n"
     "--base: as kvstore's (0 on a direct-path DAX device, 2 MiB on a CXL one or a file).\n"
+    "While idle it leaves (status 2, its lease released) once the process that started it is gone.\n"
     "exit status: 0 after Q; 2 error (one line on stderr).\n";
 
 #define MB_BYTES (1u << 20)
@@ -128,7 +130,7 @@ static void serve(const long long *blocks, int n, uint64_t c[C_N])
 /* One line of the message; its reply appended at *out (room bytes left). */
 static void operate(char *line, int host, char **out, char *end)
 {
-    static long long blocks[1 << 16];
+    static long long blocks[MB_HALF / 2 + 1]; /* a message's every id: each takes 2 bytes or more */
     char *p = line;
     const char op = *p++;
     int w = 0;
@@ -148,12 +150,29 @@ static void operate(char *line, int host, char **out, char *end)
     } else if (op == 'R' && g_open) {
         const long long index = strtoll(p, &p, 10);
         int n = 0;
-        for (char *q; n < (int)(sizeof blocks / sizeof *blocks); n++) {
+        const char *why = NULL;
+        for (char *q;; n++) {
+            errno = 0;
             const long long b = strtoll(p, &q, 10);
             if (q == p)
                 break;
+            if (errno == ERANGE) {
+                why = "a block id beyond the 64-bit signed range";
+                break;
+            }
+            if (n == (int)(sizeof blocks / sizeof *blocks)) {
+                why = "more block ids than a message holds";
+                break;
+            }
             blocks[n] = b;
             p = q;
+        }
+        if (why) {
+            w = snprintf(*out, (size_t)(end - *out), "E request %lld: %s\n", index, why);
+            if (w < 0 || w >= end - *out)
+                die("a reply does not fit in the mailbox's %u bytes", MB_HALF);
+            *out += w;
+            return;
         }
         uint64_t c[C_N];
         serve(blocks, n, c);
@@ -230,11 +249,16 @@ int main(int argc, char **argv)
     uint64_t done = box[MB_ACK];
     box[MB_PID] = (uint64_t)getpid(); /* the host side waits for this hello */
     kv_fence(&box[MB_PID]);
+    const pid_t parent = getppid();
     for (int quit = 0; !quit;) {
         uint64_t seq;
-        while ((seq = box[MB_SEQ]) == done) {
+        for (unsigned idle = 1; (seq = box[MB_SEQ]) == done; idle++) {
             if (g_open)
                 kv_beat(&g_kv); /* idle but alive: our lease is not stale */
+            if (idle % 256 == 0 && getppid() != parent) {
+                release_lease(); /* first: the message may meet a closed pipe (SIGPIPE) */
+                die("the process that started this one is gone: no one will post or read this mailbox");
+            }
             kv_sleep_ms(1);
         }
         kv_fence(NULL);

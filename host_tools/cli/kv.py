@@ -6,6 +6,8 @@ imported when a kv command runs: the parser stays light (host_tools/cli/main.py)
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -183,10 +185,11 @@ def cmd_replay(args) -> int:
     if not guests and (args.fabric or args.data_path):
         raise PfcxlError(f"--{'fabric' if args.fabric else 'data-path'} is for --on guests: the appliance times and "
                          "reaches guests, not host processes")
-    setup = kv_replay.ReplaySetup(path="" if guests else str(pool_file(args)), base=args.base, hosts=args.hosts,
+    setup = kv_replay.ReplaySetup(path="", base=args.base, hosts=args.hosts,
                                   capacity=args.capacity, block_bytes=args.block_bytes, block_tokens=args.block_tokens,
                                   routing=args.routing, window_ms=args.window, stale_s=args.stale,
-                                  kill_host=args.kill_host, kill_at=args.at)
+                                  kill_host=args.kill_host, kill_at=args.at, ahead=args.ahead)
+    kv_replay.check_inputs(setup, requests)
     if guests:
         from pfcxl.host_tools.kv.replay_guest import run_on_guests
         from pfcxl.host_tools.ui import err
@@ -199,8 +202,10 @@ def cmd_replay(args) -> int:
                                 say=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
                                 appliance_dir=Path(args.run_dir) if args.run_dir else None, options=options)
     else:
-        kv_replay.check(setup, requests)
-        results = [kv_replay.run(setup, requests, m) for m in modes]
+        with replay_pool(args, setup) as path:
+            setup = dataclasses.replace(setup, path=path)
+            kv_replay.check(setup, requests)
+            results = [kv_replay.run(setup, requests, m) for m in modes]
     summaries = [kv_replay_report.summary(r, requests, args.model, args.block_tokens) for r in results]
     note = kv_replay_report.assumption(args.model, args.block_tokens, args.block_bytes)
     if args.json:
@@ -208,6 +213,34 @@ def cmd_replay(args) -> int:
     else:
         kv_replay_report.render(summaries, note)
     return 1 if any(s["check"]["bad"] for s in summaries) else 0
+
+
+@contextlib.contextmanager
+def replay_pool(args, setup):
+    """The pool file `kv replay --on host` formats and replays into: --pool; else the shared pool of
+    the topology's appliance, the running one (--run-dir, or its default directory) or, if none
+    runs, a temporary one started here and stopped afterwards. A pool without a store gets one."""
+    if args.pool:
+        yield str(pool_file(args))
+        return
+    from pfcxl.host_tools.fleet import multihost
+    from pfcxl.host_tools.kv import replay as kv_replay
+    from pfcxl.host_tools.kv.replay_guest import ensure_store
+    from pfcxl.host_tools.ui import err
+    path = topology.resolve(args.topology or DEFAULT_APPLIANCE)
+    topo = topology.load(path)
+    if topo.appliance is None:
+        raise PfcxlError(f"topology '{topo.name}' has no [appliance] section: give --pool FILE")
+    with multihost.appliance_for(topo, path, Path(args.run_dir) if args.run_dir else None,
+                                 lambda m: err.print(f"[dim]{m}[/dim]", highlight=False)) as (where, _):
+        pool = appliance_rundir.pool_dir(where, topo.appliance.backing)
+        if pool is None:
+            raise PfcxlError(f"appliance '{topo.name}' keeps its pool in memfds (backing memfd): the host cannot "
+                             "open it; use backing \"shm\" or \"directory\", or give --pool FILE")
+        file = pool / "shared.pool"
+        bus_error.guard(file)
+        ensure_store(str(file), max(setup.hosts, kv_replay.DEFAULT_STORE_HOSTS), setup.base)
+        yield str(file)
 
 
 def _size(text: str) -> int:
@@ -283,7 +316,9 @@ def add_parsers(sub) -> None:
                              "prefix, loads every hit (its bytes checked against the block's id) and stores the "
                              "rest. local: a host reads only its own arena; shared: any host's published block. "
                              "Payloads are scaled to --block-bytes; the modelled TTFT uses the model's real "
-                             "block size. The store is formatted anew, after every input has been checked."))
+                             "block size. Without --pool the store is the appliance's (the running one, else a "
+                             "temporary one started here); it is formatted anew, after every input has been "
+                             "checked."))
     p.add_argument("trace", help="a trace file in Mooncake's format (serving/traces.py), or a bundled trace's name: "
                    "conversation, synthetic")
     p.add_argument("--hosts", type=argtypes.count, default=4, help="host processes (at most the store's hosts)")
@@ -308,6 +343,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--model", default="llama-70b", help="model whose real block size times the TTFT (default llama-70b)")
     p.add_argument("--window", type=int, default=0, metavar="MS",
                    help="requests arriving within MS of a batch's first run at once (default 0: equal timestamps)")
+    p.add_argument("--ahead", type=int, default=16, metavar="BATCHES",
+                   help="batches a host may run past the oldest unfinished one, instead of waiting for the other "
+                   "hosts at each batch's end (default 16; 0: every batch after the one before; prefix routing is "
+                   "always 0)")
     p.add_argument("--stale", type=argtypes.seconds, default=1.0, help="seconds before a silent claimant is dead")
     p.add_argument("--kill-host", type=int, metavar="H", help="SIGKILL host H mid-replay (with --at)")
     p.add_argument("--at", type=float, default=1.0, metavar="SECONDS", help="when --kill-host strikes (default 1)")

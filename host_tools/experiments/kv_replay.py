@@ -9,9 +9,11 @@ lookup reads and its time, two ways in one run: the store's lookup (each host's 
 the key's bucket) and a byte search over each host's whole segment, which is how lookups worked
 before the store's version 3 (mmap.find over slots x 64 bytes per host), on the same store.
 
-`replay`: the whole trace replayed by N host processes on a pool file in /dev/shm or --dir; wall
-seconds, CPU seconds (this process and its hosts) and requests per second, per mode. The machine's
-other load inflates wall time: compare CPU seconds between runs.
+`replay`: the whole trace replayed by N host processes on a pool file in /dev/shm or --dir, both
+modes, once per `--ahead` value (default 0, hosts meeting at every batch's end as the replay once
+did, then the default): wall seconds, CPU seconds (this process and its hosts, getrusage), requests
+per second, and the seconds the hosts waited for work (the replay's own count), per mode and for
+both modes together. The machine's other load inflates wall time: compare CPU seconds between runs.
 
 `guests`: the trace's first --requests requests replayed by kvreplay in --hosts guests of a
 temporary pf-appliance (`kv replay --on guests`), both modes: wall seconds from the appliance's
@@ -73,7 +75,8 @@ def lookup(where: str, lookups: int = 2000) -> list[dict]:
     return rows
 
 
-def replay(where: str, trace: str, hosts: int, capacity: int, routing: str, block_bytes: int) -> list[dict]:
+def replay(where: str, trace: str, hosts: int, capacity: int, routing: str, block_bytes: int,
+           aheads: tuple[int, ...] = (0, kv_replay.AHEAD)) -> list[dict]:
     from pfcxl.serving import traces
     requests = list(traces.load(traces.bundled(trace)).requests)
     store_hosts = max(hosts, 16)
@@ -81,8 +84,8 @@ def replay(where: str, trace: str, hosts: int, capacity: int, routing: str, bloc
     path = _pool(where, size, store_hosts, 64)
     rows = []
     try:
-        setup = kv_replay.ReplaySetup(path, None, hosts, capacity, block_bytes, routing=routing)
-        for mode in kv_replay.MODES:
+        for ahead, mode in [(a, m) for a in aheads for m in kv_replay.MODES]:
+            setup = kv_replay.ReplaySetup(path, None, hosts, capacity, block_bytes, routing=routing, ahead=ahead)
             cpu0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
             t0 = time.perf_counter()
             out = kv_replay.run(setup, requests, mode)
@@ -90,9 +93,11 @@ def replay(where: str, trace: str, hosts: int, capacity: int, routing: str, bloc
             cpu1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
             cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(cpu0, cpu1))
             o = out["overall"]
-            rows.append(dict(trace=trace, mode=mode, routing=routing, hosts=hosts, capacity=capacity,
+            rows.append(dict(trace=trace, mode=mode, routing=routing, hosts=hosts, capacity=capacity, ahead=ahead,
                              requests=o["requests"], blocks=o["blocks"], hit_rate=o["hits"] / o["blocks"],
-                             wall_s=wall, cpu_s=cpu, requests_per_s=o["requests"] / wall, bad=o["bad"] + out["check"]["bad"]))
+                             wall_s=wall, cpu_s=cpu, requests_per_s=o["requests"] / wall,
+                             hosts_waited_s=out["waits"]["total_s"], batches=out["waits"]["batches"],
+                             bad=o["bad"] + out["check"]["bad"]))
     finally:
         os.unlink(path)
     return rows
@@ -136,6 +141,9 @@ def main(argv=None) -> int:
     ap.add_argument("--capacity", type=int, default=10000, help="blocks per host (default 10000)")
     ap.add_argument("--routing", default="round-robin", choices=kv_replay.ROUTINGS)
     ap.add_argument("--block-bytes", type=int, default=4096)
+    ap.add_argument("--ahead", default=f"0,{kv_replay.AHEAD}",
+                    help=f"replay: the --ahead values to run, each with both modes (default 0,{kv_replay.AHEAD}: "
+                    "each batch after the one before, against the default)")
     ap.add_argument("--requests", type=int, default=1000, help="guests: the trace's first N requests")
     ap.add_argument("--data-path", default="direct", choices=("cxl", "direct"), help="guests: the data path")
     args = ap.parse_args(argv)
@@ -149,9 +157,16 @@ def main(argv=None) -> int:
         for row in lookup(args.dir):
             print(json.dumps(row))
         return 0
-    rows = replay(args.dir, args.trace, args.hosts, args.capacity, args.routing, args.block_bytes)
+    aheads = tuple(int(a) for a in args.ahead.split(","))
+    rows = replay(args.dir, args.trace, args.hosts, args.capacity, args.routing, args.block_bytes, aheads)
     for row in rows:
         print(json.dumps(row))
+    for a in aheads:                       # both modes together: what `kv replay --compare` takes
+        both = [r for r in rows if r["ahead"] == a]
+        print(json.dumps(dict(ahead=a, modes="+".join(r["mode"] for r in both),
+                              wall_s=round(sum(r["wall_s"] for r in both), 1),
+                              cpu_s=round(sum(r["cpu_s"] for r in both), 1),
+                              hosts_waited_s=round(sum(r["hosts_waited_s"] for r in both), 1))))
     return 1 if any(r["bad"] for r in rows) else 0
 
 

@@ -26,7 +26,7 @@ from pfcxl.serving.traces import Request
 
 from pfcxl.host_tools.kv import replay as kv_replay
 from pfcxl.host_tools.kv.replay_host import kv
-from pfcxl.host_tools.kv.replay_mailbox import MB_BYTES, Mailboxes, offset
+from pfcxl.host_tools.kv.replay_mailbox import MB_BYTES, Mailboxes, check_requests, offset
 from pfcxl.host_tools.kv.replay_timing import figures, snapshot
 
 TOOL = "kvreplay"
@@ -48,6 +48,8 @@ def replay(setup: kv_replay.ReplaySetup, requests: list[Request], modes, launch,
     """Each mode on a fresh store, served by the kvreplay processes `launch(mailbox offset)`
     starts (a context manager yielding a `gone()` that says why they ended, None while they run).
     `after_mode(mode)` is called as each mode ends; what it returns goes in the mode's result."""
+    requests = kv_replay.served(setup, requests)
+    check_requests(requests)
     need = kv_replay.check(setup, requests, room(setup.hosts))
     at = (kv.HOME if setup.base is None else setup.base) + offset(need)
     boxes = Mailboxes(setup.path, at, setup.hosts, len(requests), lambda: None)
@@ -170,6 +172,8 @@ def run_on_guests(topo, topo_path, setup: kv_replay.ReplaySetup, requests: list[
         raise PfcxlError("--kill-host is for --on host: a guest's replay process is not killed from here")
     if setup.base not in (None, kv.HOME):
         raise PfcxlError(f"--base {setup.base}: in guests the store is where they find it (byte {kv.HOME} of the pool)")
+    kv_replay.check_inputs(setup, requests)             # before anything boots
+    check_requests(kv_replay.served(setup, requests))
     topo = paths.with_data_path(topo, data_path)
     data_path = topo.guest.data_path
     with multihost.appliance_for(topo, topo_path, appliance_dir, say, timing) as (where, _):

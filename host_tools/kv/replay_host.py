@@ -10,7 +10,10 @@ cache, and it never reads another's block.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import os
+import signal
 
 from pfcxl.host_tools.image import debian as debian_image
 
@@ -18,6 +21,7 @@ kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 COUNTS = ("blocks", "hits", "own", "other", "stored", "present", "lost", "checked", "bad", "read", "written")
 WIDTH = len(COUNTS) + 1             # a request's row in the results table: its counts, then "done"
+PR_SET_PDEATHSIG = 1                # linux/prctl.h
 
 
 def payload(block: int, size: int) -> bytes:
@@ -64,10 +68,28 @@ def serve(store, blocks: list[int], local: bool, size: int) -> dict:
     return c
 
 
-def main(conn, table, path: str, base: int, host: int, local: bool, size: int, stale_s: float) -> None:
-    """The host process: batches of (request index, blocks) in, ("batch",) out when one is done.
-    Each request's counts go to its row of `table` (shared memory, WIDTH numbers a row), its
-    last number set to 1 after them: what a killed host finished is still there."""
+def leave_with_parent(parent_pid: int, inherited) -> None:
+    """This host process ends when the replay that forked it does, however that one ends: the
+    kernel sends it SIGKILL when its parent dies (PR_SET_PDEATHSIG, Linux), and the other ends of
+    the replay's pipes that the fork copied here are closed, so that a dead replay reads as EOF."""
+    for conn in inherited:
+        conn.close()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):        # not Linux: the EOF on the pipe ends it
+        pass
+    if os.getppid() != parent_pid:           # the parent died before the prctl took effect
+        os._exit(1)
+
+
+def main(conn, table, path: str, base: int, host: int, local: bool, size: int, stale_s: float,
+         parent_pid: int, inherited=()) -> None:
+    """The host process: lists of (request index, blocks) in, ("done", [their indices]) out once a
+    list is served, in order. Each request's counts go to its row of `table` (shared memory, WIDTH
+    numbers a row), its last number set to 1 after them: what a killed host finished is still
+    there. `inherited`: the replay's ends of the pipes, copied here by the fork (leave_with_parent)."""
+    leave_with_parent(parent_pid, inherited)
     try:
         store = kv.Store.open(path, host=host, base=base, stale_s=stale_s)
     except kv.KVError as exc:                   # e.g. another process holds this host's lease
@@ -75,10 +97,16 @@ def main(conn, table, path: str, base: int, host: int, local: bool, size: int, s
         return
     with store:
         conn.send(("ready",))
-        while (batch := conn.recv()) is not None:
+        while True:
+            try:
+                batch = conn.recv()
+            except EOFError:                    # the replay is gone
+                return
+            if batch is None:
+                return
             for index, blocks in batch:
                 c = serve(store, blocks, local, size)
                 row = index * WIDTH
                 table[row:row + len(COUNTS)] = [c[k] for k in COUNTS]
                 table[row + WIDTH - 1] = 1
-            conn.send(("batch",))
+            conn.send(("done", [index for index, _ in batch]))

@@ -26,6 +26,26 @@ SEQ, LEN, ACK, RLEN, PID = 0, 8, 64, 72, 80      # byte offsets of the mailbox's
 # a wait's first and longest pause between looks: a process on this machine answers within the
 # first, a guest under TCG takes milliseconds; the pause doubles so a long wait does not spin a CPU
 POLL_S = (0.0002, 0.005)
+ID_RANGE = (-(1 << 63), (1 << 63) - 1)          # a block id kvreplay reads (strtoll)
+
+
+def request_line(index: int, blocks) -> str:
+    """The line that asks kvreplay to serve request `index` on `blocks`."""
+    return " ".join(map(str, ["R", index, *blocks]))
+
+
+def check_requests(requests) -> None:
+    """Before anything boots: every request's line fits one message, and its ids are kvreplay's
+    64-bit signed integers (one line naming the first that is not)."""
+    for i, r in enumerate(requests):
+        for b in r.hash_ids:
+            if not ID_RANGE[0] <= b <= ID_RANGE[1]:
+                text = str(b)
+                raise PfcxlError(f"request {i}: hash id {text if len(text) <= 40 else text[:20] + '...'} is beyond "
+                                 f"the 64-bit signed ids kvreplay handles (--on guests)")
+        if (size := len(request_line(i, r.hash_ids)) + 1) > MB_HALF:
+            raise PfcxlError(f"request {i}: its {len(r.hash_ids)} blocks take {size} bytes, more than one message of "
+                             f"kvreplay's mailbox ({MB_HALF} bytes; --on guests)")
 
 
 def offset(store_bytes: int) -> int:
@@ -44,6 +64,7 @@ class Mailboxes:
         self.map[:] = bytes(hosts * MB_BYTES)
         self.seq = [0] * hosts
         self.queue: dict[int, list[str]] = {}
+        self.busy: set[int] = set()                 # hosts with a message not yet answered
         self.counts: list[dict | None] = [None] * requests
         self.stats: dict[int, dict] = {}
 
@@ -64,6 +85,8 @@ class Mailboxes:
 
     def _wait(self, pending: set[int], timeout: float | None) -> list[int]:
         """Hosts of `pending` whose last message is answered, waiting at most `timeout` seconds for one."""
+        if not pending:
+            return []
         since, checked = time.monotonic(), time.monotonic()
         pause = POLL_S[0]
         while True:
@@ -120,10 +143,10 @@ class Mailboxes:
 
     # kv_replay.drive's crew
     def post(self, h: int, work: list) -> None:
-        """A batch's share, sent in as few messages as fit a mailbox."""
-        lines = [" ".join(map(str, ["R", i, *blocks])) for i, blocks in work]
-        self.queue[h] = lines
-        self._next(h)
+        """Requests for host h, sent in as few messages as fit a mailbox, one message at a time."""
+        self.queue.setdefault(h, []).extend(request_line(i, blocks) for i, blocks in work)
+        if h not in self.busy:
+            self._next(h)
 
     def _next(self, h: int) -> None:
         lines, size, n = self.queue[h], 0, 0
@@ -135,19 +158,21 @@ class Mailboxes:
             raise PfcxlError(f"a request of {len(lines[0].split()) - 2} blocks does not fit a mailbox ({MB_HALF} bytes)")
         self.queue[h] = lines[n:]
         self._send(h, lines[:n])
+        self.busy.add(h)
 
-    def ready(self, pending: set[int], timeout: float | None) -> list[int]:
+    def ready(self, timeout: float | None) -> list[int]:
+        """The requests whose hosts answered, waiting at most `timeout` seconds for one."""
         done = []
-        for h in self._wait(pending, timeout):
+        for h in self._wait(self.busy, timeout):
+            self.busy.discard(h)
             for line in self._reply(h):
                 if line.startswith("E "):
                     raise PfcxlError(f"replay host {h}: {line[2:]}")
                 index, *numbers = map(int, line.split())
                 self.counts[index] = dict(zip(COUNTS, numbers))
+                done.append(index)
             if self.queue[h]:
                 self._next(h)
-            else:
-                done.append(h)
         return done
 
     def kill(self, h: int) -> None:

@@ -24,9 +24,16 @@ from pfcxl.host_tools.kv.model import GPU, GPUS
 from pfcxl.host_tools.ui import out
 
 FABRICS = ("pf", "electrical")
+LABEL = dict(pf="PF", electrical="electrical")
 COLUMNS = (("requests", "requests"), ("hit rate", None), ("loaded own", "own"), ("loaded other", "other"),
            ("stored", "stored"), ("evictions", "evictions"), ("races lost", "lost"), ("failed check", "bad"),
-           ("read", "read"), ("written", "written"))
+           ("read (KiB)", "read"), ("written (KiB)", "written"))
+BYTE_COLUMNS = ("read", "written")
+
+
+def kib(value: int) -> str:
+    """Bytes in a KiB column: one unit for every row, the unit in the column's title."""
+    return f"{value / 1024:,.0f}"
 
 
 def hit_rate(row: dict) -> float:
@@ -97,17 +104,24 @@ def render_timing(tm: dict, mode: str) -> None:
     from rich.table import Table
     t = Table(title=f"{mode}: modelled by the appliance ({tm['fabric']}), {tm['model_s'] * 1e3:.2f} ms of model time, "
               f"{tm['dropped']} ring records dropped")
-    for col in ("host", "reads", "moved", "read p50 / p99 (ns)", "load rate (GB/s)", "TTFT p50 / p99 (ms)"):
+    for col in ("host", "reads", "moved (KiB)", "read p50 / p99 (ns)", "load rate (GB/s)", TIMED_TTFT):
         t.add_column(col, justify="right")
     ttft_of = {h["host"]: h for h in tm["ttft"]["hosts"]}
     for h in tm["hosts"]:
-        tt = ttft_of.get(h["host"], {})
-        t.add_row(str(h["host"]), str(h["reads"]), human(h["bytes"]), f"{h['read_p50_ns']} / {h['read_p99_ns']}",
-                  f"{h['rate_gbs']:.2f}" if h["rate_gbs"] else "-",
-                  f"{tt['p50_ms']:,.0f} / {tt['p99_ms']:,.0f}" if tt.get("p50_ms") is not None else "-")
+        t.add_row(str(h["host"]), str(h["reads"]), kib(h["bytes"]), f"{h['read_p50_ns']} / {h['read_p99_ns']}",
+                  f"{h['rate_gbs']:.2f}" if h["rate_gbs"] else "-", ms_pair(ttft_of.get(h["host"], {})))
+    t.add_row("all", str(sum(h["reads"] for h in tm["hosts"])), kib(sum(h["bytes"] for h in tm["hosts"])), "", "",
+              ms_pair(tm["ttft"]["overall"]))
     out.print(t)
     out.print("[dim]model figures (host_tools/kv/replay_timing.py), not the guests' clocks: a real block loads at its "
               "host's modelled rate; read latency percentiles run from the guests' start[/dim]")
+
+
+TIMED_TTFT = "TTFT p50 / p99 (ms), at the host's modelled rate"
+
+
+def ms_pair(tt: dict) -> str:
+    return f"{tt['p50_ms']:,.0f} / {tt['p99_ms']:,.0f}" if tt.get("p50_ms") is not None else "-"
 
 
 def render(summaries: list[dict], note: str) -> None:
@@ -120,9 +134,15 @@ def render(summaries: list[dict], note: str) -> None:
             t.add_column(title, justify="right")
         for row in s["hosts"] + [dict(s["overall"], host="all")]:
             t.add_row(str(row["host"]), *(f"{row['hit_rate']:.1%}" if key is None else
-                                          human(row[key]) if key in ("read", "written") else str(row[key])
+                                          kib(row[key]) if key in BYTE_COLUMNS else str(row[key])
                                           for _, key in COLUMNS))
         out.print(t)
+        w = s["waits"]
+        pace = "each batch after the one before" if not s["ahead"] else f"hosts up to {s['ahead']} batches apart"
+        out.print(f"hosts waited {w['total_s']:,.1f} s in all for work ({min(w['host_s']):,.1f} to "
+                  f"{max(w['host_s']):,.1f} s each, of {s['seconds']:.1f} s; {w['batches']} "
+                  f"batch{'es' if w['batches'] != 1 else ''}, {pace})",
+                  highlight=False)
         k = s["killed"]
         if k is not None and k["at_s"] is None:
             out.print(f"host {k['host']} was not killed: the replay ended first", highlight=False)
@@ -139,13 +159,21 @@ def render(summaries: list[dict], note: str) -> None:
         c = s["check"]
         out.print(f"store afterwards: {c['good']} blocks read back and checked, {c['bad']} wrong, "
                   f"{c['claims']} unpublished claims", highlight=False)
+    # one TTFT per mode: with --fabric the appliance's (the per-host tables' figure, over all
+    # hosts), else the fabric model's time per block on each fabric
+    timed = [s["timing"] for s in summaries if s.get("timing")]
     t = Table(title="local against shared: overall")
-    for col in ("mode", "hit rate", "races lost", "evictions", "TTFT p50 / p99 PF (ms)",
-                "TTFT p50 / p99 electrical (ms)"):
+    ttft_cols = ([f"TTFT p50 / p99 (ms), {timed[0]['fabric']}: appliance-modelled rate"] if timed else
+                 [f"TTFT p50 / p99 {LABEL[f]} (ms)" for f in FABRICS])
+    for col in ("mode", "hit rate", "races lost", "evictions", "hosts waited (s)", *ttft_cols):
         t.add_column(col, justify="right")
     for s in summaries:
-        o, tt = s["overall"], s["ttft"]
+        o = s["overall"]
+        cells = ([ms_pair(s["timing"]["ttft"]["overall"])] if timed else [ms_pair(s["ttft"][f]) for f in FABRICS])
         t.add_row(s["mode"], f"{o['hit_rate']:.1%}", str(o["lost"]), str(o["evictions"]),
-                  *(f"{tt[f]['p50_ms']:,.0f} / {tt[f]['p99_ms']:,.0f}" for f in FABRICS))
+                  f"{s['waits']['total_s']:,.1f}", *cells)
     out.print(t)
+    if timed:
+        note += ("; with --fabric, the TTFT loads each real block at its host's modelled rate (the appliance's "
+                 "tables above) instead of the fabric model's time per block")
     out.print(f"[dim]{note}[/dim]")

@@ -12,6 +12,8 @@ block (its crc and byte check), so the rate is a lower bound on what the fabric 
 A request's modelled TTFT: its hit blocks loaded one after another at its host's modelled rate,
 each the model's real block (e.g. 160 MiB per 512-token block of LLaMA-3.1-70B, not the replay's
 scaled payload), then the prefill of the tokens past the hits (replay_report.prefill_seconds).
+With --fabric this is the report's one TTFT, per host and overall (the fabric model's estimate
+per block, replay_report.ttft, stays in the JSON only).
 """
 
 from __future__ import annotations
@@ -56,9 +58,14 @@ def ttft(result: dict, requests, model_name: str, block_tokens: int) -> dict:
         if hits and not rate.get(h):
             continue                     # no traffic of this host was modelled: no load time to give
         per_request[i] = (hits * real / (rate[h] * 1e9) if hits else 0.0) + prefill
-    hosts = []
-    for h in sorted(rate):
-        ms = np.array([per_request[i] * 1e3 for i in per_request if result["host_of"][i] == h])
-        hosts.append(dict(host=h, p50_ms=float(np.percentile(ms, 50)) if len(ms) else None,
-                          p99_ms=float(np.percentile(ms, 99)) if len(ms) else None))
-    return dict(per_request_ms={i: v * 1e3 for i, v in per_request.items()}, hosts=hosts)
+    hosts = [dict(host=h, **percentiles([per_request[i] * 1e3 for i in per_request if result["host_of"][i] == h]))
+             for h in sorted(rate)]
+    return dict(per_request_ms={i: v * 1e3 for i, v in per_request.items()}, hosts=hosts,
+                overall=percentiles([v * 1e3 for v in per_request.values()]))
+
+
+def percentiles(ms: list[float]) -> dict:
+    """p50 and p99 of some requests' TTFTs (None for none)."""
+    a = np.array(ms)
+    return dict(p50_ms=float(np.percentile(a, 50)) if len(a) else None,
+                p99_ms=float(np.percentile(a, 99)) if len(a) else None)

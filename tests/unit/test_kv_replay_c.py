@@ -49,7 +49,9 @@ def test_c_hosts_count_exactly_what_python_hosts_count(tmp_path, tool, trace, ho
     reqs = (requests(DOZEN) if trace == "dozen" else synthetic(200, seed=5) if trace == "synthetic"
             else one_at_a_time(traces.load(traces.bundled("conversation")).requests[:60]))
     path = pool(tmp_path)
-    setup = R.ReplaySetup(path, None, hosts, capacity, size, routing=routing)
+    # ahead=0: each batch after the one before. With evictions, a host that runs ahead evicts
+    # sooner than the trace's order says, and then who finds what depends on the hosts' speed
+    setup = R.ReplaySetup(path, None, hosts, capacity, size, routing=routing, ahead=0)
     c = c_replay(setup, reqs, R.MODES, tool)
     for mode, got in zip(R.MODES, c):
         py = R.run(setup, reqs, mode)
@@ -98,3 +100,61 @@ def test_a_kvreplay_that_ends_is_one_line_not_a_wait(tmp_path, tool):
         G.replay(setup, requests(DOZEN), R.MODES,
                  lambda at: G.c_on_host(setup, tool, at + (64 << 20)), hello_s=60)
     assert "\n" not in str(e.value)      # both hosts fail; whichever ends first is named
+
+
+C_DRIVER = """
+import sys, time
+from pathlib import Path
+from pfcxl.host_tools.kv import replay as R
+from pfcxl.host_tools.kv import replay_guest as G
+setup = R.ReplaySetup(sys.argv[1], None, 2, 16, 256)
+need = R.fresh_store(setup, [R.Request(0, 512, 1, (1,))], G.room(2))
+boxes = G.Mailboxes(setup.path, R.kv.HOME + G.offset(need), 2, 1, lambda: None)   # zeroes them: first
+with G.c_on_host(setup, Path(sys.argv[2]), G.offset(need)):
+    boxes.hello(60)
+    boxes.open(False, 1.0)
+    print("open", flush=True)
+    time.sleep(3600)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_kvreplay_leaves_and_releases_its_lease_when_its_starter_dies(tmp_path, tool):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    path = pool(tmp_path)
+    driver = subprocess.Popen([sys.executable, "-c", C_DRIVER, path, str(tool)], stdout=subprocess.PIPE, text=True)
+    kids: list[int] = []
+    try:
+        assert driver.stdout.readline().strip() == "open"
+        with R.kv.Store.open(path) as s:
+            assert all(s.header(h)["lease"] for h in range(2))
+        kids = [int(p) for p in subprocess.run(["pgrep", "-P", str(driver.pid)], capture_output=True,
+                                               text=True).stdout.split()]
+        assert len(kids) == 2
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while any(alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(k) for k in kids)
+        with R.kv.Store.open(path) as s:
+            assert not any(s.header(h)["lease"] for h in range(2))      # each released its lease as it left
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        driver.stdout.close()
+        for k in kids:                       # what did not leave is not left behind by the test
+            if alive(k):
+                os.kill(k, signal.SIGKILL)
