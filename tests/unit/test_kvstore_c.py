@@ -13,15 +13,13 @@ import zlib
 import pytest
 
 from pfcxl.compile import compile_cached
+from pfcxl.host_tools.experiments.kv_takeover import pattern
 from pfcxl.host_tools.image import debian as debian_image
 from pfcxl.host_tools.image import initramfs as image
 
 from .conftest import compile_guest_tool, kv_pool
 
 kv = debian_image.import_guest_module("pfcxl_kvstore")
-
-GOLDEN = 0x9E3779B97F4A7C15
-MASK = (1 << 64) - 1
 
 pytestmark = pytest.mark.component
 
@@ -43,19 +41,6 @@ def paused_tool(tmp_path_factory):
 @pytest.fixture
 def pool(tmp_path):
     return kv_pool(tmp_path, 32 << 20, hosts=4, slots=64)
-
-
-def pattern(key: str, size: int, salt: int = 0) -> bytes:
-    """The tool's block for `key` (its --help): SplitMix64 words from the digest's first 8 bytes."""
-    state = int.from_bytes(kv.key_digest(key)[:8], "little") ^ (salt * GOLDEN & MASK)
-    words = []
-    for _ in range(size // 8):
-        state = (state + GOLDEN) & MASK
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-        words.append((z ^ (z >> 31)).to_bytes(8, "little"))
-    return b"".join(words)
 
 
 def kvstore(tool, *args, status=0):
