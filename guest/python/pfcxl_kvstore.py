@@ -499,7 +499,9 @@ class Store:
 
     def verify(self) -> dict:
         """Every published record and its block checked; overlapping blocks in one arena are
-        corruption too. Claims (crashed or in flight) are counted, never read."""
+        corruption too, if both records still stand when the scan is done (a writer may have
+        withdrawn one and reused its space while we read the rest). Claims (crashed or in flight)
+        are counted, never read."""
         bad, good, claims = [], 0, 0
         for h in range(self.hosts):
             extents = []
@@ -521,9 +523,9 @@ class Store:
                     bad.append(dict(host=h, slot=s, key=rec["key"].hex(), why="block fails its crc"))
                 else:
                     good += 1
-                    extents.append((rec["offset"], rec["offset"] + rec["length"], s))
+                    extents.append((rec["offset"], rec["offset"] + rec["length"], s, rec["state"]))
             extents.sort()
-            for (a0, a1, sa), (b0, _, sb) in zip(extents, extents[1:]):
-                if b0 < a1:
+            for (a0, a1, sa, ta), (b0, _, sb, tb) in zip(extents, extents[1:]):
+                if b0 < a1 and self._state(h, sa) == ta and self._state(h, sb) == tb:
                     bad.append(dict(host=h, slot=sb, why=f"block overlaps slot {sa}'s"))
         return dict(good=good, bad=bad, claims=claims)
