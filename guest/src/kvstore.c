@@ -20,7 +20,8 @@ static const char HELP[] =
     "  verify  [--poison-serial N]                        check every record and block\n"
     "--poison-serial N: also consult the poison list of the memdev with serial N (`cxl list -M -L`,\n"
     "  tracefs mounted): a block overlapping a listed range is a miss (get) or bad (verify). The\n"
-    "  region must be that one device, so a device address is a DAX offset.\n"
+    "  region must be that one device, so a device address is a DAX offset. --poison-timeout S:\n"
+    "  how long to wait for that list (default 60 s; then an error, exit 2).\n"
     "  bench   --host H --blocks B --size BYTES           store then load (and check) B blocks of one\n"
     "          pattern made before timing, then drop them\n"
     "--stale-ms MS (put, get, run, bench): a held lease, or another host's claim, whose heartbeat stands\n"
@@ -368,7 +369,7 @@ static __attribute__((noinline)) int cmd_put_get(const char *action, struct opt 
 {
     need(&o[1]);
     if (o[4].val)
-        load_poison(num(&o[4], 0, 0, 0, UINT64_MAX));
+        load_poison(num(&o[4], 0, 0, 0, UINT64_MAX), num(&o[7], 60, 0, 1, 86400));
     const uint64_t salt = num(&o[3], 0, 0, 0, UINT64_MAX);
     if (!strcmp(action, "put")) {
         need(&o[0]), need(&o[2]);
@@ -434,16 +435,16 @@ int main(int argc, char **argv)
         return cmd_bench(o, dev);
     }
     if (!strcmp(action, "verify")) {
-        struct opt o[] = {{"--poison-serial", 0}, {"--base", 0}, {0, 0}};
+        struct opt o[] = {{"--poison-serial", 0}, {"--base", 0}, {"--poison-timeout", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
         g_base_arg = o[1].val;
         if (o[0].val)
-            load_poison(num(&o[0], 0, 0, 0, UINT64_MAX));
+            load_poison(num(&o[0], 0, 0, 0, UINT64_MAX), num(&o[2], 60, 0, 1, 86400));
         return cmd_verify(dev);
     }
     if (!strcmp(action, "put") || !strcmp(action, "get")) {
         struct opt o[] = {{"--host", 0}, {"--key", 0}, {"--size", 0}, {"--salt", 0},
-                          {"--poison-serial", 0}, {"--base", 0}, {"--stale-ms", 0}, {0, 0}};
+                          {"--poison-serial", 0}, {"--base", 0}, {"--stale-ms", 0}, {"--poison-timeout", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
         g_base_arg = o[5].val;
         g_stale.val = o[6].val;

@@ -179,6 +179,36 @@ def fake_cxl(tmp_path, rec) -> dict:
     return dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
 
 
+@pytest.mark.parametrize("cxl", ["exec sleep 600", "head -c 3000000 /dev/zero | tr '\\0' x"])
+def test_a_poison_list_that_does_not_come_is_one_line_not_a_wait_for_ever(tool, pool, tmp_path, cxl):
+    """`cxl list -M -L` that does not answer (a device whose mailbox hangs), or prints more than
+    the reader has room for: `kvstore get|verify --poison-serial` waited for ever (issue 34, item
+    16: more than 5 minutes in a guest); now one line and exit 2 after --poison-timeout."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "cxl").write_text(f"#!/bin/sh\n{cxl}\n")
+    (fake / "cxl").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+    for action in (["get", pool, "--key", "k"], ["verify", pool]):
+        wait = 1 if cxl.startswith("exec sleep") else 60
+        done = subprocess.run([str(tool), *action, "--poison-serial", "7", "--poison-timeout", str(wait)],
+                              capture_output=True, text=True, timeout=90, env=env)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr == ("kvstore: cxl list -M -L did not answer within 1 s (the device's poison list is "
+                               "unknown; --poison-timeout sets the wait)\n" if wait == 1 else
+                               "kvstore: cxl list -M -L printed more than 1048575 bytes\n")
+    if cxl.startswith("exec sleep"):
+        poison = debian_image.import_guest_module("pfcxl_poison")
+        old_path = os.environ["PATH"]
+        os.environ["PATH"] = env["PATH"]
+        try:
+            with pytest.raises(OSError, match=r"^cxl list -M -L did not answer within 0.5 s \(the device's poison "
+                                              r"list is unknown\)$"):
+                poison.media_errors(7, timeout_s=0.5)
+        finally:
+            os.environ["PATH"] = old_path
+
+
 def test_the_python_reader_consults_the_poison_list_too(pool, tmp_path, monkeypatch):
     poison = debian_image.import_guest_module("pfcxl_poison")
     with kv.Store.open(pool, host=0) as s:
