@@ -99,7 +99,7 @@ def pytest_runtest_teardown(item, nextitem):
                                     "(fixtures included): mark its module component", pytrace=False)
     tmp = getattr(item, "funcargs", {}).get("tmp_path")
     if started and isinstance(tmp, Path) and (left := _shm_pools_under(tmp)):
-        for pool in left:                    # removed, so that one test's leak is not the next one's
+        for pool, _ in left:                 # removed, so that one test's leak is not the next one's
             shutil.rmtree(pool, ignore_errors=True)
         raise pytest.fail.Exception(f"{item.nodeid} left the shm pool of its run directory {left[0][1]} in "
                                     f"{left[0][0]}: stop what it started", pytrace=False)
