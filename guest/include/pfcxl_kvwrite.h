@@ -106,7 +106,6 @@ static inline const char *kv_take_lease(struct kv *s)
     s->lost = 0;
     /* an earlier holder (stopped, say) may have picked next_seq + 1 without writing it: skip it */
     s->seq = h->next_seq + 1;
-    h->next_seq = s->seq;
     h->lease_seq = s->seq + 1;
     if (taken) /* its last announced slot: it may be stopped just before writing there */
         h->blocked = h->intent;

@@ -185,7 +185,7 @@ class Store:
                           "it holds the host's lease now")
         # an earlier holder (stopped, say) may have picked next_seq + 1 without writing it: skip it
         self._seq = self._header(self._me)["next_seq"] + 1
-        self._set_header(next_seq=self._seq, lease_seq=self._seq + 1)
+        self._set_header(lease_seq=self._seq + 1)
         if taken:       # its last announced slot: it may be stopped just before writing there
             self._set_header(blocked=self._header(self._me)["intent"])
         self._alive = time.monotonic()
@@ -391,7 +391,10 @@ class Store:
         free = next((s for s in slots if s not in self.own and s != self._blocked and self._state(self._me, s) == 0),
                     None)
         if free is None:
-            free = min((s for s in slots if s in self.own), key=lambda s: self.own[s]["last_use"])
+            ours = [s for s in slots if s in self.own]
+            if not ours:                         # a window of claims and the blocked slot only
+                raise KVError(f"host {self.host} has no slot it may use in this key's window of {len(slots)}")
+            free = min(ours, key=lambda s: self.own[s]["last_use"])
             self._evict(free)
         while (at := self._gaps.take(length)) is None:
             if not self.own:

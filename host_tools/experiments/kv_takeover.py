@@ -46,10 +46,10 @@ FIELDS = ("gets", "wrong", "acked", "pending", "lost", "refused")
 M64 = (1 << 64) - 1
 
 
-def pattern(key: str, size: int = SIZE) -> bytes:
-    """The C tool's block for `key` (kvstore.c, fill; salt 0): 8-byte SplitMix64 words seeded with
-    the key's first 8 digest bytes."""
-    seed = struct.unpack_from("<Q", kv.key_digest(key))[0]
+def pattern(key: str, size: int = SIZE, salt: int = 0) -> bytes:
+    """The C tool's block for `key` (kvstore.c, fill; its --help): 8-byte SplitMix64 words seeded
+    with the key's first 8 digest bytes (little-endian) xor salt * 0x9E3779B97F4A7C15."""
+    seed = struct.unpack_from("<Q", kv.key_digest(key))[0] ^ (salt * 0x9E3779B97F4A7C15 & M64)
     words = []
     for _ in range(size // 8):
         seed = (seed + 0x9E3779B97F4A7C15) & M64
@@ -108,8 +108,11 @@ def _wait(cond, timeout: float) -> bool:
     return True
 
 
-def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | None = None) -> dict:
-    """Takeover cycles for `seconds` on a fresh store (`pool`, a temporary file if None)."""
+def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | None = None,
+        cycles: int | None = None) -> dict:
+    """Takeover cycles for `seconds` (or `cycles` of them; every fourth cycle has each holder ->
+    taker pairing once) on a fresh store (`pool`, a temporary file if None), while the store has
+    room for them without evicting."""
     ctx = multiprocessing.get_context("fork")
     rng = random.Random(seed)
     tool = str(initramfs.build_tool("kvstore", cache.images_dir() / "tools"))
@@ -134,7 +137,8 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
         start = time.monotonic()
         cycle = 0
         c_holders = 0
-        while time.monotonic() - start < seconds and len(acked) + c_holders * BENCH_BLOCKS < SLOTS // 4:
+        while (cycle < cycles if cycles is not None else time.monotonic() - start < seconds) and \
+                len(acked) + c_holders * BENCH_BLOCKS < SLOTS // 4:
             kind_x, kind_y = ("py", "c")[cycle % 2], ("py", "c")[cycle // 2 % 2]
             gen, seq0 = f"g{cycle}", reader.header(HOST)["next_seq"]
             # --- the holder, stopped at a random moment of its work
