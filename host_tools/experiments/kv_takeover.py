@@ -99,6 +99,15 @@ def _lower_put(path: str, key: str, stale_s: float) -> None:
         s.put(key, pattern(key))
 
 
+def _ended(proc, wait_s: float, fig: dict) -> None:
+    """Wait `wait_s` for a process to end; one that does not is a hang (counted), and killed."""
+    proc.join(wait_s)
+    if proc.is_alive():
+        fig["hangs"] += 1
+        proc.kill()
+        proc.join()
+
+
 def _wait(cond, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -186,13 +195,8 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
             try:
                 if kind_x == "py":
                     x.join(HANG_S)
-                    if x.is_alive():
-                        stop_x.set()
-                        x.join(HANG_S)
-                    if x.is_alive():
-                        fig["hangs"] += 1
-                        x.kill()
-                        x.join()
+                    stop_x.set()
+                    _ended(x, HANG_S, fig)
                     fig["lost_noticed"] += bool(cx[4])
                     fig["gets"] += cx[0]
                     fig["wrong"] += cx[1]
@@ -208,7 +212,7 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
                 x.communicate()
                 pending = []
             # --- the lower host stores what the stopped holder was storing, while the taker lives
-            names = {kv.key_digest(k.encode()): k for k in pending}
+            names = {kv.key_digest(k): k for k in pending}
             if kind_x == "c":
                 names.update({kv.key_digest(f"bench/{pid}/{i}"): f"bench/{pid}/{i}"
                               for i in range(BENCH_BLOCKS)})
@@ -216,19 +220,11 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
             for key in dict.fromkeys(claimed + pending):
                 lower = ctx.Process(target=_lower_put, args=(pool, key, stale_s))
                 lower.start()
-                lower.join(HANG_S + stale_s)
-                if lower.is_alive():
-                    fig["hangs"] += 1
-                    lower.kill()
-                    lower.join()
+                _ended(lower, HANG_S + stale_s, fig)
             if kind_y == "py":
                 time.sleep(0.05)
                 stop_y.set()
-                y.join(HANG_S)
-                if y.is_alive():
-                    fig["hangs"] += 1
-                    y.kill()
-                    y.join()
+                _ended(y, HANG_S, fig)
                 fig["gets"] += cy[0]
                 fig["wrong"] += cy[1]
                 y_acked = [f"{gen}y/{i}" for i in range(cy[2])]

@@ -447,8 +447,8 @@ HALF_STARTED = textwrap.dedent("""
 
 def test_stop_of_a_service_that_sigterm_ends_before_its_cleanup_discards_its_shm_pool(tmp_path):
     """A service still building its pool has no socket and no SIGTERM handler: stop's SIGTERM
-    ends it before it cleans up, and its shm pool stayed in /dev/shm (issue 34, item 19: the
-    foreground test, stopped that early when its Raw connection found no socket yet)."""
+    ends it before it cleans up, and its shm pool stayed in /dev/shm (the foreground
+    test, stopped that early when its Raw connection found no socket yet)."""
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-c", HALF_STARTED, str(run_dir)], stdout=subprocess.PIPE, text=True)
     try:

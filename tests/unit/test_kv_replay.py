@@ -190,7 +190,7 @@ def test_a_host_that_cannot_open_the_store_is_one_line(tmp_path, monkeypatch):
 @pytest.mark.parametrize("stale", [0.01, 0.05])
 def test_a_stale_shorter_than_the_heartbeat_does_not_fool_the_live_writer_check(tmp_path, stale):
     """An idle Python holder beats every 0.1 s: a replay with --stale 0.01 used to watch it for
-    0.01 s, see no beat and format the store under it (issue 34, item 2)."""
+    0.01 s, see no beat and format the store under it."""
     path = pool(tmp_path)
     with R.kv.Store.open(path, host=1) as live:
         live.put(b"theirs", b"x" * 4096)

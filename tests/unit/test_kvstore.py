@@ -245,8 +245,8 @@ def _keys_in(slots: int, buckets: list[int]) -> list[str]:
 
 def test_verify_names_overlapping_blocks_but_not_one_a_writer_moved_while_it_scanned(tmp_path, monkeypatch):
     """A writer withdrew slot 2's block while verify scanned and stored another key, in slot 9, in
-    the same space: both looked good when read, but not at once (issue 34, item 12: "block overlaps
-    slot 25's" while writers ran). Two records that stand at once over one extent are reported."""
+    the same space: both looked good when read, but not at once ("block overlaps slot 25's" while
+    writers ran). Two records that stand at once over one extent are reported."""
     path = pool(tmp_path, 8 << 20, hosts=1, slots=16)
     kv.format(path, hosts=1, slots=16, chunk_tokens=256, size=(8 << 10) + (4 << 10) + 2 * 4096)    # 2 blocks
     first, filler, second, third = _keys_in(16, [2, 5, 9, 12])

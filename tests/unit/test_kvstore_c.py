@@ -182,8 +182,8 @@ def fake_cxl(tmp_path, rec) -> dict:
 @pytest.mark.parametrize("cxl", ["exec sleep 600", "head -c 3000000 /dev/zero | tr '\\0' x"])
 def test_a_poison_list_that_does_not_come_is_one_line_not_a_wait_for_ever(tool, pool, tmp_path, cxl):
     """`cxl list -M -L` that does not answer (a device whose mailbox hangs), or prints more than
-    the reader has room for: `kvstore get|verify --poison-serial` waited for ever (issue 34, item
-    16: more than 5 minutes in a guest); now one line and exit 2 after --poison-timeout."""
+    the reader has room for: `kvstore get|verify --poison-serial` waited for ever (more than 5
+    minutes in a guest); now one line and exit 2 after --poison-timeout."""
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "cxl").write_text(f"#!/bin/sh\n{cxl}\n")

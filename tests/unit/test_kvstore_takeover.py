@@ -1,8 +1,8 @@
 """A holder that resumes (docs/kvstore.md, "A holder that resumes"): a process holding host 1 is
 stopped (SIGSTOP) inside put() for longer than stale_s, another opener takes the host over and
-acknowledges puts, and the first one resumes. It must write nothing over the new holder's blocks
-(item 1 of issue 34), leave no claim that makes a lower host's put of its key wait for ever (item
-3), and a get() it makes afterwards must neither raise nor write (item 4).
+acknowledges puts, and the first one resumes. It must write nothing over the new holder's blocks,
+leave no claim that makes a lower host's put of its key wait for ever, and a get() it makes
+afterwards must neither raise nor write.
 
 The deterministic tests stop the holder at each point of its put in turn: the Python holder at
 each line that put() and the writing methods it calls execute (a trace function, so the same test
@@ -256,7 +256,8 @@ def _state_is_stopped(pid: int) -> bool:
 
 
 def test_a_lost_lease_is_noticed_by_get_which_neither_raises_nor_writes(tmp_path):
-    """Item 4: the old holder's get of a key the new holder stored in its segment."""
+    """The old holder's get of a key the new holder stored in its segment: it used to raise
+    KeyError in _touch after writing the new holder's header clock and the record's last use."""
     path, size = _pool(tmp_path)
     old = kv.Store.open(path, host=1, stale_s=STALE)
     old._stop.set()

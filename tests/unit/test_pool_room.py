@@ -99,7 +99,7 @@ def test_a_sigbus_in_kv_bench_is_one_line_naming_the_file_system(tmp_path):
 
 
 def test_an_shm_pool_too_large_for_dev_shm_is_offered_the_run_directory_with_its_room(tmp_path, monkeypatch):
-    """A small /dev/shm refused an shm pool with no other place named (issue 34, item 20): the
+    """A small /dev/shm refused an shm pool with no other place named: the
     line now names where backing "directory" would put it, and its room there."""
     from pfcxl.device.appliance import rundir
     from pfcxl.device.appliance.service import Service
