@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from pfcxl import cache
 from pfcxl.host_tools.image import debian as debian_image
@@ -131,8 +132,8 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
     if pool is None:
         tmp = tempfile.TemporaryDirectory(prefix="pfcxl-kvtakeover-")
         pool = str(Path(tmp.name) / "pool")
-    fig = dict(gets=0, takeovers=0, kills=0, wrong=0, destroyed=0, hangs=0, acked=0, cycles=0, lost_noticed=0,
-               pairs={})
+    fig: dict[str, Any] = dict(gets=0, takeovers=0, kills=0, wrong=0, destroyed=0, hangs=0, acked=0, cycles=0,
+                               lost_noticed=0, pairs={})
     acked: list[str] = []
     try:
         with open(pool, "wb") as f:
@@ -151,19 +152,19 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
             kind_x, kind_y = ("py", "c")[cycle % 2], ("py", "c")[cycle // 2 % 2]
             gen, seq0 = f"g{cycle}", reader.header(HOST)["next_seq"]
             # --- the holder, stopped at a random moment of its work
+            x: Any
             if kind_x == "py":
                 cx = ctx.RawArray(ctypes.c_uint64, len(FIELDS))
                 stop_x = ctx.Event()
                 x = ctx.Process(target=_py_holder, args=(pool, f"{gen}x", stale_s, [], cx, stop_x,
                                                          rng.getrandbits(32), 0.0))
                 x.start()
-                pid = x.pid
             else:
                 c_holders += 1
                 x = subprocess.Popen([tool, "bench", pool, "--host", str(HOST), "--blocks", str(BENCH_BLOCKS),
                                       "--size", str(SIZE), *stale], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
-                pid = x.pid
+            pid: int = x.pid
             if not _wait(lambda: reader.header(HOST)["next_seq"] >= seq0 + 2, 30):     # it has begun to put
                 raise RuntimeError(f"the holder ({kind_x}) stored nothing" + ("" if kind_x == "py" else
                                                                             f": {x.communicate()[1].strip()}"))

@@ -13,6 +13,7 @@ runs against any version of the binding), the C tool before each of its writes t
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import signal
 import subprocess
@@ -47,7 +48,8 @@ PUT_DONE, PUT_LOST, PUT_FAILED = 10, 11, 12
 def _same_window(key: str, n: int, prefix: str) -> list[str]:
     """n keys whose bucket is `key`'s: the new holder's puts go where the stopped one's was going."""
     want = kv.bucket(kv.key_digest(key), SLOTS)
-    return [k for k in (f"{prefix}/{i}" for i in range(100000)) if kv.bucket(kv.key_digest(k), SLOTS) == want][:n]
+    return list(itertools.islice((k for k in (f"{prefix}/{i}" for i in itertools.count())
+                                  if kv.bucket(kv.key_digest(k), SLOTS) == want), n))
 
 
 def _pool(tmp_path: Path) -> tuple[str, int]:
