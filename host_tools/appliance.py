@@ -307,8 +307,9 @@ def stop(run_dir: Path, timeout: float = 15.0) -> str:
         os.kill(pid, signal.SIGKILL)
         while running_pid(run_dir) == pid:        # the kernel drops its lock as it dies
             time.sleep(0.05)
-        rundir.clear_leftovers(run_dir)
-        rundir.discard_pool(run_dir)
+    if running_pid(run_dir) is None:              # gone, however it ended: the SIGTERM may have come before
+        rundir.clear_leftovers(run_dir)           # its handlers (still building its pool), so nothing of
+        rundir.discard_pool(run_dir)              # its own cleaned up
     return f"stopped pid {pid}"
 
 

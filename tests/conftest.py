@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing.util
 import os
 import pty
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -107,7 +108,24 @@ def pytest_runtest_teardown(item, nextitem):
     if started and item.get_closest_marker("unit") is not None:
         raise pytest.fail.Exception(f"{item.nodeid} is marked unit but started {started} process(es) "
                                     "(fixtures included): mark its module component", pytrace=False)
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if started and isinstance(tmp, Path) and (left := _shm_pools_under(tmp)):
+        for pool, _ in left:                 # removed, so that one test's leak is not the next one's
+            shutil.rmtree(pool, ignore_errors=True)
+        raise pytest.fail.Exception(f"{item.nodeid} left the shm pool of its run directory {left[0][1]} in "
+                                    f"{left[0][0]}: stop what it started", pytrace=False)
     return result
+
+
+def _shm_pools_under(tmp: Path, depth: int = 3) -> list[tuple[Path, Path]]:
+    """(shm pool, run directory) for every directory under tmp (to `depth` levels) whose
+    shm-backed pool still exists in /dev/shm (device/appliance/rundir.shm_dir)."""
+    from pfcxl.device.appliance.rundir import shm_dir
+    found, level = [], [tmp]
+    for _ in range(depth + 1):
+        found += [(shm_dir(d), d) for d in level if shm_dir(d).exists()]
+        level = [c for d in level for c in (d.iterdir() if d.is_dir() else ()) if c.is_dir() and not c.is_symlink()]
+    return found
 
 
 MATRIX = Path(__file__).parent / "integration" / "test_kernel_matrix.py"

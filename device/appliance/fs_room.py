@@ -57,11 +57,17 @@ def free_bytes(path: Path) -> tuple[int, int]:
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-def check_room(path: Path, needed: int, what: str) -> None:
-    """One line naming the file system when `needed` more bytes do not fit under `path`."""
+def check_room(path: Path, needed: int, what: str, elsewhere: Path | None = None) -> None:
+    """One line naming the file system when `needed` more bytes do not fit under `path`; with
+    `elsewhere` (where backing "directory" would put the pool), that place and its room too."""
     free, total = free_bytes(path)
     if needed > free:
+        other = ""
+        if elsewhere is not None:
+            room, _ = free_bytes(elsewhere)
+            other = f"backing \"directory\" ({elsewhere}, on {filesystem(elsewhere)}, " + \
+                (f"has {_size(room)} free), " if room >= needed else f"has only {_size(room)} free too), ")
         raise ApplianceError(f"{what} needs {_size(needed)} more under {path}, on {filesystem(path)}, which has "
                              f"{_size(free)} free of {_size(total)}: a write past that would kill its writer "
-                             "with SIGBUS; free room there, or give the appliance a smaller pool or backing "
+                             f"with SIGBUS; free room there, or give the appliance {other}a smaller pool or backing "
                              "\"memfd\"")

@@ -85,9 +85,11 @@ class Pool:
     `pool_id` names the memory itself: kept with the files, new for every set of memfds, so two
     incarnations of a service can tell whether they handed out the same memory."""
 
-    def __init__(self, appliance: ApplianceSpec, directory: Path | None) -> None:
+    def __init__(self, appliance: ApplianceSpec, directory: Path | None, elsewhere: Path | None = None) -> None:
+        """`elsewhere`: where backing "directory" would keep the pool, offered when `directory`
+        has no room for it (an shm pool on a small /dev/shm)."""
         self.appliance = appliance
-        self.directory = directory
+        self.directory, self.elsewhere = directory, elsewhere
         self.partitions: list[Partition] = []
         self.pool_id = ""
         self._open()
@@ -111,8 +113,8 @@ class Pool:
         if a.private:
             names += [(f"private/{s}", a.shared + s * a.private, a.private) for s in range(a.ports)]
         if self.directory is not None:
+            self._check_room(names)              # first: a refused pool leaves no directory behind
             self._check_directory()
-            self._check_room(names)
         try:
             for name, offset, size in names:
                 self.partitions.append(Partition(name, offset, size, self._open_one(name, size)))
@@ -158,7 +160,7 @@ class Pool:
                 needed += max(size - os.stat(self._path(name)).st_blocks * 512, 0)
             except FileNotFoundError:
                 needed += size
-        fs_room.check_room(self.directory, needed, f"the pool of {human(self.mapped_bytes)}")
+        fs_room.check_room(self.directory, needed, f"the pool of {human(self.mapped_bytes)}", self.elsewhere)
 
     def _path(self, name: str) -> Path:
         assert self.directory is not None

@@ -73,7 +73,9 @@ class Service(Operations):
         self.run_dir, self.socket_path, self.scan_interval = run_dir, socket_path, scan_interval
         self.idle_timeout = idle_timeout
         self.incarnation = uuid.uuid4().hex[:12]
-        self.pool = Pool(self.appliance, rundir.pool_dir(run_dir, self.appliance.backing))
+        backing = self.appliance.backing
+        self.pool = Pool(self.appliance, rundir.pool_dir(run_dir, backing),
+                         rundir.pool_dir(run_dir, "directory") if backing == "shm" else None)
         self.attached: dict[int, AttachedHost] = {}          # host -> attachment
         self.slots: dict[int, int] = self._load_slots()     # host -> private slot (sticky)
         self._adopt_previous()

@@ -35,7 +35,11 @@ struct kv_super {
 
 struct kv_header {  /* one per host, written by that host only; lease: its writer's nonce */
     uint64_t heartbeat, next_seq, clock, evictions, lease;
+    uint64_t lease_seq; /* the holder's first sequence number: a claim below it is an earlier holder's */
+    uint64_t intent;    /* 1 + the slot the holder writes (or fills the extent of) next */
+    uint64_t blocked;   /* 1 + the slot a holder that lost the host may still write once: never used */
 };
+_Static_assert(sizeof(struct kv_header) == KV_LINE, "one header per cache line");
 
 struct kv_record {  /* state: 0 empty, 2*seq+1 claim, 2*seq published */
     uint64_t state;
@@ -49,7 +53,7 @@ _Static_assert(sizeof(struct kv_record) == KV_LINE, "one record per cache line")
 _Static_assert(sizeof(struct kv_super) == 68, "superblock as the Python side packs it");
 
 struct kv_mine {    /* one slot of our own segment, as its only writer last wrote it */
-    uint64_t offset, length, last_use;
+    uint64_t offset, length, last_use, state;
     int live;          /* a published record of ours */
 };
 
@@ -64,6 +68,10 @@ struct kv {
     int host;          /* -1: read only */
     double stale_s;
     uint64_t lease;    /* our nonce in the host's header while we hold its lease */
+    uint64_t seq;      /* our last sequence number (the header's may be rewritten by a stopped former holder) */
+    uint64_t alive_ns; /* when we last saw our lease hold (kv_confirm) */
+    int lost;          /* our lease was taken: we write nothing more */
+    int64_t blocked;   /* the slot a former holder may still write (kv_recover), or -1 */
     /* the writer's own state (pfcxl_kvwrite.h, kv_recover), so that a put probes like a lookup
      * instead of reading its whole segment: as pfcxl_kvstore.Store's own, lru and space */
     struct kv_mine *mine;
@@ -254,6 +262,9 @@ static inline const char *kv_attach(struct kv *s, void *base, uint64_t size, int
     s->host = host;
     s->stale_s = 5.0;
     s->lease = 0;
+    s->seq = s->alive_ns = 0;
+    s->lost = 0;
+    s->blocked = -1;
     s->mine = NULL;
     s->gaps = NULL;
     s->ngaps = s->gaps_cap = 0;
@@ -356,8 +367,18 @@ static inline void kv_after_key_match(void)
     if (write(w, &byte, 1) != 1 || read(r, &byte, 1) != 1)
         die("PFCXL_KV_TEST_PAUSE: the test's pipes are closed");
 }
+/* Tests only: PFCXL_KV_TEST_STOP=N stops this process (SIGSTOP) after the last lease check before
+ * its N-th write to shared state (pfcxl_kvwrite.h, kv_may_write), as a scheduler or a debugger may. */
+static inline void kv_before_write(void)
+{
+    static long n;
+    const char *at = getenv("PFCXL_KV_TEST_STOP");
+    if (at && ++n == atol(at))
+        raise(SIGSTOP);
+}
 #else
 static inline void kv_after_key_match(void) {}
+static inline void kv_before_write(void) {}
 #endif
 
 /* The first published record of d in host h's window from slot *slot on: 1 and (*slot, *rec),

@@ -7,6 +7,9 @@
 #ifndef PFCXL_POISON_H
 #define PFCXL_POISON_H
 
+#include <poll.h>
+#include <sys/wait.h>
+
 #define POISON_MAX 256
 static uint64_t g_poison[POISON_MAX][2]; /* device offset, length */
 static int g_npoison = -1;               /* -1: not consulted */
@@ -20,17 +23,65 @@ static uint64_t json_number(char *p, const char *name, char **end)
     return strtoull(p, end, 10);
 }
 
-/* The media errors `cxl list -M -L` reports for the memdev whose serial is `serial`. */
-static void load_poison(uint64_t serial)
+/* `cxl list -M -L`'s output into text[room] (NUL-terminated), waiting at most timeout_s seconds:
+ * the listing goes through the device's mailbox and the kernel's trace buffer, and a reader must
+ * not wait for ever on a device that does not answer (nor on output it has no room for). */
+static void run_cxl_list(char *text, size_t room, uint64_t timeout_s)
 {
-    FILE *f = popen("cxl list -M -L 2>/dev/null", "r");
-    if (!f)
+    int fds[2];
+    if (pipe(fds) != 0)
         die("cannot run cxl list: %s", strerror(errno));
-    static char text[1 << 20];
-    size_t n = fread(text, 1, sizeof text - 1, f);
+    const pid_t pid = fork();
+    if (pid < 0)
+        die("cannot run cxl list: %s", strerror(errno));
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0)
+            dup2(null, 2);
+        close(fds[0]);
+        close(fds[1]);
+        execlp("cxl", "cxl", "list", "-M", "-L", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t n = 0;
+    const uint64_t deadline = now_ns() + timeout_s * 1000000000ULL;
+    int status = 0, over = 0;
+    for (;;) {
+        const uint64_t now = now_ns();
+        struct pollfd p = {fds[0], POLLIN, 0};
+        const int ready = now < deadline ? poll(&p, 1, (int)((deadline - now) / 1000000 + 1)) : 0;
+        if (ready == 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            die("cxl list -M -L did not answer within %" PRIu64 " s (the device's poison list is unknown; "
+                "--poison-timeout sets the wait)", timeout_s);
+        }
+        if (ready < 0 && errno == EINTR)
+            continue;
+        char sink[4096];
+        const ssize_t got = n + 1 < room ? read(fds[0], text + n, room - 1 - n) : read(fds[0], sink, sizeof sink);
+        if (got <= 0)
+            break;
+        if (n + 1 < room)
+            n += (size_t)got;
+        else
+            over = 1; /* drained, so that it can finish */
+    }
+    close(fds[0]);
     text[n] = 0;
-    if (pclose(f) != 0)
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         die("cxl list -M -L failed (is tracefs mounted at /sys/kernel/tracing?)");
+    if (over)
+        die("cxl list -M -L printed more than %zu bytes", room - 1);
+}
+
+/* The media errors `cxl list -M -L` reports for the memdev whose serial is `serial`. */
+static void load_poison(uint64_t serial, uint64_t timeout_s)
+{
+    static char text[1 << 20];
+    run_cxl_list(text, sizeof text, timeout_s);
     char *dev = text, *end;
     while ((dev = strstr(dev, "\"serial\"")) && json_number(dev, "serial", &end) != serial)
         dev = end;

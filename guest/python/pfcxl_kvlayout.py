@@ -61,7 +61,12 @@ SUPER = Fields(("magic", "8s"), ("version", "I"), ("hosts", "I"), ("slots", "I")
                ("total", "Q"), ("crc", "I"))
 # lease: the nonce of the process that has the host open for writing (0: nobody); it lives as long
 # as the heartbeat moves (docs/kvstore.md, "One writer per host")
-HEADER = Fields(("heartbeat", "Q"), ("next_seq", "Q"), ("clock", "Q"), ("evictions", "Q"), ("lease", "Q"))
+# lease_seq: the first sequence number of the lease's holder (a claim below it is an earlier
+# holder's, dead); intent: 1 + the index slot its holder writes (or fills the extent of) next;
+# blocked: 1 + the slot a holder that lost the host may still write once (0: none), which no
+# holder uses (docs/kvstore.md, "A holder that resumes").
+HEADER = Fields(("heartbeat", "Q"), ("next_seq", "Q"), ("clock", "Q"), ("evictions", "Q"), ("lease", "Q"),
+                ("lease_seq", "Q"), ("intent", "Q"), ("blocked", "Q"))
 # state: 0 empty, seq*2+1 a claim (being written), seq*2 (seq >= 1) published.
 RECORD = Fields(("state", "Q"), ("key", "16s"), ("offset", "Q"), ("length", "Q"), ("crc", "I"),
                 ("rcrc", "I"), ("last_use", "Q"), ("reserved", "Q"))

@@ -32,6 +32,8 @@ from pfcxl_kvlayout import (HEADER, HOME, LINE, MAGIC, MAX_SLOTS, PAGE, RECORD, 
 U64 = (1 << 64) - 1
 SETTLE_S = 0.01     # how long a new lease must stand unchanged before it is ours (two openers at once)
 BEAT_S = 0.1        # an open store's heartbeat period at most: far below any opener's stale_s
+WATCH_S = 0.5       # an opener watches a held lease at least this long, whatever its stale_s: 5 beat periods
+RECHECK_S = WATCH_S / 2     # a holder silent this long (stopped, starved) proves its lease again before writing
 
 
 class Store:
@@ -64,6 +66,7 @@ class Store:
         self.space: Arena | None = None          # our arena's free gaps
         self.index_bytes = 0                     # index bytes lookups read (the index's cost)
         self.lease, self._lost, self._stop, self._beater = 0, False, threading.Event(), None
+        self._seq, self._alive, self._blocked = 0, 0.0, -1     # our last sequence number; see _confirm, _recover
         if host is not None:
             if self._header(host)["next_seq"] >= 1 << 62:
                 raise KVError(f"host {host}'s header is corrupt: next_seq {self._header(host)['next_seq']} is beyond "
@@ -91,7 +94,7 @@ class Store:
             self._stop.set()
             self._beater.join()
             self._beater = None
-        if self.lease and self._header(self._me)["lease"] == self.lease:   # a lease: opened with a host
+        if self.lease and self._confirm():      # a lease (opened with a host), still ours
             self._set_header(lease=0)
             fence()
         self.lease = 0
@@ -139,6 +142,7 @@ class Store:
     _header = header
 
     def _set_header(self, **fields) -> None:
+        """Our header's fields written: callers have checked the lease (_may_write, _confirm)."""
         at = self._header_at(self._me)
         for name, value in fields.items():      # counters wrap as u64 (a corrupt one must not stop us)
             struct.pack_into("<Q", self.m.mem, at + HEADER.offset[name], value & U64)
@@ -147,10 +151,12 @@ class Store:
         return struct.unpack_from("<Q", self.m.mem, self._slot_at(host, slot))[0]
 
     def _set_state(self, slot: int, value: int) -> None:
+        self._may_write(slot)
         struct.pack_into("<Q", self.m.mem, self._slot_at(self._me, slot), value)
         fence()
 
     def _beat(self) -> None:
+        self._may_write()
         self._set_header(heartbeat=self._header(self._me)["heartbeat"] + 1)
 
     # ------------------------------------------------------------ the host's lease: one writer per host
@@ -160,15 +166,16 @@ class Store:
         nonce must stand for SETTLE_S: of two openers at once, a later writer of the word wins."""
         hdr = self._header(self._me)
         if hdr["lease"]:
-            since = time.monotonic()
-            while time.monotonic() - since < self.stale_s:
-                time.sleep(min(0.01, self.stale_s / 8))
+            since, watch = time.monotonic(), max(self.stale_s, WATCH_S)    # at least a few beat periods
+            while time.monotonic() - since < watch:
+                time.sleep(min(0.01, watch / 8))
                 now = self._header(self._me)
                 if now["lease"] == 0:
                     break                                    # closed meanwhile
                 if now["heartbeat"] != hdr["heartbeat"] or now["lease"] != hdr["lease"]:
                     raise KVError(f"host {self.host} is open for writing by another process (its lease is held and "
                                   "its heartbeat moves): close it there, or use another host")
+        taken = hdr["lease"] != 0 and self._header(self._me)["lease"] != 0    # from a holder that did not close
         mine = int.from_bytes(os.urandom(8), "little") | 1
         self._set_header(lease=mine)
         fence()
@@ -176,22 +183,60 @@ class Store:
         if self._header(self._me)["lease"] != mine:
             raise KVError(f"host {self.host} was opened for writing by another process at the same time; "
                           "it holds the host's lease now")
-        self._beat()
+        # an earlier holder (stopped, say) may have picked next_seq + 1 without writing it: skip it
+        self._seq = self._header(self._me)["next_seq"] + 1
+        self._set_header(lease_seq=self._seq + 1)
+        if taken:       # its last announced slot: it may be stopped just before writing there
+            self._set_header(blocked=self._header(self._me)["intent"])
+        self._alive = time.monotonic()
+        self._set_header(heartbeat=self._header(self._me)["heartbeat"] + 1)
         return mine
 
     def _keep_lease(self) -> None:
         """Beat while the store is open, so that an idle holder is not taken for dead; stop (and
         refuse further puts) if another process took the lease."""
         while not self._stop.wait(min(self.stale_s / 4, BEAT_S)):
-            if self._header(self._me)["lease"] != self.lease:
-                self._lost = True
+            if not self._confirm():
                 return
-            self._beat()
+            self._set_header(heartbeat=self._header(self._me)["heartbeat"] + 1)
 
-    def _own_lease(self) -> None:
+    def _confirm(self) -> bool:
+        """Is the lease still ours? False for good once it is not. A holder that was silent for
+        RECHECK_S (stopped, starved) may have been judged dead by an opener that has not yet
+        written its nonce: it beats, waits for such a nonce (2 SETTLE_S) and looks again."""
         if self._lost or self._header(self._me)["lease"] != self.lease:
             self._lost = True
+            return False
+        now = time.monotonic()
+        if now - self._alive > RECHECK_S:
+            self._set_header(heartbeat=self._header(self._me)["heartbeat"] + 1)
+            fence()
+            time.sleep(2 * SETTLE_S)
+            if self._header(self._me)["lease"] != self.lease:
+                self._lost = True
+                return False
+        self._alive = max(self._alive, now)
+        return True
+
+    def _own_lease(self) -> None:
+        if not self._confirm():
             raise KVError(f"host {self.host}'s lease was taken by another process: this store no longer writes")
+
+    before_write = None     # tests only: called after the last check before each write to shared state
+
+    def _may_write(self, slot: int | None = None) -> None:
+        """Before every write to shared state: the lease must still be ours (else KVError). A
+        write to index slot `slot` (or to the extent its record names) is announced in our
+        header's intent first: a process that takes the host over while we are stopped between
+        the check and the write never reuses that slot or extent (_recover), so the one write we
+        may still make after resuming lands on nothing of theirs (docs/kvstore.md, "A holder
+        that resumes")."""
+        if slot is not None:
+            self._own_lease()
+            self._set_header(intent=slot + 1)
+        self._own_lease()
+        if self.before_write is not None:
+            self.before_write()
 
     # ------------------------------------------------------------ reading
     def _valid(self, host: int, slot: int, digest: bytes | None = None):
@@ -271,7 +316,7 @@ class Store:
             data = self.read_block(host, slot, rec)
             if data is not None:
                 if host == self.host:
-                    self._touch(slot)
+                    self._touch(slot, rec)
                 return data, host, failed
             if self._state(host, slot) == rec["state"]:
                 failed += 1
@@ -289,18 +334,35 @@ class Store:
 
     # ------------------------------------------------------------ writing (own arena only)
     def _recover(self) -> None:
-        """Claims left by a crash of this host are withdrawn; the published records are ours."""
+        """Claims left by a crash of this host are withdrawn; the published records are ours. The
+        header's blocked slot is not: a holder that lost the host (taken over while it did not
+        beat) may be stopped just before writing it (or the extent its record names), and write
+        it once when it resumes. That slot is never used, and the extent it names never reused."""
+        blocked = self._header(self._me)["blocked"]
+        self._blocked = blocked - 1 if 0 < blocked <= self.slots else -1
+        lo, hi = self.arena(self._me)
+        kept = []
         for s in range(self.slots):
             rec = self._valid(self._me, s)
-            if rec is not None:
+            if s == self._blocked:
+                body = RECORD.unpack(self.m.mem, self._slot_at(self._me, s))
+                if lo <= body["offset"] and body["offset"] + body["length"] <= hi:
+                    kept.append((body["offset"], body["length"]))
+            if rec is not None and s != self._blocked:
                 self.own[s] = rec
-            elif self._state(self._me, s):          # a claim, or a record that fails its check
+            elif rec is None and self._state(self._me, s):     # a claim, or a record that fails its check
                 self._set_state(s, 0)
         for s in sorted(self.own, key=lambda s: self.own[s]["last_use"]):
             self.lru[s] = None
-        self.space = Arena(*self.arena(self._me), ((r["offset"], r["length"]) for r in self.own.values()))
+        kept += [(r["offset"], r["length"]) for r in self.own.values()]
+        self.space = Arena(lo, hi, kept)
 
-    def _touch(self, slot: int) -> None:
+    def _touch(self, slot: int, rec: dict) -> None:
+        """Our record `rec` in `slot` was hit: most recently used now. Not if the slot holds
+        another record than ours (one we do not own), nor once our lease is gone."""
+        mine = self.own.get(slot)
+        if mine is None or mine["state"] != rec["state"] or not self._confirm():
+            return
         clock = self._header(self._me)["clock"] + 1
         self._set_header(clock=clock)
         struct.pack_into("<Q", self.m.mem, self._slot_at(self._me, slot) + RECORD.offset["last_use"], clock)
@@ -315,6 +377,7 @@ class Store:
 
     def _evict(self, slot: int) -> None:
         self._withdraw(slot)
+        self._may_write()
         self._set_header(evictions=self._header(self._me)["evictions"] + 1)
 
     def _place(self, length: int, digest: bytes) -> tuple[int, int]:
@@ -325,9 +388,13 @@ class Store:
         if length > hi - lo:
             raise KVError(f"block of {length} bytes does not fit in an arena of {hi - lo} bytes")
         slots = self.window(digest)
-        free = next((s for s in slots if s not in self.own and self._state(self._me, s) == 0), None)
+        free = next((s for s in slots if s not in self.own and s != self._blocked and self._state(self._me, s) == 0),
+                    None)
         if free is None:
-            free = min((s for s in slots if s in self.own), key=lambda s: self.own[s]["last_use"])
+            ours = [s for s in slots if s in self.own]
+            if not ours:                         # a window of claims and the blocked slot only
+                raise KVError(f"host {self.host} has no slot it may use in this key's window of {len(slots)}")
+            free = min(ours, key=lambda s: self.own[s]["last_use"])
             self._evict(free)
         while (at := self._gaps.take(length)) is None:
             if not self.own:
@@ -352,8 +419,8 @@ class Store:
                         if self._valid(h, s, digest) is not None:
                             return False
                         continue
-                    if not st & 1:
-                        continue
+                    if not st & 1 or st >> 1 < self._header(h)["lease_seq"]:
+                        continue                # no claim, or an earlier holder's of that host: dead
                     beat = self._header(h)["heartbeat"]
                     seen, since = watched.get((h, s), (None, 0.0))
                     now = time.monotonic()
@@ -380,11 +447,14 @@ class Store:
         if self.find(key, alone):
             return False
         slot, offset = self._place(len(data), digest)
-        header = self._header(me)
-        seq = header["next_seq"] + 1
+        self._seq = seq = self._seq + 1        # ours, not the header's: a stopped earlier holder may rewrite it
+        self._may_write()
         self._set_header(next_seq=seq)
         at = self._slot_at(me, slot)
-        struct.pack_into("<Q16s", self.m.mem, at, seq * 2 + 1, digest)     # the claim
+        self._may_write(slot)                   # the claim names its extent, then its state and key
+        struct.pack_into("<QQ", self.m.mem, at + RECORD.offset["offset"], offset, len(data))
+        self._may_write()
+        struct.pack_into("<Q16s", self.m.mem, at, seq * 2 + 1, digest)
         fence()
         if not alone and not self._contend(digest):
             self._set_state(slot, 0)
@@ -392,17 +462,20 @@ class Store:
             return False
         for start in range(0, len(data), 1 << 20):
             piece = data[start:start + (1 << 20)]
+            self._may_write()
             self.m.mem[offset + start:offset + start + len(piece)] = piece
             self._beat()                         # alive: a waiting lower host must not think us dead
-        clock = header["clock"] + 1
+        clock = self._header(me)["clock"] + 1
         rec = dict(state=seq * 2, key=digest, offset=offset, length=len(data), crc=zlib.crc32(data), last_use=clock)
         raw = bytearray(RECORD.pack(**rec))
         struct.pack_into("<I", raw, SIGNED, zlib.crc32(raw[:SIGNED]))
+        self._may_write()
         self.m.mem[at + 8:at + LINE] = raw[8:]
         fence()                                  # data and fields before the state that publishes them
-        self._own_lease()                        # a second writer of this host: publish nothing
+        self._may_write()                        # a second writer of this host: publish nothing
         struct.pack_into("<Q", self.m.mem, at, seq * 2)
         fence()
+        self._may_write()
         self._set_header(clock=clock)
         rec["rcrc"] = struct.unpack_from("<I", raw, SIGNED)[0]
         self.own[slot] = rec
@@ -411,8 +484,8 @@ class Store:
 
     def remove(self, key) -> bool:
         """Withdraw our own record of `key` (others' records are theirs to drop)."""
-        for host, slot, _ in self.find(key):
-            if host == self.host:
+        for host, slot, rec in self.find(key):
+            if host == self.host and slot in self.own and self.own[slot]["state"] == rec["state"]:
                 self._withdraw(slot)
                 return True
         return False
@@ -429,7 +502,9 @@ class Store:
 
     def verify(self) -> dict:
         """Every published record and its block checked; overlapping blocks in one arena are
-        corruption too. Claims (crashed or in flight) are counted, never read."""
+        corruption too, if both records still stand when the scan is done (a writer may have
+        withdrawn one and reused its space while we read the rest). Claims (crashed or in flight)
+        are counted, never read."""
         bad, good, claims = [], 0, 0
         for h in range(self.hosts):
             extents = []
@@ -451,9 +526,9 @@ class Store:
                     bad.append(dict(host=h, slot=s, key=rec["key"].hex(), why="block fails its crc"))
                 else:
                     good += 1
-                    extents.append((rec["offset"], rec["offset"] + rec["length"], s))
+                    extents.append((rec["offset"], rec["offset"] + rec["length"], s, rec["state"]))
             extents.sort()
-            for (a0, a1, sa), (b0, _, sb) in zip(extents, extents[1:]):
-                if b0 < a1:
+            for (a0, a1, sa, ta), (b0, _, sb, tb) in zip(extents, extents[1:]):
+                if b0 < a1 and self._state(h, sa) == ta and self._state(h, sb) == tb:
                     bad.append(dict(host=h, slot=sb, why=f"block overlaps slot {sa}'s"))
         return dict(good=good, bad=bad, claims=claims)

@@ -8,9 +8,16 @@ import json
 import subprocess
 
 
-def media_errors(serial: int) -> list[tuple[int, int]]:
-    """(device offset, length) of every media error of the memdev with this serial."""
-    done = subprocess.run(["cxl", "list", "-M", "-L"], capture_output=True, text=True, check=False)
+def media_errors(serial: int, timeout_s: float = 60.0) -> list[tuple[int, int]]:
+    """(device offset, length) of every media error of the memdev with this serial. The listing
+    goes through the device's mailbox and the kernel's trace buffer: a device that does not answer
+    within timeout_s is an OSError, not a wait for ever."""
+    try:
+        done = subprocess.run(["cxl", "list", "-M", "-L"], capture_output=True, text=True, check=False,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise OSError(f"cxl list -M -L did not answer within {timeout_s:g} s (the device's poison list is "
+                      "unknown)") from None
     if done.returncode != 0:
         raise OSError(f"cxl list -M -L failed ({done.stderr.strip()}); is tracefs mounted?")
     listing = json.loads(done.stdout or "[]")

@@ -68,7 +68,7 @@ static int load(const uint8_t d[16], int *where, uint64_t *failed)
             const uint32_t i = kv_probe(&g_kv, d, k);
             if (rec.length <= g_size && kv_read(&g_kv, h, i, &rec, g_got)) {
                 if (h == g_kv.host)
-                    kv_touch(&g_kv, i);
+                    kv_touch(&g_kv, i, rec.state);
                 *where = h;
                 return rec.length == g_size ? 1 : -1; /* -1: a block of another size: wrong */
             }

@@ -20,9 +20,12 @@ static const char HELP[] =
     "  verify  [--poison-serial N]                        check every record and block\n"
     "--poison-serial N: also consult the poison list of the memdev with serial N (`cxl list -M -L`,\n"
     "  tracefs mounted): a block overlapping a listed range is a miss (get) or bad (verify). The\n"
-    "  region must be that one device, so a device address is a DAX offset.\n"
+    "  region must be that one device, so a device address is a DAX offset. --poison-timeout S:\n"
+    "  how long to wait for that list (default 60 s; then an error, exit 2).\n"
     "  bench   --host H --blocks B --size BYTES           store then load (and check) B blocks of one\n"
     "          pattern made before timing, then drop them\n"
+    "--stale-ms MS (put, get, run, bench): a held lease, or another host's claim, whose heartbeat stands\n"
+    "  still this long is a dead process's (default 5000; a held lease is watched 500 ms at least)\n"
     "--base BYTES|auto (every action): the store's first byte in DEV. auto (the default): 0 on a\n"
     "  direct-path DAX device (an NVDIMM under ACPI0012), 2 MiB on a CXL DAX device or a file: the\n"
     "  store lives at device byte 2 MiB, which the direct path's namespace leaves alone, so both\n"
@@ -36,6 +39,7 @@ static struct kv g_kv;
 static void *g_map;
 static uint64_t g_map_len;
 static const char *g_base_arg;     /* --base as given; NULL or "auto": by the device's path */
+static struct opt g_stale = {"--stale-ms", 0};
 static uint64_t g_dev_off;         /* the device address of the store's byte 0 (the poison list's) */
 
 static void release_lease(void) { kv_release_lease(&g_kv); }
@@ -75,6 +79,7 @@ static void open_store(const char *dev, int host)
     }
     if (why)
         die("%s %s", dev, why);
+    g_kv.stale_s = (double)num(&g_stale, 5000, 0, 1, 3600000) / 1000.0;
     if (host >= 0) {
         if ((why = kv_take_lease(&g_kv)))
             die("%s %s", dev, why);
@@ -139,7 +144,7 @@ static int get(const uint8_t d[16], void **out, uint64_t *len)
         return 0;
     }
     if (h == g_kv.host)
-        kv_touch(&g_kv, slot);
+        kv_touch(&g_kv, slot, rec.state);
     *out = buf;
     *len = rec.length;
     return 1;
@@ -346,8 +351,9 @@ static int cmd_bench(struct opt *o, const char *dev)
         struct kv_record rec;
         snprintf(key, sizeof key, "bench/%d/%" PRIu64, (int)getpid(), i);
         kv_digest(key, strlen(key), d);
-        if (kv_find(&g_kv, d, &h, &sl, &rec) && h == g_kv.host)
-            kv_withdraw(&g_kv, sl);
+        if (kv_find(&g_kv, d, &h, &sl, &rec) && h == g_kv.host && g_kv.mine[sl].live &&
+            g_kv.mine[sl].state == rec.state && kv_withdraw(&g_kv, sl))
+            die("host %d's lease was taken by another process: this tool no longer writes", g_kv.host);
     }
     printf("{\"tool\":\"kvstore\",\"op\":\"bench\",\"base\":%" PRIu64 ",\"blocks\":%" PRIu64
            ",\"size\":%" PRIu64 ",\"stored\":%" PRIu64 ",\"loaded\":%" PRIu64 ",\"store_ns\":%" PRIu64
@@ -363,7 +369,7 @@ static __attribute__((noinline)) int cmd_put_get(const char *action, struct opt 
 {
     need(&o[1]);
     if (o[4].val)
-        load_poison(num(&o[4], 0, 0, 0, UINT64_MAX));
+        load_poison(num(&o[4], 0, 0, 0, UINT64_MAX), num(&o[7], 60, 0, 1, 86400));
     const uint64_t salt = num(&o[3], 0, 0, 0, UINT64_MAX);
     if (!strcmp(action, "put")) {
         need(&o[0]), need(&o[2]);
@@ -415,30 +421,33 @@ int main(int argc, char **argv)
         die_bus_error(action, dev, g_map, 0, g_map_len);
     if (!strcmp(action, "run")) {
         struct opt o[] = {{"--host", 0}, {"--hosts", 0}, {"--blocks", 0}, {"--sizes", 0},
-                          {"--timeout", 0}, {"--base", 0}, {0, 0}};
+                          {"--timeout", 0}, {"--base", 0}, {"--stale-ms", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
         g_base_arg = o[5].val;
+        g_stale.val = o[6].val;
         return cmd_run(o, dev);
     }
     if (!strcmp(action, "bench")) {
-        struct opt o[] = {{"--host", 0}, {"--blocks", 0}, {"--size", 0}, {"--base", 0}, {0, 0}};
+        struct opt o[] = {{"--host", 0}, {"--blocks", 0}, {"--size", 0}, {"--base", 0}, {"--stale-ms", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
         g_base_arg = o[3].val;
+        g_stale.val = o[4].val;
         return cmd_bench(o, dev);
     }
     if (!strcmp(action, "verify")) {
-        struct opt o[] = {{"--poison-serial", 0}, {"--base", 0}, {0, 0}};
+        struct opt o[] = {{"--poison-serial", 0}, {"--base", 0}, {"--poison-timeout", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
         g_base_arg = o[1].val;
         if (o[0].val)
-            load_poison(num(&o[0], 0, 0, 0, UINT64_MAX));
+            load_poison(num(&o[0], 0, 0, 0, UINT64_MAX), num(&o[2], 60, 0, 1, 86400));
         return cmd_verify(dev);
     }
     if (!strcmp(action, "put") || !strcmp(action, "get")) {
         struct opt o[] = {{"--host", 0}, {"--key", 0}, {"--size", 0}, {"--salt", 0},
-                          {"--poison-serial", 0}, {"--base", 0}, {0, 0}};
+                          {"--poison-serial", 0}, {"--base", 0}, {"--stale-ms", 0}, {"--poison-timeout", 0}, {0, 0}};
         parse_opts(argc - 2, argv + 2, o, HELP);
         g_base_arg = o[5].val;
+        g_stale.val = o[6].val;
         return cmd_put_get(action, o, dev);
     }
     die("unknown action '%s' (put, get, run, verify, bench); see kvstore --help", action);

@@ -110,7 +110,9 @@ def check(setup: ReplaySetup, requests: list[Request], room: int = 0) -> int:
 
 def live_writers(path: str, base: int | None, watch_s: float) -> list[int]:
     """The hosts of the store whose lease is held by a live process: their heartbeat moves within
-    watch_s (a lease left by a dead process stands still, and a live holder beats far more often)."""
+    watch_s, or within kv.WATCH_S if that is longer (a lease left by a dead process stands still; a
+    live Python holder beats every 0.1 s, so a shorter watch would take it for dead)."""
+    watch_s = max(watch_s, kv.WATCH_S)
     with kv.Store.open(path, base=base) as s:
         held = {h: hdr["heartbeat"] for h in range(s.hosts) if (hdr := s.header(h))["lease"]}
         live: list[int] = []

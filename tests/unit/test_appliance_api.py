@@ -108,7 +108,8 @@ def test_foreground_makes_this_process_the_service(small, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", FOREGROUND, str(small), str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: appliance.running_pid(run_dir) is not None, "the foreground service up")
+        wait_until(lambda: appliance.running_pid(run_dir) is not None and (run_dir / appliance.SOCKET).exists(),
+                   "the foreground service up")                  # the lock is taken before the socket is made
         assert appliance.running_pid(run_dir) == proc.pid          # the very process that called serve()
         raw = Raw(run_dir)                                         # with its options
         assert raw.until_closed()[0]["error"] == "closed: idle for 1s without an attachment"

@@ -8,6 +8,7 @@ its process is gone); anything else a test starts, it kills."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -428,3 +429,34 @@ def test_guests_on_one_run_directory_get_their_own_names(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+HALF_STARTED = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from pfcxl.device.appliance import rundir
+    run_dir = Path(sys.argv[1])
+    run_dir.mkdir(parents=True)
+    lock = rundir.take(run_dir)
+    rundir.shm_dir(run_dir).mkdir()          # its pool made, its socket and signal handlers not yet
+    (run_dir / rundir.PID).write_text(f"{os.getpid()}\\n")
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_stop_of_a_service_that_sigterm_ends_before_its_cleanup_discards_its_shm_pool(tmp_path):
+    """A service still building its pool has no socket and no SIGTERM handler: stop's SIGTERM
+    ends it before it cleans up, and its shm pool stayed in /dev/shm (the foreground
+    test, stopped that early when its Raw connection found no socket yet)."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", HALF_STARTED, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n" and rundir.shm_dir(run_dir).exists()
+        assert appliance.stop(run_dir) == f"stopped pid {proc.pid}"
+        proc.wait(timeout=30)
+        assert not rundir.shm_dir(run_dir).exists() and not (run_dir / rundir.PID).exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(rundir.shm_dir(run_dir), ignore_errors=True)

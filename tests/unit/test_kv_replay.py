@@ -187,6 +187,18 @@ def test_a_host_that_cannot_open_the_store_is_one_line(tmp_path, monkeypatch):
         R.run(R.ReplaySetup(path, None, 3, 16, 4096), requests(DOZEN), "shared")
 
 
+@pytest.mark.parametrize("stale", [0.01, 0.05])
+def test_a_stale_shorter_than_the_heartbeat_does_not_fool_the_live_writer_check(tmp_path, stale):
+    """An idle Python holder beats every 0.1 s: a replay with --stale 0.01 used to watch it for
+    0.01 s, see no beat and format the store under it."""
+    path = pool(tmp_path)
+    with R.kv.Store.open(path, host=1) as live:
+        live.put(b"theirs", b"x" * 4096)
+        with pytest.raises(PfcxlError, match="host 1 of its store is open for writing by another process"):
+            R.run(R.ReplaySetup(path, None, 3, 16, 4096, stale_s=stale), requests(DOZEN), "shared")
+        assert live.get(b"theirs") == b"x" * 4096 and live.put(b"still", b"y")
+
+
 @pytest.mark.parametrize("writer", range(4))
 def test_replay_refuses_a_store_another_process_writes_and_leaves_it(tmp_path, writer):
     """A host of the store open for writing elsewhere (its lease held, its heartbeat moving): the

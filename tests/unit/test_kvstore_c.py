@@ -13,15 +13,13 @@ import zlib
 import pytest
 
 from pfcxl.compile import compile_cached
+from pfcxl.host_tools.experiments.kv_takeover import pattern
 from pfcxl.host_tools.image import debian as debian_image
 from pfcxl.host_tools.image import initramfs as image
 
 from .conftest import compile_guest_tool, kv_pool
 
 kv = debian_image.import_guest_module("pfcxl_kvstore")
-
-GOLDEN = 0x9E3779B97F4A7C15
-MASK = (1 << 64) - 1
 
 pytestmark = pytest.mark.component
 
@@ -43,19 +41,6 @@ def paused_tool(tmp_path_factory):
 @pytest.fixture
 def pool(tmp_path):
     return kv_pool(tmp_path, 32 << 20, hosts=4, slots=64)
-
-
-def pattern(key: str, size: int, salt: int = 0) -> bytes:
-    """The tool's block for `key` (its --help): SplitMix64 words from the digest's first 8 bytes."""
-    state = int.from_bytes(kv.key_digest(key)[:8], "little") ^ (salt * GOLDEN & MASK)
-    words = []
-    for _ in range(size // 8):
-        state = (state + GOLDEN) & MASK
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-        words.append((z ^ (z >> 31)).to_bytes(8, "little"))
-    return b"".join(words)
 
 
 def kvstore(tool, *args, status=0):
@@ -192,6 +177,36 @@ def fake_cxl(tmp_path, rec) -> dict:
     (fake / "cxl").write_text(f"#!/bin/sh\ncat <<'END'\n{json.dumps(listing)}\nEND\n")
     (fake / "cxl").chmod(0o755)
     return dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("cxl", ["exec sleep 600", "head -c 3000000 /dev/zero | tr '\\0' x"])
+def test_a_poison_list_that_does_not_come_is_one_line_not_a_wait_for_ever(tool, pool, tmp_path, cxl):
+    """`cxl list -M -L` that does not answer (a device whose mailbox hangs), or prints more than
+    the reader has room for: `kvstore get|verify --poison-serial` waited for ever (more than 5
+    minutes in a guest); now one line and exit 2 after --poison-timeout."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "cxl").write_text(f"#!/bin/sh\n{cxl}\n")
+    (fake / "cxl").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+    for action in (["get", pool, "--key", "k"], ["verify", pool]):
+        wait = 1 if cxl.startswith("exec sleep") else 60
+        done = subprocess.run([str(tool), *action, "--poison-serial", "7", "--poison-timeout", str(wait)],
+                              capture_output=True, text=True, timeout=90, env=env)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr == ("kvstore: cxl list -M -L did not answer within 1 s (the device's poison list is "
+                               "unknown; --poison-timeout sets the wait)\n" if wait == 1 else
+                               "kvstore: cxl list -M -L printed more than 1048575 bytes\n")
+    if cxl.startswith("exec sleep"):
+        poison = debian_image.import_guest_module("pfcxl_poison")
+        old_path = os.environ["PATH"]
+        os.environ["PATH"] = env["PATH"]
+        try:
+            with pytest.raises(OSError, match=r"^cxl list -M -L did not answer within 0.5 s \(the device's poison "
+                                              r"list is unknown\)$"):
+                poison.media_errors(7, timeout_s=0.5)
+        finally:
+            os.environ["PATH"] = old_path
 
 
 def test_the_python_reader_consults_the_poison_list_too(pool, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ line naming it (host_tools/bus_error.py)."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -95,3 +96,30 @@ def test_a_sigbus_in_kv_bench_is_one_line_naming_the_file_system(tmp_path):
     assert run.returncode == ApplianceError.exit_code, run.stderr
     assert len(lines) == 1, run.stderr
     assert lines[0].startswith(f"pfcxl: error: {pool}: ") and f"({fs_room.filesystem(pool)}; SIGBUS)" in lines[0]
+
+
+def test_an_shm_pool_too_large_for_dev_shm_is_offered_the_run_directory_with_its_room(tmp_path, monkeypatch):
+    """A small /dev/shm refused an shm pool with no other place named: the
+    line now names where backing "directory" would put it, and its room there."""
+    from pfcxl.device.appliance import rundir
+    from pfcxl.device.appliance.service import Service
+    topo, _ = write_topology(tmp_path / "t.toml", backing="shm")
+    run_dir = tmp_path / "run"
+    small = rundir.shm_dir(run_dir)
+
+    def free(path):                          # /dev/shm has 1 MiB left; the run directory's disk 100 GiB
+        return (MiB, 64 * MiB) if str(Path(path)).startswith(str(small)) else (100 * GiB, 200 * GiB)
+    monkeypatch.setattr(fs_room, "free_bytes", free)
+    try:
+        with pytest.raises(ApplianceError) as exc:
+            Service(topo, run_dir, tmp_path / "sock", scan_interval=3600)
+        message = str(exc.value)
+        assert "\n" not in message and f"more under {small}, on " in message
+        assert (f'or give the appliance backing "directory" ({run_dir / "pool"}, on '
+                f"{fs_room.filesystem(run_dir)}, has 100.00 GiB free), a smaller pool or backing \"memfd\"") in message
+        assert not small.exists()                     # refused before its directory was made
+        monkeypatch.setattr(fs_room, "free_bytes", lambda path: (MiB, 64 * MiB))
+        with pytest.raises(ApplianceError, match=r'backing "directory" \(.*, has only 1.0 MiB free too\)'):
+            Service(topo, run_dir, tmp_path / "sock", scan_interval=3600)
+    finally:
+        shutil.rmtree(small, ignore_errors=True)
