@@ -12,11 +12,14 @@ pytestmark = pytest.mark.component
 
 
 def test_sigusr1_prints_the_stacks_and_the_command_goes_on(tmp_path):
-    fifo = tmp_path / "topology.toml"
+    fifo = tmp_path / "go"
     os.mkfifo(fifo)
-    # `topology check` blocks opening the FIFO until a writer comes: a command waiting on something
-    proc = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli.main", "topology", "check", str(fifo)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a --qemu whose version probe waits until the test writes the FIFO: a command waiting on something
+    qemu = tmp_path / "qemu"
+    qemu.write_text(f"#!/bin/sh\nread x < {fifo}\necho not a qemu\n")
+    qemu.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.cli.main", "run", "--qemu", str(qemu),
+                             "--", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while "SigCgt" not in (status := open(f"/proc/{proc.pid}/status").read()) or \
@@ -26,8 +29,8 @@ def test_sigusr1_prints_the_stacks_and_the_command_goes_on(tmp_path):
         proc.send_signal(signal.SIGUSR1)
         time.sleep(0.5)
         assert proc.poll() is None                          # the dump did not end it
-        with open(fifo, "w") as w:                          # now let it go on: a file it refuses
-            w.write("not a topology [\n")
+        with open(fifo, "w") as w:                          # now let it go on: a QEMU it refuses
+            w.write("go\n")
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
