@@ -141,7 +141,7 @@ class Machine:
                  kernel: str | Path | None = None, modules: str | Path | None = None,
                  kernel_package: str | None = None, issue: str = "dependent",
                  packages: Sequence[str] = (), clock: str = "emulator", fabric: str = "pf",
-                 options: BootOptions | None = None) -> None:
+                 fabric_params: Sequence[str] = (), options: BootOptions | None = None) -> None:
         given = BootOptions(timing=timing, inject_profile=inject_profile, baseline_ns=baseline_ns, issue=issue,
                             image=image, host=host, appliance=appliance,
                             run_dir=str(run_dir) if run_dir is not None else None, cedt=cedt, append=append,
@@ -149,7 +149,7 @@ class Machine:
                             qemu_args=tuple(qemu_args), kernel=str(kernel) if kernel is not None else None,
                             modules=str(modules) if modules is not None else None, kernel_package=kernel_package,
                             packages=tuple(packages.split(",") if isinstance(packages, str) else packages),
-                            clock=clock, fabric=fabric)
+                            clock=clock, fabric=fabric, fabric_params=tuple(fabric_params))
         if options is not None and given != BootOptions():
             raise PfcxlError("give the boot options once: as options=BootOptions(...) or as keywords")
         self.options = options = options if options is not None else given
@@ -172,8 +172,9 @@ class Machine:
         if self.clock == "virtual":
             timing = _virtual_timing(self.topology, timing)
         self.timing_config = timing_config(timing, profile=inject_profile, baseline_ns=baseline_ns)
-        if self.timing_config is not None and self.clock == "virtual":
-            self.timing_config = dataclasses.replace(self.timing_config, clock="virtual", fabric=self.fabric)
+        if self.timing_config is not None and (self.clock == "virtual" or options.fabric_params):
+            self.timing_config = dataclasses.replace(self.timing_config, clock=self.clock, fabric=self.fabric,
+                                                     fabric_params=options.fabric_params)
         # inject named by mode without a baseline: measured first, in a count-mode guest, at launch
         self._calibrate = timing == "inject" and baseline_ns is None
         self.image_kind, self.host, self.cedt, self.append = image, host, cedt, append

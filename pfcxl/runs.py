@@ -81,7 +81,10 @@ class TracedRun:
     def model(self, dependent: bool = True) -> dict:
         """The fabric models' figures for exactly these records (host_tools/timing/report.py)."""
         from pfcxl.host_tools.timing import report as timing_report
-        return timing_report.model_trace(self.machine.topology, self._records(), dependent=dependent)
+        from pfcxl.host_tools.timing import vtime
+        config = self.machine.timing_config
+        what_if = vtime.params(config.fabric_params if config is not None else ())
+        return timing_report.model_trace(self.machine.topology, self._records(), dependent=dependent, what_if=what_if)
 
     def emulator_cost(self) -> dict:
         """The command's host wall-clock per CXL request: QEMU TCG overhead, labelled so."""

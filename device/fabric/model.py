@@ -39,7 +39,7 @@ electrical switch's arbitration included); no refresh, bank or row-buffer state 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from pfcxl.device.fabric import constants as fc
@@ -135,28 +135,73 @@ class FabricModel:
         return replace(self, cache_lines=0)
 
 
-def pf_appliance(appliance: ApplianceSpec, *, cache: bool = True, jitter: bool = True) -> FabricModel:
+@dataclass(frozen=True)
+class Params:
+    """The fabric figures a what-if may change (`--fabric-param NAME=VALUE`); the defaults are
+    constants.py's, with their sources. Times in ns, bandwidths in MB/s (1 GB/s = 1000), sizes in
+    bytes. hbm_cache (per module) replaces the topology's when given."""
+
+    module_read_ns: int = fc.PF_T_MEM_READ_NS
+    module_write_ns: int = fc.PF_T_MEM_WRITE_NS
+    hbm_hit_ns: int = fc.PF_T_MEM_READ_HIT_NS
+    port_mbs: int = fc.PF_PORT_BANDWIDTH_MBS
+    host_link_mbs: int = fc.PF_HOST_BANDWIDTH_MBS
+    switch_hop_ns: int = fc.EL_SWITCH_HOP_NS
+    switch_link_mbs: int = fc.EL_SWITCH_BANDWIDTH_MBS
+    hbm_cache: int | None = None
+
+    @classmethod
+    def parse(cls, items) -> "Params":
+        """NAME=VALUE strings (or (name, value) pairs); ValueError in one line naming the parameter."""
+        names = {f.name for f in fields(cls)}
+        values: dict[str, int] = {}
+        for item in items:
+            name, sep, text = item.partition("=") if isinstance(item, str) else (item[0], "=", str(item[1]))
+            name = name.strip().replace("-", "_")
+            if not sep or name not in names:
+                raise ValueError(f"--fabric-param {item!r}: give NAME=VALUE with NAME one of {', '.join(sorted(names))}")
+            try:
+                value = float(text)
+            except ValueError:
+                raise ValueError(f"--fabric-param {name}={text!r}: not a number") from None
+            if not value > 0 or value != value or value == float("inf") or value != int(value):
+                raise ValueError(f"--fabric-param {name}={text}: must be a positive whole number "
+                                 f"({'ns' if name.endswith('_ns') else 'MB/s' if name.endswith('_mbs') else 'bytes'})")
+            values[name] = int(value)
+        return cls(**values)
+
+    def changed(self) -> dict[str, int]:
+        """The parameters that differ from the defaults."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != f.default}
+
+
+DEFAULT_PARAMS = Params()
+
+
+def pf_appliance(appliance: ApplianceSpec, *, cache: bool = True, jitter: bool = True,
+                 params: Params = DEFAULT_PARAMS) -> FabricModel:
     """The photonic-fabric appliance: every host has a 128 GB/s link (per direction) to its PF-NIC
     and a dedicated optical path (its "port", 25.6 GB/s effective per direction) to every module,
     so hosts never arbitrate with each other on the fabric; they meet only at a module's memory.
     Write-through HBM3E cache per module sized from the topology's `hbm_cache`."""
-    lines = appliance.hbm_cache // fc.PF_HBM_LINE_BYTES if cache else 0
-    return _pf(appliance.ports, appliance.modules, lines, jitter)
+    hbm = params.hbm_cache if params.hbm_cache is not None else appliance.hbm_cache
+    lines = hbm // fc.PF_HBM_LINE_BYTES if cache else 0
+    return _pf(appliance.ports, appliance.modules, lines, jitter, params)
 
 
-def _pf(hosts: int, modules: int, cache_lines: int, jitter: bool) -> FabricModel:
+def _pf(hosts: int, modules: int, cache_lines: int, jitter: bool, params: Params = DEFAULT_PARAMS) -> FabricModel:
     return FabricModel(
         name="pf-appliance", hosts=hosts, modules=modules,
         t_req_ns=fc.PF_T_REQ_NS, t_resp_ns=fc.PF_T_RESP_NS,
-        t_mem_read_ns=fc.PF_T_MEM_READ_NS, t_mem_write_ns=fc.PF_T_MEM_WRITE_NS,
-        write_stages=(Stage("host_link_down", fc.PF_HOST_BANDWIDTH_MBS, "host"),
-                      Stage("port_down", fc.PF_PORT_BANDWIDTH_MBS, "path")),
+        t_mem_read_ns=params.module_read_ns, t_mem_write_ns=params.module_write_ns,
+        write_stages=(Stage("host_link_down", params.host_link_mbs, "host"),
+                      Stage("port_down", params.port_mbs, "path")),
         memory=Stage("module", fc.PF_MODULE_DDR5_BANDWIDTH_MBS, "module"),
-        read_stages=(Stage("port_up", fc.PF_PORT_BANDWIDTH_MBS, "path"),
-                     Stage("host_link_up", fc.PF_HOST_BANDWIDTH_MBS, "host")),
+        read_stages=(Stage("port_up", params.port_mbs, "path"),
+                     Stage("host_link_up", params.host_link_mbs, "host")),
         jitter_read_ns=fc.PF_JITTER_READ_NS if jitter else 0,
         jitter_write_ns=fc.PF_JITTER_WRITE_NS if jitter else 0,
-        cache_lines=cache_lines, t_mem_read_hit_ns=fc.PF_T_MEM_READ_HIT_NS,
+        cache_lines=cache_lines, t_mem_read_hit_ns=params.hbm_hit_ns,
         cache_bandwidth_mbs=fc.PF_MODULE_HBM_BANDWIDTH_MBS)
 
 
@@ -170,23 +215,25 @@ def idle_ns(profile: str, write: bool) -> int:
     return models[profile]().idle_ns(write)
 
 
-def electrical_pool(hosts: int = 16, modules: int = 16, *, jitter: bool = True) -> FabricModel:
+def electrical_pool(hosts: int = 16, modules: int = 16, *, jitter: bool = True,
+                    params: Params = DEFAULT_PARAMS) -> FabricModel:
     """An electrical CXL 2.0 switched pool (Beluga-like) with the same host links and memory
     modules as the appliance: the switch adds its 550-ns traversal, hosts in groups of
     EL_HOSTS_PER_SWITCH share their switch's x16 link, and every host using a device shares
     that device's link (first come, first served)."""
+    hop_req = params.switch_hop_ns // 2
     return FabricModel(
         name="electrical-pool", hosts=hosts, modules=modules,
         # the host path (EL_HOST_PATH is the appliance's 24 + 47 ns) plus each half of the switch
-        t_req_ns=fc.PF_T_REQ_NS + fc.EL_SWITCH_REQ_NS, t_resp_ns=fc.PF_T_RESP_NS + fc.EL_SWITCH_RESP_NS,
-        t_mem_read_ns=fc.EL_MODULE.read_latency_ns, t_mem_write_ns=fc.EL_MODULE.write_latency_ns,
-        write_stages=(Stage("host_link_down", fc.EL_HOST_PATH.write_bandwidth_mbs, "host"),
-                      Stage("switch_link_down", fc.EL_SWITCH_BANDWIDTH_MBS, "group"),
-                      Stage("device_link_down", fc.EL_MODULE.write_bandwidth_mbs, "module")),
+        t_req_ns=fc.PF_T_REQ_NS + hop_req, t_resp_ns=fc.PF_T_RESP_NS + params.switch_hop_ns - hop_req,
+        t_mem_read_ns=params.module_read_ns, t_mem_write_ns=params.module_write_ns,
+        write_stages=(Stage("host_link_down", params.host_link_mbs, "host"),
+                      Stage("switch_link_down", params.switch_link_mbs, "group"),
+                      Stage("device_link_down", params.port_mbs, "module")),
         memory=Stage("module", fc.PF_MODULE_DDR5_BANDWIDTH_MBS, "module"),
-        read_stages=(Stage("device_link_up", fc.EL_MODULE.read_bandwidth_mbs, "module"),
-                     Stage("switch_link_up", fc.EL_SWITCH_BANDWIDTH_MBS, "group"),
-                     Stage("host_link_up", fc.EL_HOST_PATH.read_bandwidth_mbs, "host")),
+        read_stages=(Stage("device_link_up", params.port_mbs, "module"),
+                     Stage("switch_link_up", params.switch_link_mbs, "group"),
+                     Stage("host_link_up", params.host_link_mbs, "host")),
         jitter_read_ns=fc.PF_JITTER_READ_NS if jitter else 0,
         jitter_write_ns=fc.PF_JITTER_WRITE_NS if jitter else 0,
         hosts_per_group=fc.EL_HOSTS_PER_SWITCH)

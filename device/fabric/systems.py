@@ -37,9 +37,10 @@ def modelled_system(topo: Topology) -> str:
             "of the same size")
 
 
-def models(topo: Topology) -> dict[str, fabric_model.FabricModel]:
+def models(topo: Topology, params: fabric_model.Params = fabric_model.DEFAULT_PARAMS) -> dict[str, fabric_model.FabricModel]:
     app = appliance_for(topo)
     # The paper's 224/283 ns are the DDR5 path; the write-through HBM3E cache is shown on its own.
-    return {"pf": fabric_model.pf_appliance(app, cache=False), "pf_hbm": fabric_model.pf_appliance(app),
-            "electrical": fabric_model.electrical_pool(app.ports, app.modules),
+    return {"pf": fabric_model.pf_appliance(app, cache=False, params=params),
+            "pf_hbm": fabric_model.pf_appliance(app, params=params),
+            "electrical": fabric_model.electrical_pool(app.ports, app.modules, params=params),
             "local": fabric_model.local_dram(app.ports)}

@@ -19,4 +19,9 @@ def add_clock_options(p: argparse.ArgumentParser, fabric: bool = True) -> None:
         p.add_argument("--fabric", choices=FABRICS, default="pf",
                        help="--clock virtual: the fabric CXL requests are charged by: pf (the appliance's DDR5 "
                        "path, default), pf_hbm (with its HBM3E cache) or electrical (the switched pool)")
+    p.add_argument("--fabric-param", dest="fabric_params", action="append", metavar="NAME=VALUE",
+                   help="what-if: change one figure of the fabric model, for --clock virtual's charges and for "
+                   "the offline model of a trace alike (repeatable). Names: module_read_ns, module_write_ns, "
+                   "hbm_hit_ns, port_mbs, host_link_mbs, switch_hop_ns, switch_link_mbs, hbm_cache (bytes a "
+                   "module); positive whole numbers")
 

@@ -64,12 +64,15 @@ class TimingConfig:
     doorbell: bool = True         # False: record everything from boot on
     clock: str = "emulator"       # "virtual": the guest's clock carries the fabric's latencies (vtime.py)
     fabric: str = "pf"            # virtual: the fabric its CXL requests are charged by
+    fabric_params: tuple[str, ...] = ()   # what-if NAME=VALUE changes to the fabric model (virtual and trace)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise TimingError(f"timing mode '{self.mode}' is not one of {', '.join(MODES)}")
         vtime.check_clock(self.clock)
         vtime.check_fabric(self.fabric)
+        object.__setattr__(self, "fabric_params", tuple(self.fabric_params))
+        vtime.params(self.fabric_params)
         if self.clock == "virtual" and self.mode == "inject":
             raise TimingError("--clock virtual charges the guest's own clock; --timing inject spins on host "
                               "time instead: use one of them")
@@ -168,7 +171,8 @@ class TimingSession:
         self.log = plugin_log(self.run_dir, name)
         self.log.unlink(missing_ok=True)
         if config.clock == "virtual":
-            vtime_path(self.run_dir, name).write_text(vtime.model_text(topo, config.fabric))
+            vtime_path(self.run_dir, name).write_text(
+                vtime.model_text(topo, config.fabric, what_if=vtime.params(config.fabric_params)))
         self.ring: Ring | None = None
         self.trace_file: Path | None = None
         self.drainer: Drainer | None = None

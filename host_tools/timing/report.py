@@ -12,6 +12,7 @@ import numpy as np
 from rich.table import Table
 
 from pfcxl.device.topology import address_map
+from pfcxl.device.fabric.model import DEFAULT_PARAMS, Params as FabricParams
 from pfcxl.device.fabric import engine as fabric_engine
 from pfcxl.device.fabric.replay import as_lines
 from pfcxl.device.fabric.systems import LABELS, SYSTEMS, appliance_for, modelled_system, models
@@ -19,7 +20,8 @@ from pfcxl.device.topology import Topology
 from pfcxl.device.trace.records import LINE
 
 QUANTILES = list(range(0, 100)) + [99.5, 99.9, 100]
-def model_trace(topo: Topology, records: np.ndarray, *, dependent: bool, seed: int = 1) -> dict:
+def model_trace(topo: Topology, records: np.ndarray, *, dependent: bool, seed: int = 1,
+                what_if: FabricParams = DEFAULT_PARAMS) -> dict:
     """Per model: read/write latency percentiles (ns), requests, bytes and achieved GB/s."""
     app = appliance_for(topo)
     base = address_map.dax_placements(topo)[0].base if topo.regions else 0
@@ -31,7 +33,9 @@ def model_trace(topo: Topology, records: np.ndarray, *, dependent: bool, seed: i
         return out
     lines = as_lines(records)
     out["bytes"] = int(len(lines)) * LINE
-    for name, model in models(topo).items():
+    if what_if.changed():
+        out["what_if"] = what_if.changed()
+    for name, model in models(topo, what_if).items():
         result = fabric_engine.run(model, lines, dependent=dependent, base_hpa=base,
                                    granularity=app.granularity, seed=seed)
         window = max(int(result.window_ps), 1)

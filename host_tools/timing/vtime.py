@@ -58,19 +58,32 @@ def check_clock(clock: str) -> str:
     return clock
 
 
-def fabric_for(topo: Topology, fabric: str) -> fabric_model.FabricModel:
+def params(items) -> fabric_model.Params:
+    """--fabric-param NAME=VALUE items as the model's parameters; one line when one is wrong."""
+    try:
+        return fabric_model.Params.parse(items)
+    except ValueError as exc:
+        raise TimingError(str(exc)) from None
+
+
+def fabric_for(topo: Topology, fabric: str,
+               what_if: fabric_model.Params = fabric_model.DEFAULT_PARAMS) -> fabric_model.FabricModel:
     """The fabric a timed guest of `topo` is charged by (no jitter: virtual time is exact)."""
-    return fabric_systems.models(topo)[check_fabric(fabric)].without_jitter()
+    try:
+        return fabric_systems.models(topo, what_if)[check_fabric(fabric)].without_jitter()
+    except ValueError as exc:          # a what-if that leaves a latency shorter than its transfers
+        raise TimingError(f"--fabric-param {what_if.changed()}: {exc}") from None
 
 
 def dram_model() -> fabric_model.FabricModel:
     return fabric_model.local_dram(1)
 
 
-def expected_idle_ns(topo: Topology, fabric: str, write: bool = False) -> int:
+def expected_idle_ns(topo: Topology, fabric: str, write: bool = False,
+                     what_if: fabric_model.Params = fabric_model.DEFAULT_PARAMS) -> int:
     """The idle latency of one 64-byte access the model gives (what a cold dependent load reads);
     pf_hbm's read is the module cache's hit path."""
-    model = fabric_for(topo, fabric)
+    model = fabric_for(topo, fabric, what_if)
     return model.idle_ns(write, hit=bool(model.cache_lines) and not write)
 
 
@@ -86,7 +99,8 @@ def _memory_lines(cls: str, model: fabric_model.FabricModel) -> list[str]:
     return out
 
 
-def model_text(topo: Topology, fabric: str, hierarchy: Hierarchy = Hierarchy()) -> str:
+def model_text(topo: Topology, fabric: str, hierarchy: Hierarchy = Hierarchy(),
+               what_if: fabric_model.Params = fabric_model.DEFAULT_PARAMS) -> str:
     """The plugin's model file (vtime=PATH) for a guest of `topo`: every fabric of FABRICS, in that
     order (the guest's PFCXL_MARK_PROFILE(k) switches to the k-th), `fabric` in force at the start."""
     app = fabric_systems.appliance_for(topo)
@@ -99,8 +113,10 @@ def model_text(topo: Topology, fabric: str, hierarchy: Hierarchy = Hierarchy()) 
              f"l2 {h.sets(h.l2_bytes, h.l2_ways)} {h.l2_ways} {round(h.l2_hit_ns * fabric_model.PS_PER_NS)}",
              f"cpu {h.outstanding} {h.rob} {h.prefetch_lines}",
              f"start {FABRICS.index(check_fabric(fabric))}"]
+    if what_if.changed():
+        lines.insert(1, f"# what-if: {' '.join(f'{k}={v}' for k, v in what_if.changed().items())}")
     for name in FABRICS:
-        model = fabric_for(topo, name)
+        model = fabric_for(topo, name, what_if)
         lines += [f"system {name}  # profile {FABRICS.index(name)}: {fabric_systems.LABELS[name]}, {model.name}",
                   *_memory_lines("fabric", model),
                   f"interleave fabric {base} {app.granularity} {model.modules}"]
@@ -111,11 +127,12 @@ def model_text(topo: Topology, fabric: str, hierarchy: Hierarchy = Hierarchy()) 
     return "\n".join(lines) + "\n"
 
 
-def sequential_bound_gbs(topo: Topology, fabric: str, hierarchy: Hierarchy = Hierarchy()) -> float:
+def sequential_bound_gbs(topo: Topology, fabric: str, hierarchy: Hierarchy = Hierarchy(),
+                         what_if: fabric_model.Params = fabric_model.DEFAULT_PARAMS) -> float:
     """What one timed host can read from the fabric, sequentially (GB/s): the narrowest read
     stage over the modules the interleave spreads it across, or Little's law on the misses the
     core keeps in flight (outstanding x 64 B / idle read latency), whichever is lower."""
-    model = fabric_for(topo, fabric)
+    model = fabric_for(topo, fabric, what_if)
     links = [s.bandwidth_mbs * (model.modules if s.key in ("path", "module") else 1) / 1000
              for s in (model.memory, *model.read_stages)]
     little = hierarchy.outstanding * fc.CPU_LINE_BYTES / model.idle_ns(False)

@@ -99,6 +99,7 @@ class BootOptions:
     packages: tuple[str, ...] = ()
     clock: str = "emulator"
     fabric: str = "pf"
+    fabric_params: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # paths as absolute text: a daemon in another directory, and the key, see the same file
@@ -123,6 +124,14 @@ class BootOptions:
             raise PfcxlError(f"clock '{self.clock}' is not one of {', '.join(CLOCKS)}")
         if self.fabric not in FABRICS:
             raise PfcxlError(f"fabric '{self.fabric}' is not one of {', '.join(FABRICS)}")
+        if isinstance(self.fabric_params, (str, bytes)):
+            raise PfcxlError(f"fabric_params must be a list of NAME=VALUE strings, not {self.fabric_params!r}")
+        object.__setattr__(self, "fabric_params", tuple(self.fabric_params))
+        from pfcxl.device.fabric.model import Params     # light: constants and dataclasses
+        try:
+            Params.parse(self.fabric_params)
+        except ValueError as exc:
+            raise PfcxlError(str(exc)) from None
         object.__setattr__(self, "lean", self.lean is not False)
 
     def as_dict(self) -> dict:
@@ -130,6 +139,7 @@ class BootOptions:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["qemu_args"] = list(self.qemu_args)
         values["packages"] = list(self.packages)
+        values["fabric_params"] = list(self.fabric_params)
         if dataclasses.is_dataclass(self.timing) and not isinstance(self.timing, type):   # a TimingConfig
             values["timing"] = dataclasses.asdict(self.timing)
         if _is_appliance(self.appliance):

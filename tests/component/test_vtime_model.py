@@ -266,3 +266,19 @@ def test_written_back_lines_reach_the_module_cache_in_the_engine_too(harness, to
     assert float(result.latency_ns.sum()) == pytest.approx(r["stats"]["vtime"]["fabric_latency_ns"] +
                                                            float(result.latency_ns[trace["write"] == 1].sum()),
                                                            rel=1e-3)
+
+
+def test_a_what_if_parameter_changes_the_charge_and_the_model_alike(harness, topo, tmp_path):
+    """--fabric-param switch_hop_ns=100: the electrical pool's idle read is 71 + 100 + 212 ns, in the
+    plugin's charge and in the model the offline engine runs."""
+    what_if = vtime.params(["switch_hop_ns=100", "port_mbs=51200"])
+    model = tmp_path / "what-if.vtime"
+    model.write_text(vtime.model_text(topo, "electrical", what_if=what_if))
+    n = 500
+    out = subprocess.run([str(harness), str(model)], input="\n".join(chase(topo, n)) + "\n", capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    times = [int(x.split()[1]) for x in out if x.startswith("t ")]
+    want = fc.PF_T_REQ_NS + fc.PF_T_RESP_NS + 100 + fc.PF_T_MEM_READ_NS
+    assert vtime.expected_idle_ns(topo, "electrical", what_if=what_if) == want
+    assert (times[-1] - times[0]) / (n - 1) / 1000 == pytest.approx(want)
+    assert "# what-if: port_mbs=51200 switch_hop_ns=100" in model.read_text()

@@ -48,6 +48,8 @@ def _other_value(action: argparse.Action) -> list[str]:
         return [flag]
     if action.choices:
         return [flag, next(str(c) for c in action.choices if c != action.default)]
+    if action.metavar == "NAME=VALUE":                      # --fabric-param: a parameter that exists
+        return [flag, "port_mbs=12800"]
     if action.type is int:
         return [flag, "3"]
     if action.type is not None:                             # floats, seconds

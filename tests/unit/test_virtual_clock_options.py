@@ -100,3 +100,26 @@ def test_the_sequential_bound_is_littles_law_on_the_outstanding_misses(topo):
         assert vtime.sequential_bound_gbs(topo, fabric) == pytest.approx(
             h.outstanding * 64 / vtime.expected_idle_ns(topo, fabric))
     assert vtime.sequential_bound_gbs(topo, "pf", dataclasses.replace(h, outstanding=64 * 48)) == pytest.approx(128)
+
+
+@pytest.mark.parametrize("items, says", [
+    (["copper_ns=3"], "copper_ns"), (["port_mbs"], "NAME=VALUE"), (["port_mbs=0"], "positive"),
+    (["switch_hop_ns=-5"], "positive"), (["hbm_hit_ns=nan"], "positive"), (["port_mbs=fast"], "not a number"),
+    (["port_mbs=1.5"], "whole"),
+])
+def test_a_bad_what_if_parameter_is_one_line_naming_it(items, says):
+    with pytest.raises(TimingError) as exc:
+        vtime.params(items)
+    assert says in one_line(exc)
+    with pytest.raises(PfcxlError):
+        BootOptions(fabric_params=tuple(items))
+
+
+def test_what_if_parameters_reach_the_offline_model(topo):
+    from pfcxl.device.fabric import systems
+    what_if = vtime.params(["module_read_ns=100", "hbm_cache=1048576"])
+    models = systems.models(topo, what_if)
+    assert models["pf"].idle_ns(False) == 24 + 100 + 47
+    assert models["pf_hbm"].cache_lines == 1048576 // 64
+    assert what_if.changed() == {"module_read_ns": 100, "hbm_cache": 1048576}
+    assert BootOptions(fabric_params=("module_read_ns=100",)).as_dict()["fabric_params"] == ["module_read_ns=100"]
