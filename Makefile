@@ -12,7 +12,7 @@ unexport PYTHONDONTWRITEBYTECODE
 PFCXL := $(VENV)/bin/pfcxl
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup demo bench boot tables test test-unit test-kernels ci
+.PHONY: help setup engines demo bench boot tables test test-unit test-kernels ci
 
 help:
 	@echo "make demo        boot the default appliance (pf-nic), compare what the guest found with the topology, run the quick benchmarks"
@@ -23,10 +23,16 @@ help:
 	@echo "make boot T=...  boot a topology and attach to its console (Ctrl-] leaves)"
 	@echo "make tables T=.. write the topology's CEDT, CDATs and generic-port/HMAT options to tables-T/"
 	@echo "make setup       install QEMU 10, the guest kernel and tools, and the Python env (idempotent)"
+	@echo "make engines     .venv-engines: LMCache, SGLang, vLLM and a CPU torch for the engine plugins' tests"
 	@echo "Then: $(PFCXL) --help"
 
 setup:
 	@$(PYTHON) -m pfcxl.host_tools.provision
+
+# the serving engines' own venv (pfcxl/engines/, docs/kvstore.md "Serving engines"): 3.7 GB, apart
+# from the main venv; tests/component/test_engines.py runs the engines with its interpreter
+engines: setup
+	@$(PYTHON) -m pfcxl.host_tools.provision --engines
 
 demo: setup
 	$(PFCXL) demo --topology $(T)
@@ -48,7 +54,7 @@ tables: setup
 # workers stole single tests took a third of its time, a few long tests running on alone.
 JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-test: setup
+test: setup engines
 	$(PYTEST) -n $(JOBS) --dist loadfile --durations=30 tests
 
 test-unit: setup

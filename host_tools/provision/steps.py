@@ -8,6 +8,7 @@ STEP_TABLE (shown by --help) says what each step does.
 from __future__ import annotations
 
 from pfcxl.host_tools.provision.acpica import check_acpica, run_acpica
+from pfcxl.host_tools.provision.engines_env import check_engines_env, run_engines_env
 from pfcxl.host_tools.provision.guest import (check_guest_kernel, check_guest_userspace, check_manifest, run_guest_kernel,
                     run_guest_userspace, run_manifest)
 from pfcxl.host_tools.provision.host import (check_backports, check_host_packages, check_trixie_apt, run_backports,
@@ -30,6 +31,11 @@ STEP_TABLE = """\
                          downloaded (not installed) and unpacked into $PFCXL_CACHE/kernel
   7. manifest            $PFCXL_CACHE/setup.json: kernel release, paths, ndctl, QEMU and iasl
   8. python env          venv at $PFCXL_VENV (default <repo>/.venv), pip install -e '<repo>[test]'
+
+Only with --engines (make engines; make test runs it):
+     engines env         <repo>/.venv-engines: torch 2.13.0 (CPU), lmcache 0.5.6, sglang 0.5.23 and
+                         vllm 0.34.0 (these two --no-deps, with the modules their imports need),
+                         pfcxl editable; about 3.7 GB installed
 """
 
 STEPS = [
@@ -42,3 +48,5 @@ STEPS = [
     Step("manifest", check_manifest, run_manifest),
     Step("python env", check_python_env, run_python_env),
 ]
+
+ENGINES_STEP = Step("engines env", check_engines_env, run_engines_env)
