@@ -89,6 +89,12 @@ def drain(e, kind):
         time.sleep(0.005)
 
 out = {}
+if phase == "wrong":                    # misconfigured: LMCache logs why, and its lookups miss
+    for name, kind, where, host in (("nopool", "storage", "", 0), ("range", "remote", pool, 9),
+                                    ("version", "storage", sys.argv[3], 0)):
+        e = cpu.engine(name, CHUNK, LAYERS, HIDDEN, cpu_bytes=1 << 20, hot=False, **cpu.plugin_config(kind, where, host))
+        out[name] = sorted(e.storage_manager.storage_backends)
+    finish(out)
 for kind, host in (("storage", 0), ("remote", 2)) if phase == "store" else (("storage", 1), ("remote", 3)):
     e = cpu.engine(f"{phase}-{kind}", CHUNK, LAYERS, HIDDEN, cpu_bytes=1 << 20, hot=False,
                    **cpu.plugin_config(kind, pool, host))
@@ -137,3 +143,186 @@ def test_lmcache_engines_on_two_hosts_share_a_prompts_kv_through_both_plugin_kin
         assert r["lookup"] == r["retrieved"] == 64 and r["exact"], r             # host 0's / 2's KV, bit-exact
         assert r["evicted_lookup"] == r["evicted_retrieved"] == 0, r            # evicted by its owner: a miss
         assert r["poisoned_retrieved"] == 16 and r["poisoned_prefix_exact"] and r["poisoned_rest_zero"], r
+
+
+
+def test_a_misconfigured_lmcache_plugin_is_one_line_in_lmcaches_log(tmp_path):
+    path = pool(tmp_path, arena=16 << 10)
+    (tmp_path / "old").mkdir()
+    other = pool(tmp_path / "old", arena=16 << 10, version=2)
+    got, log = child(LMCACHE, path, "wrong", other)
+    # the remote backend stays, without a connection: LMCache logs the connector's error and counts misses
+    assert got == {"nopool": ["LocalCPUBackend"], "range": ["LocalCPUBackend", "RemoteBackend-pfcxl"],
+                   "version": ["LocalCPUBackend"]}
+    assert ("Failed to create backend pfcxl: LMCache storage plugin: pfcxl: pfcxl.pool is missing from the "
+            "configuration: it names the store's pool file or DAX device") in log
+    assert (f"LMCache remote connector: pfcxl: pfcxl.pool {path}: host 9 is out of range (0 <= host < 4)") in log
+    assert (f"Failed to create backend pfcxl: LMCache storage plugin: pfcxl: pfcxl.pool {other}: store version 2 is "
+            "not this code's version 3: format it anew (every block is lost)") in log
+
+
+SGLANG = PRELUDE + r'''
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+pool, phase = sys.argv[1], sys.argv[2]
+
+def backend(host, **more):
+    extra = {"backend_name": "pfcxl", "module_path": "pfcxl.engines.sglang", "class_name": "PfcxlHiCacheStorage",
+             "pool": pool, "host": host, **more}
+    config = HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                                  is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+                                  model_name="pfcxl-cpu", extra_config={k: v for k, v in extra.items() if v is not None})
+    return StorageBackendFactory.create_backend("dynamic", config, None)
+
+def error(**more):
+    try:
+        backend(**more)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+pages = [torch.full((2, 64), float(i), dtype=torch.bfloat16) for i in range(3)]
+if phase == "set":
+    b = backend(0)
+    out = {"class": type(b).__name__, "batch_set": b.batch_set(["p0", "p1", "p2"], pages),
+           "again": b.set("p0", pages[0])}
+else:
+    b = backend(1)
+    target = torch.zeros(2, 64, dtype=torch.bfloat16)
+    got = b.batch_get(["p0", "p1", "nope"])
+    out = {"exists": b.exists("p1"), "leading": b.batch_exists(["p0", "p1", "nope", "p2"]),
+           "got": [g is not None and torch.equal(g, p) for g, p in zip(got[:2], pages)], "miss": got[2] is None,
+           "into": b.get("p2", target) is target and torch.equal(target, pages[2]),
+           "no_pool": error(host=1, pool=None), "host": error(host=9), "no_host": error(host=None)}
+finish(out)
+'''
+
+
+def test_sglang_factory_builds_the_backend_set_on_host_0_read_on_host_1(tmp_path):
+    path = pool(tmp_path, arena=1 << 20)
+    done, _ = child(SGLANG, path, "set")
+    assert done == {"class": "PfcxlHiCacheStorage", "batch_set": True, "again": True}
+    got, _ = child(SGLANG, path, "get")
+    assert got["exists"] and got["leading"] == 2 and got["got"] == [True, True] and got["miss"] and got["into"]
+    assert got["no_pool"] == ("EngineConfigError: SGLang HiCache dynamic backend: pfcxl: pool is missing from the "
+                              "configuration: it names the store's pool file or DAX device")
+    assert got["host"] == (f"EngineConfigError: SGLang HiCache dynamic backend: pfcxl: pool {path}: host 9 is out "
+                           "of range (0 <= host < 4)")
+    assert got["no_host"].startswith("EngineConfigError: SGLang HiCache dynamic backend: pfcxl: host is missing")
+
+
+VLLM = PRELUDE + r'''
+import torch
+from types import SimpleNamespace
+from vllm.config import CacheConfig, KVTransferConfig, SchedulerConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.request import Request
+pool, phase = sys.argv[1], sys.argv[2]
+BS, LAYERS, HEADS, HEAD, BLOCKS = 16, ["model.layers.0.attn", "model.layers.1.attn"], 2, 4, 8
+hash_fn = get_hash_fn_by_name("sha256_cbor")
+init_none_hash(hash_fn)
+spec = FullAttentionSpec(block_size=BS, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float16)
+kv_cache_config = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
+
+def vllm_config(**extra):
+    # the stand-in begins here: VllmConfig() cannot be built on CPU with PyPI's wheel ("Failed to
+    # infer device type"); its parts below are vLLM's own
+    return SimpleNamespace(
+        kv_transfer_config=KVTransferConfig(kv_connector="PfcxlConnector", kv_connector_module_path="pfcxl.engines.vllm",
+                                            kv_role="kv_both", kv_connector_extra_config=extra),
+        cache_config=CacheConfig(block_size=BS),
+        scheduler_config=SchedulerConfig(max_model_len=4096, is_encoder_decoder=False,
+                                         disable_hybrid_kv_cache_manager=True))
+
+def connector(role, **extra):
+    return KVConnectorFactory.create_connector(vllm_config(**extra), role, kv_cache_config)
+
+def error(**extra):
+    try:
+        connector(KVConnectorRole.SCHEDULER, **extra)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+def request(rid, n=56):
+    return Request(rid, list(range(100, 100 + n)), SamplingParams(max_tokens=1), None,
+                   block_hasher=get_request_block_hasher(BS, hash_fn))
+
+def step(sched, req, block_ids, computed=0):
+    """One scheduler step as vLLM's Scheduler runs it: the lookup, the allocation, the metadata."""
+    ext, _ = sched.get_num_new_matched_tokens(req, computed)
+    blocks = KVCacheBlocks(([KVCacheBlock(i) for i in block_ids],))
+    sched.update_state_after_alloc(req, blocks, ext)
+    new = NewRequestData.from_request(req, (block_ids,), req.prompt_token_ids)
+    out = SchedulerOutput(scheduled_new_reqs=[new], scheduled_cached_reqs=CachedRequestData.make_empty(),
+                          num_scheduled_tokens={req.request_id: req.num_tokens - computed - ext},
+                          total_num_scheduled_tokens=req.num_tokens - computed - ext, scheduled_spec_decode_tokens={},
+                          scheduled_encoder_inputs={}, finished_req_ids=set(), free_encoder_mm_hashes=[])
+    return ext, sched.build_connector_meta(out)
+
+def caches():
+    return {name: torch.zeros(2, BLOCKS, BS, HEADS, HEAD, dtype=torch.float16) for name in LAYERS}
+
+host = 0 if phase == "save" else 1
+sched = connector(KVConnectorRole.SCHEDULER, pool=pool, host=host)
+worker = connector(KVConnectorRole.WORKER, pool=pool, host=host)
+kv = caches()
+worker.register_kv_caches(kv)
+req = request("r0")
+ext, meta = step(sched, req, [4, 5, 6, 7])
+out = {"class": type(worker).__name__, "matched": ext}
+if phase == "save":
+    g = torch.Generator().manual_seed(7)
+    for t in kv.values():
+        t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+    worker.bind_connector_metadata(meta)
+    for name in LAYERS:                               # the model's forward pass, layer by layer
+        worker.save_kv_layer(name, kv[name], None)
+    worker.wait_for_save()
+    worker.clear_connector_metadata()
+    out["stores"] = len(meta.stores)
+    torch.save({n: t[:, 4:7].clone() for n, t in kv.items()}, sys.argv[3])
+else:
+    want = torch.load(sys.argv[3])
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(SimpleNamespace(attn_metadata=None))
+    for name in LAYERS:
+        worker.wait_for_layer_load(name)
+    worker.clear_connector_metadata()
+    out["loads"] = [b for _, b in meta.loads]
+    out["filled"] = all(torch.equal(kv[n][:, 4:7], want[n]) for n in LAYERS)
+    out["rest_zero"] = all(not kv[n][:, :4].any() and not kv[n][:, 7:].any() for n in LAYERS)
+    out["errors"] = sorted(worker.get_block_ids_with_load_errors())
+    # a block withdrawn by its owner between the lookup and the load: a load error, not wrong bytes
+    ext2, meta2 = step(sched, request("r1"), [1, 2, 3, 4])
+    keys = {k for k, _ in meta2.loads}
+    owner = __import__("pfcxl.engines.common", fromlist=["kv"]).kv.Store.open(pool)
+    worker.bind_connector_metadata(meta2)
+    worker.store.poisoned = [(owner.m.device_off + rec["offset"], rec["length"])
+                             for k in sorted(keys)[:1] for _, _, rec in owner.find(k)]
+    worker.start_load_kv(SimpleNamespace(attn_metadata=None))
+    out["poisoned_errors"] = len(worker.get_block_ids_with_load_errors())
+    out["no_pool"], out["host"] = error(host=0), error(pool=pool, host=7)
+finish(out)
+'''
+
+
+def test_vllm_factory_builds_the_connector_and_host_1_loads_host_0s_blocks(tmp_path):
+    path = pool(tmp_path, arena=1 << 20)
+    saved, _ = child(VLLM, path, "save", tmp_path / "want.pt")
+    assert saved == {"class": "PfcxlConnector", "matched": 0, "stores": 3}     # 56 tokens: 3 full blocks
+    got, _ = child(VLLM, path, "load", tmp_path / "want.pt")
+    assert got["matched"] == 48 and got["loads"] == [4, 5, 6]          # another host's 3 blocks, by vLLM's hashes
+    assert got["filled"] and got["rest_zero"] and got["errors"] == []   # bit-exact into blocks 4..6, nothing else
+    assert got["poisoned_errors"] == 1
+    assert got["no_pool"] == ("EngineConfigError: vLLM PfcxlConnector: pfcxl: pool is missing from the configuration: "
+                              "it names the store's pool file or DAX device")
+    assert got["host"] == f"EngineConfigError: vLLM PfcxlConnector: pfcxl: pool {path}: host 7 is out of range (0 <= host < 4)"
