@@ -9,11 +9,12 @@ import struct
 from typing import Any
 
 from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.host_tools.provision.engines_env import ENGINES, TORCH
 
 kv = debian_image.import_guest_module("pfcxl_kvstore")
 
-# the engine versions pfcxl.engines is tested with (host_tools/provision/engines_env.py pins them)
-TESTED = {"lmcache": "0.5.6", "sglang": "0.5.23", "vllm": "0.34.0", "torch": "2.13.0"}
+# the engine versions pfcxl.engines is tested with: the ones the engines venv pins
+TESTED = dict((TORCH, *ENGINES))
 
 _NAME = struct.Struct("<I")
 
