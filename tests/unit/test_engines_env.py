@@ -45,3 +45,11 @@ def test_the_check_names_every_missing_or_wrong_pin():
     del have["xgrammar"]
     assert engines_env.wrong_versions(FakeSetup(have)) == ["lmcache is 0.5.5, not 0.5.6", "xgrammar 0.2.9 missing"]
     assert engines_env.wrong_versions(FakeSetup(dict(engines_env.PINS))) == []
+
+
+def test_a_block_of_another_key_is_a_miss_never_its_bytes():
+    # a digest collision, or a block reused for another key: the name inside it decides
+    block = common.named("vllm/00ff", b"KV bytes")
+    assert bytes(common.payload_of("vllm/00ff", block)) == b"KV bytes"
+    assert common.payload_of("vllm/00fe", block) is None
+    assert common.payload_of("vllm/00ff", block[:6]) is None and common.payload_of("vllm/00ff", None) is None
