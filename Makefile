@@ -12,7 +12,7 @@ unexport PYTHONDONTWRITEBYTECODE
 PFCXL := $(VENV)/bin/pfcxl
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup setup-timed demo bench boot tables test test-unit test-kernels ci
+.PHONY: help setup setup-timed engines demo bench boot tables test test-unit test-kernels ci
 
 help:
 	@echo "make demo        boot the default appliance (pf-nic), compare what the guest found with the topology, run the quick benchmarks"
@@ -24,6 +24,7 @@ help:
 	@echo "make tables T=.. write the topology's CEDT, CDATs and generic-port/HMAT options to tables-T/"
 	@echo "make setup       install QEMU 10, the guest kernel and tools, and the Python env (idempotent)"
 	@echo "make setup-timed setup, and build the timed QEMU that --clock virtual boots (once; make test needs it)"
+	@echo "make engines     .venv-engines: LMCache, SGLang, vLLM and a CPU torch for the engine plugins' tests"
 	@echo "Then: $(PFCXL) --help"
 
 setup:
@@ -32,6 +33,10 @@ setup:
 # setup and the timed QEMU of --clock virtual (built once from Debian's source: ~25 min on 2 cores)
 setup-timed:
 	@$(PYTHON) -m pfcxl.host_tools.provision --timed-qemu
+# the serving engines' own venv (pfcxl/engines/, docs/kvstore.md "Serving engines"): 3.7 GB, apart
+# from the main venv; tests/component/test_engines.py runs the engines with its interpreter
+engines: setup
+	@$(PYTHON) -m pfcxl.host_tools.provision --engines
 
 demo: setup
 	$(PFCXL) demo --topology $(T)
@@ -53,7 +58,7 @@ tables: setup
 # workers stole single tests took a third of its time, a few long tests running on alone.
 JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-test: setup-timed
+test: setup-timed engines
 	$(PYTEST) -n $(JOBS) --dist loadfile --durations=30 tests
 
 test-unit: setup

@@ -63,6 +63,7 @@ class Store:
             raise KVError(f"host {host} is out of range (0 <= host < {self.hosts})")
         self.own: dict[int, dict] = {}           # slot -> record, of this host's published records
         self.lru: OrderedDict[int, None] = OrderedDict()     # those slots, least recently used first
+        self.pins: dict[int, int] = {}           # slot -> pin count: our blocks eviction must not take
         self.space: Arena | None = None          # our arena's free gaps
         self.index_bytes = 0                     # index bytes lookups read (the index's cost)
         self.lease, self._lost, self._stop, self._beater = 0, False, threading.Event(), None
@@ -373,6 +374,7 @@ class Store:
         self._set_state(slot, 0)        # before its space is reused: readers re-check the state
         rec = self.own.pop(slot)
         del self.lru[slot]
+        self.pins.pop(slot, None)
         self._gaps.give(rec["offset"], rec["length"])
 
     def _evict(self, slot: int) -> None:
@@ -391,15 +393,18 @@ class Store:
         free = next((s for s in slots if s not in self.own and s != self._blocked and self._state(self._me, s) == 0),
                     None)
         if free is None:
-            ours = [s for s in slots if s in self.own]
-            if not ours:                         # a window of claims and the blocked slot only
-                raise KVError(f"host {self.host} has no slot it may use in this key's window of {len(slots)}")
+            ours = [s for s in slots if s in self.own and s not in self.pins]
+            if not ours:                         # a window of claims, pinned blocks and the blocked slot only
+                raise KVError(f"host {self.host} has no slot it may use in this key's window of {len(slots)} "
+                              "(claimed, pinned or blocked)")
             free = min(ours, key=lambda s: self.own[s]["last_use"])
             self._evict(free)
         while (at := self._gaps.take(length)) is None:
-            if not self.own:
-                raise KVError(f"host {self.host} has no room for {length} bytes and no block of its own to evict")
-            self._evict(next(iter(self.lru)))
+            victim = next((s for s in self.lru if s not in self.pins), None)
+            if victim is None:
+                raise KVError(f"host {self.host} has no room for {length} bytes and no unpinned block of its own "
+                              "to evict")
+            self._evict(victim)
         return free, at
 
     def _contend(self, digest: bytes) -> bool:
@@ -481,6 +486,24 @@ class Store:
         self.own[slot] = rec
         self.lru[slot] = None
         return True
+
+    def pin(self, key) -> bool:
+        """Keep our own block of `key` from eviction until as many unpin calls (a pin lives in this
+        process, not in the store: another host's block is its owner's to evict; False for those)."""
+        for host, slot, _ in self.find(key, alone=True):
+            self.pins[slot] = self.pins.get(slot, 0) + 1
+            return True
+        return False
+
+    def unpin(self, key) -> bool:
+        """Drop one pin of our block of `key`; False if it holds none."""
+        for host, slot, _ in self.find(key, alone=True):
+            if slot in self.pins:
+                self.pins[slot] -= 1
+                if not self.pins[slot]:
+                    del self.pins[slot]
+                return True
+        return False
 
     def remove(self, key) -> bool:
         """Withdraw our own record of `key` (others' records are theirs to drop)."""

@@ -1,4 +1,4 @@
-"""`python3 -m pfcxl.host_tools.provision [--check] [--skip-python] [--timed-qemu]`: run (or only check) the steps in
+"""`python3 -m pfcxl.host_tools.provision [--check] [--skip-python] [--timed-qemu] [--engines]`: run (or only check) the steps in
 order, one progress line each, then a table of per-step timings. Exit 0 when everything is there
 (or was done), 1 when a step failed or, with --check, when any step is missing."""
 
@@ -9,7 +9,7 @@ import sys
 import time
 
 from pfcxl.host_tools.provision.runner import Setup, StepError
-from pfcxl.host_tools.provision.steps import STEP_TABLE, STEPS, TIMED_QEMU
+from pfcxl.host_tools.provision.steps import ENGINES_STEP, STEP_TABLE, STEPS, TIMED_QEMU
 
 EPILOG = STEP_TABLE + """
 Each step is skipped when its result is already there (dpkg versions, files, stamp files);
@@ -19,6 +19,8 @@ Environment:
   PFCXL_CACHE  where downloads and unpacked trees go (default ~/.cache/pfcxl); a log of every
                command run is kept in $PFCXL_CACHE/setup.log
   PFCXL_VENV   the Python virtual environment to create (default <repo>/.venv)
+  PFCXL_TORCH_INDEX  with --engines: the index torch comes from (PyTorch's CPU wheel index,
+               where the default index has only the CUDA build)
 """
 
 
@@ -32,12 +34,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="every step but the last (no venv / pip install)")
     parser.add_argument("--timed-qemu", action="store_true",
                         help="also build the timed QEMU that --clock virtual boots (step 9; make setup-timed)")
+    parser.add_argument("--engines", action="store_true",
+                        help="only the engines environment (<repo>/.venv-engines: torch, LMCache, SGLang, vLLM "
+                             "on CPU; make engines)")
     parser.add_argument("--check", action="store_true",
                         help="report what is missing without changing anything; exit 1 if any")
     args = parser.parse_args(argv)
 
-    steps = STEPS[:-1] if args.skip_python else STEPS
-    if args.timed_qemu:
+    steps = [ENGINES_STEP] if args.engines else STEPS[:-1] if args.skip_python else STEPS
+    if args.timed_qemu and not args.engines:
         steps = [*steps, TIMED_QEMU]
     s = Setup(check_only=args.check)
     total = len(steps)

@@ -8,6 +8,7 @@ STEP_TABLE (shown by --help) says what each step does.
 from __future__ import annotations
 
 from pfcxl.host_tools.provision.acpica import check_acpica, run_acpica
+from pfcxl.host_tools.provision.engines_env import check_engines_env, run_engines_env
 from pfcxl.host_tools.provision.guest import (check_guest_kernel, check_guest_userspace, check_manifest, run_guest_kernel,
                     run_guest_userspace, run_manifest)
 from pfcxl.host_tools.provision.host import (check_backports, check_host_packages, check_trixie_apt, run_backports,
@@ -35,6 +36,11 @@ STEP_TABLE = """\
                          installed QEMU with pfcxl's virtual-time patch, built for x86_64 into
                          $PFCXL_CACHE/qemu-timed (about 25 min on 2 cores, once; rebuilt only when
                          the source version or the patch changes): what --clock virtual boots
+
+Only with --engines (make engines; make test runs it):
+     engines env         <repo>/.venv-engines: torch 2.13.0 (CPU), lmcache 0.5.6, sglang 0.5.23 and
+                         vllm 0.34.0 (these two --no-deps, with the modules their imports need),
+                         pfcxl editable; about 3.7 GB installed
 """
 
 STEPS = [
@@ -50,3 +56,4 @@ STEPS = [
 
 # only with --timed-qemu: --clock virtual needs it, plain TCG does not
 TIMED_QEMU = Step("timed qemu", check_timed_qemu, run_timed_qemu)
+ENGINES_STEP = Step("engines env", check_engines_env, run_engines_env)

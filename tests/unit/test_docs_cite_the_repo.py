@@ -23,7 +23,7 @@ pytestmark = pytest.mark.unit
 
 
 def repo_texts() -> list[Path]:
-    skip = {".git", ".venv", "__pycache__", ".pytest_cache", ".mypy_cache", "results"}
+    skip = {".git", ".venv", ".venv-engines", "__pycache__", ".pytest_cache", ".mypy_cache", "results"}
     return sorted(p for p in REPO.rglob("*")
                   if p.suffix in TEXT_SUFFIXES and p.is_file() and not skip & set(p.relative_to(REPO).parts)
                   and p.relative_to(REPO).parts[0] != "pfcxl" or p.parent == REPO / "pfcxl" and p.suffix == ".py")

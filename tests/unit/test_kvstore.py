@@ -122,6 +122,35 @@ def test_a_full_arena_evicts_least_recently_used_blocks_and_verifies_clean(tmp_p
         assert report["bad"] == [] and report["good"] == st["blocks"]
 
 
+def test_a_pinned_block_outlives_eviction_until_unpinned(tmp_path):
+    # LMCache pins the chunks a lookup found until their retrieve (pfcxl/engines/lmcache.py)
+    path = pool(tmp_path, size=4 << 20, hosts=2, slots=64)
+    with kv.Store.open(path, host=0) as s, kv.Store.open(path, host=1) as other:
+        per_arena = s.sb["arena_bytes"] // (64 << 10)
+        assert s.put("pinned", block(0, 64 << 10)) and other.put("theirs", block(1, 4096))
+        assert s.pin("pinned") and s.pin("pinned") and not s.pin("theirs") and not s.pin("absent")
+        for i in range(2 * per_arena):
+            assert s.put(f"k{i}", block(i + 2, 64 << 10))
+        assert s.get("pinned") == block(0, 64 << 10)          # never the LRU victim while pinned
+        assert s.unpin("pinned") and s.get("pinned") == block(0, 64 << 10)   # one pin left
+        assert s.unpin("pinned") and not s.unpin("pinned")
+        for i in range(2 * per_arena):
+            s.put(f"j{i}", block(i + 9, 64 << 10))
+        assert s.get("pinned") is None and s.verify()["bad"] == []
+
+
+def test_an_arena_full_of_pinned_blocks_refuses_a_put_in_one_line(tmp_path):
+    path = pool(tmp_path, size=4 << 20, hosts=2, slots=64)
+    with kv.Store.open(path, host=0) as s:
+        per_arena = s.sb["arena_bytes"] // (64 << 10)
+        for i in range(per_arena):
+            assert s.put(f"p{i}", block(i, 64 << 10)) and s.pin(f"p{i}")
+        with pytest.raises(kv.KVError, match="^host 0 has no room for 65536 bytes and no unpinned block of its own "
+                                             "to evict$"):
+            s.put("more", block(99, 64 << 10))
+        assert all(s.get(f"p{i}") == block(i, 64 << 10) for i in range(per_arena))
+
+
 def test_a_corrupted_block_is_a_miss_and_verify_names_it(tmp_path):
     path = pool(tmp_path, hosts=2)
     with kv.Store.open(path, host=1) as s:

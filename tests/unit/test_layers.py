@@ -16,7 +16,7 @@ import pfcxl
 pytestmark = pytest.mark.unit
 
 REPO = Path(pfcxl.__file__).resolve().parent.parent
-FOLDERS = ("device", "firmware_tables", "guest", "host_tools", "serving")
+FOLDERS = ("device", "engines", "firmware_tables", "guest", "host_tools", "serving")
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 BASE = ("pfcxl.errors", "pfcxl.cache", "pfcxl.process", "pfcxl.compile", "pfcxl.text_files")
@@ -32,6 +32,7 @@ LAYERS = [
     ("device", ("pfcxl.device",)),                             # topology, appliance, fabric, trace, facts
     ("tables, guest and serving", ("pfcxl.firmware_tables", "pfcxl.guest", "pfcxl.serving")),
     ("host tools", ("pfcxl.host_tools",)),                     # vm, image, timing, provision
+    ("engine plugins", ("pfcxl.engines",)),                    # LMCache, SGLang, vLLM over the guest binding
     ("public API", ("pfcxl", "pfcxl.machine", "pfcxl.appliance", "pfcxl.runs", "pfcxl.pytest_plugin")),
     ("fleet and benchmarks", FLEET_AND_BENCH),
     ("command line", ("pfcxl.host_tools.cli", "pfcxl.host_tools.provision.cli",
@@ -95,7 +96,7 @@ MODULES = package_modules()
 
 def test_the_contract_reads_the_whole_package():
     assert {"pfcxl.machine", "pfcxl.device.topology", "pfcxl.host_tools.cli.main", "pfcxl.host_tools.vm.host",
-            "pfcxl.firmware_tables.cedt", "pfcxl.serving.sim", "pfcxl.errors"} <= set(MODULES)
+            "pfcxl.firmware_tables.cedt", "pfcxl.serving.sim", "pfcxl.errors", "pfcxl.engines.lmcache"} <= set(MODULES)
     assert all(layer_of(m) >= 0 for m in MODULES), [m for m in MODULES if layer_of(m) < 0]
 
 
