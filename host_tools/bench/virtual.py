@@ -63,7 +63,7 @@ def run(machine, topo: Topology, say: Callable[[str], None] = lambda m: None) ->
         stream, _ = _chase(machine, f"{STREAM} --profile {k}")
         rows.append({"system": fabric, "label": fabric_systems.LABELS[fabric],
                      "read_ns": read["p50_ns_per_load"], "write_ns": write["p50_ns_per_load"],
-                     "seq_read_gbs": 64 / stream["ns_per_load"],
+                     "seq_read_gbs": 64 / stream["p50_ns_per_load"],
                      "model_read_ns": _model(topo, fabric, read_records, False),
                      "model_write_ns": _model(topo, fabric, write_records, True),
                      "idle_read_ns": vtime.expected_idle_ns(topo, fabric),
@@ -80,7 +80,8 @@ def run(machine, topo: Topology, say: Callable[[str], None] = lambda m: None) ->
                       "includes the loop's few instructions (1 ns each)",
                       "model: the offline engine's median over the timed requests the plugin captured in "
                       "that run; idle: the fabric model's idle 64-byte latency",
-                      "seq read: one 8-byte load per line in address order, the whole walk's rate; bound: "
+                      "seq read: one 8-byte load per line in address order, the median of 1024-load "
+                      "batches; bound: "
                       "the narrowest read stage or outstanding misses x 64 B / idle latency (Little's law)"]}
 
 

@@ -137,7 +137,7 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
     acked: list[str] = []
     try:
         with open(pool, "wb") as f:
-            f.truncate(kv.HOME + 2 * ARENA + 2 * SLOTS * kv.LINE + (2 << 20))     # a multiple of 2 MiB, as DAX
+            f.truncate(2 * kv.HOME + 2 * ARENA + 2 * SLOTS * kv.LINE)     # room past HOME, as a DAX device has
         kv.format(pool, hosts=2, slots=SLOTS, chunk_tokens=256)
         reader = kv.Store.open(pool)
 

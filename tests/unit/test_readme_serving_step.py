@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -38,8 +39,11 @@ def test_step_4_names_the_replay_as_the_issue_ran_it():
 
 @pytest.fixture
 def fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("PFCXL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))      # where a temporary appliance's directory goes
+    # short paths: a temporary appliance's control socket lives under them, and a unix socket's path
+    # is at most 107 bytes (pytest's own tmp_path under xdist is already about 70)
+    short = Path(tempfile.mkdtemp(prefix="pfcxl-r4-", dir="/tmp"))
+    monkeypatch.setenv("PFCXL_CACHE", str(short / "cache"))
+    monkeypatch.setattr(tempfile, "tempdir", str(short))          # where a temporary appliance's directory goes
     full = traces.load(traces.bundled("conversation"))
     part = tmp_path / "conversation_trace.jsonl"
     part.write_text("".join(json.dumps(dict(timestamp=r.timestamp_ms, input_length=r.input_length,
@@ -47,7 +51,8 @@ def fresh(tmp_path, monkeypatch):
                             for r in full.requests[:SLICE]))
     real = traces.bundled
     monkeypatch.setattr(traces, "bundled", lambda name: part if name == "conversation" else real(name))
-    return tmp_path
+    yield tmp_path
+    shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.mark.parametrize("command", step_commands(4))
