@@ -198,6 +198,10 @@ def cmd_run(args) -> int:
             err.print(f"[dim]{vtime.summary(traced.phases[-1])}[/dim]", highlight=False)
         elif traced.phases:
             err.print(f"[dim]plugin ({args.timing}): {json.dumps(traced.phases[-1])}[/dim]", highlight=False)
+        if args.timing == "inject" and vm.timing_config is not None:
+            from pfcxl.host_tools.timing.calibration import inject_summary
+            for line in inject_summary(vm.timing_config):
+                err.print(line, highlight=False, markup=False)
     result = traced.result
     write_output(result.data)
     if appliance_figures is not None:

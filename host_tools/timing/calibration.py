@@ -26,3 +26,27 @@ def calibrate_baseline(vm, command: str = CALIBRATION_COMMAND, key: str = "ns_pe
             raise TimingError(f"calibration command failed ({result.status}): {command}\n{result.output}")
         values.append(float(tool_json(result.output, tool, error=TimingError)[key]))
     return {"baseline_ns": sorted(values)[len(values) // 2], "runs": values, "command": command, "key": key}
+
+
+def inject_summary(config) -> list[str]:
+    """What inject mode did, in words (a TimingConfig in inject mode): the emulator's cost it
+    measured, the latency it was asked to show and the delay it added per request, per profile;
+    and, when the emulator alone costs more than the fabric would, that the guest's figures are
+    then emulator time and cannot compare fabrics."""
+    reads = config.read_ns if isinstance(config.read_ns, (tuple, list)) else (config.read_ns,)
+    writes = config.write_ns if isinstance(config.write_ns, (tuple, list)) else (config.write_ns,)
+    base = config.baseline_ns
+    lines = [f"inject: the emulator's own cost per CXL request, measured first: {base:,.0f} ns (baseline)"]
+    short = []
+    for k in range(max(len(reads), len(writes))):
+        r, w = reads[min(k, len(reads) - 1)], writes[min(k, len(writes) - 1)]
+        lines.append(f"inject profile {k}: modelled {r:,.0f} ns read / {w:,.0f} ns write; delay added per request "
+                     f"{max(0.0, r - base):,.0f} / {max(0.0, w - base):,.0f} ns")
+        if r < base or w < base:
+            short.append(k)
+    if short:
+        lines.append(f"inject: the emulator already costs more than profile {', '.join(map(str, short))}'s "
+                     "latency, so no delay could be added: what the guest reads there is emulator time, "
+                     "not fabric latency, and cannot rank fabrics; --clock virtual gives the guest the "
+                     "modelled latency in its own clock")
+    return lines

@@ -123,3 +123,14 @@ def test_what_if_parameters_reach_the_offline_model(topo):
     assert models["pf_hbm"].cache_lines == 1048576 // 64
     assert what_if.changed() == {"module_read_ns": 100, "hbm_cache": 1048576}
     assert BootOptions(fabric_params=("module_read_ns=100",)).as_dict()["fabric_params"] == ["module_read_ns=100"]
+
+
+def test_inject_says_its_baseline_and_delay_and_when_it_could_add_none():
+    from pfcxl.host_tools.timing.calibration import inject_summary
+    config = timing.TimingConfig("inject", read_ns=(283.0, 833.0), write_ns=(224.0, 774.0), baseline_ns=500.0)
+    lines = inject_summary(config)
+    assert "500 ns (baseline)" in lines[0]
+    assert "delay added per request 0 / 0 ns" in lines[1] and "delay added per request 333 / 274 ns" in lines[2]
+    assert "profile 0's latency" in lines[-1] and "--clock virtual" in lines[-1]
+    fits = inject_summary(timing.TimingConfig("inject", read_ns=283.0, write_ns=224.0, baseline_ns=100.0))
+    assert len(fits) == 2 and "183 / 124 ns" in fits[1]
