@@ -62,6 +62,8 @@ class Operations:
     _lock: threading.Lock
     _results: list[tuple[Connection, dict]]
     _wake_w: socket.socket
+    scan_interval: float                        # seconds between pool scans
+    last_scan: dict[str, float | None]          # when the last scan ran and how long it took
 
     # ------------------------------------------------------------------ earlier incarnations
 
