@@ -76,28 +76,17 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--no-mark")) {
-            mark = 0;
-            continue;
-        }
-        if (!strcmp(a, "--local")) {
-            local = 1;
-            continue;
-        }
-        if (!strcmp(a, "--cold")) {
-            cold = 1;
-            continue;
-        }
-        if (!strcmp(a, "--write")) {
-            write = 1;
-            continue;
-        }
-        if (!strcmp(a, "--warm")) {
-            warm = 1;
-            continue;
-        }
-        if (!strcmp(a, "--stream")) {
-            stream = 1;
+        /* the switches: each sets its flag to the value given here */
+        const struct {
+            const char *name;
+            int *flag, value;
+        } switches[] = {{"--no-mark", &mark, 0}, {"--local", &local, 1}, {"--cold", &cold, 1},
+                        {"--warm", &warm, 1},     {"--write", &write, 1}, {"--stream", &stream, 1}};
+        size_t s = 0;
+        while (s < sizeof switches / sizeof switches[0] && strcmp(a, switches[s].name))
+            s++;
+        if (s < sizeof switches / sizeof switches[0]) {
+            *switches[s].flag = switches[s].value;
             continue;
         }
         if (!v)
