@@ -70,7 +70,7 @@ def finish(out):
 '''
 
 LMCACHE = PRELUDE + r'''
-import time, torch
+import asyncio, torch
 from pfcxl.engines import lmcache_cpu as cpu
 pool, phase = sys.argv[1], sys.argv[2]
 CHUNK, LAYERS, HIDDEN = 16, 2, 8
@@ -84,9 +84,12 @@ def plugin(e, kind):
     return backends["pfcxl"] if kind == "storage" else backends["RemoteBackend-pfcxl"].connection._connector
 
 def drain(e, kind):
-    """LMCache's RemoteBackend puts on its event loop: wait for them before the next prompt."""
-    while kind == "remote" and e.storage_manager.storage_backends["RemoteBackend-pfcxl"].put_tasks:
-        time.sleep(0.005)
+    """LMCache's RemoteBackend puts on its event loop and, for a connector that batches, keeps no
+    record of them (its put_tasks stays empty): a no-op run on that loop after them returns only
+    once every put scheduled before it has run, since each of ours completes without yielding."""
+    if kind == "remote":
+        loop = e.storage_manager.storage_backends["RemoteBackend-pfcxl"].loop
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=60)
 
 out = {}
 if phase == "wrong":                    # misconfigured: LMCache logs why, and its lookups miss
