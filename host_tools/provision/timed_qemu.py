@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -44,13 +45,29 @@ def patch_sha256() -> str:
     return hashlib.sha256(PATCH.read_bytes()).hexdigest()
 
 
-def source_version(s: Setup) -> str:
-    """The upstream version of the installed QEMU package, e.g. 10.0.2+ds (epoch and Debian
-    revision dropped): the orig tarball that setup builds."""
+def installed_version(s: Setup) -> str:
+    """The installed QEMU package's full Debian version, e.g. 1:10.0.2+ds-2+deb13u1~bpo12+1."""
     version = installed_versions(s, [QEMU_PACKAGE]).get(QEMU_PACKAGE)
     if not version:
         raise StepError(f"{QEMU_PACKAGE} is not installed (the host packages step installs it)")
-    return version.split(":", 1)[-1].rsplit("-", 1)[0]
+    return version
+
+
+def upstream_version(debian_version: str) -> str:
+    """10.0.2+ds of 1:10.0.2+ds-2+deb13u1~bpo12+1 (epoch and Debian revision dropped): the orig
+    tarball that setup builds."""
+    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def source_package_version(debian_version: str) -> str:
+    """The source package's version that built a binary package: the binary's own, less a binNMU's
+    +bN. apt-get source wants it exactly: apt matches no glob there, and a version without the
+    epoch matches nothing."""
+    return re.sub(r"\+b[0-9]+$", "", debian_version)
+
+
+def source_version(s: Setup) -> str:
+    return upstream_version(installed_version(s))
 
 
 def check_timed_qemu(s: Setup) -> tuple[bool, str]:
@@ -73,7 +90,7 @@ def run_timed_qemu(s: Setup) -> str:
     tree = top / version
     tree.mkdir(parents=True, exist_ok=True)
     _build_packages(s)
-    tarball = _download(s, version, top)
+    tarball = _download(s, installed_version(s), top)
     src = _source_tree(s, tarball, tree / "src")
     build = tree / "build"
     _configure(s, src, build)
@@ -98,9 +115,11 @@ def _build_packages(s: Setup) -> None:
         s.run([*APT_INSTALL, *missing], apt=True)
 
 
-def _download(s: Setup, version: str, top: Path) -> Path:
-    """Debian's orig tarball of `version`, through a private apt configuration with bookworm-backports'
-    deb-src (the .dsc is not always served; the orig tarball is, and is all the build needs)."""
+def _download(s: Setup, debian_version: str, top: Path) -> Path:
+    """Debian's orig tarball of `debian_version`'s source, through a private apt configuration with
+    bookworm-backports' deb-src (the .dsc is not always served; the orig tarball is, and is all the
+    build needs)."""
+    version = upstream_version(debian_version)
     tarball = top / f"qemu_{version}.orig.tar.xz"
     if tarball.is_file():
         return tarball
@@ -117,7 +136,7 @@ def _download(s: Setup, version: str, top: Path) -> Path:
     s.run([*apt, "update"], apt=True)
     s.say(f"downloading qemu_{version}.orig.tar.xz (about 40 MB)")
     # exit 100 when the .dsc or the Debian tarball is not served: the orig tarball is checked below
-    s.run([*apt, "source", "--download-only", f"qemu={version.split('+')[0]}*"], cwd=top, apt=True, ok=(0, 100))
+    s.run([*apt, "source", "--download-only", f"qemu={source_package_version(debian_version)}"], cwd=top, apt=True, ok=(0, 100))
     if not tarball.is_file():
         raise StepError(f"apt-get source did not bring {tarball.name} (see the log)")
     return tarball

@@ -276,3 +276,13 @@ def test_unpack_is_atomic_a_failed_finish_keeps_the_old_tree(tmp_path):
     unpack.unpack_atomically(setup, [second], dest, lambda tmp: None, {"v": 2})
     assert (dest / "usr/bin/tool").read_text() == "v2"
     assert files.read_json(dest / unpack.STAMP_NAME) == {"v": 2}
+
+
+def test_timed_qemu_asks_apt_for_the_exact_source_version():
+    # apt-get source matches versions exactly: before, setup asked for qemu=10.0.2* (no epoch, a
+    # glob), which apt never found, and a fresh machine could not build the timed QEMU
+    from pfcxl.host_tools.provision import timed_qemu
+    installed = "1:10.0.2+ds-2+deb13u1~bpo12+1"
+    assert timed_qemu.source_package_version(installed) == installed
+    assert timed_qemu.source_package_version("1:10.0.2+ds-2+b1") == "1:10.0.2+ds-2"     # a binNMU's own
+    assert timed_qemu.upstream_version(installed) == "10.0.2+ds"
