@@ -56,7 +56,8 @@ def reuse_freed_memory() -> bool:
 
 
 @functools.cache
-def _library() -> ctypes.CDLL:
+def library() -> ctypes.CDLL:
+    """The kernel, compiled on first use (cached by the hash of its source and flags)."""
     reuse_freed_memory()
     from pfcxl import cache
     from pfcxl.compile import compile_cached
@@ -121,7 +122,7 @@ def network(model: FabricModel, issue, host, module, size, write, jitter, cache:
     arrays = _inputs(host, module, size, write, jitter, cache)
     complete, hit = np.empty(n, np.int64), np.zeros(n, np.uint8)
     at_memory, mem_done = (np.empty(n, np.int64), np.empty(n, np.int64)) if phases else (None, None)
-    rc = _library().network(ctypes.byref(packed.model), ctypes.c_int64(n), _ptr(issue), *map(_ptr, arrays),
+    rc = library().network(ctypes.byref(packed.model), ctypes.c_int64(n), _ptr(issue), *map(_ptr, arrays),
                             _ptr(complete), _ptr(hit), None if at_memory is None else _ptr(at_memory),
                             None if mem_done is None else _ptr(mem_done))
     if rc:
@@ -144,7 +145,7 @@ def chase(model: FabricModel, stamp, vcpu, host, module, size, write, jitter, ca
     stamp = np.ascontiguousarray(stamp, np.int64)
     arrays = _inputs(host, module, size, write, jitter, cache)
     issue, complete, hit = np.empty(n, np.int64), np.empty(n, np.int64), np.zeros(n, np.uint8)
-    rc = _library().chase(ctypes.byref(packed.model), ctypes.c_int64(n), _ptr(stamp), _ptr(nxt), _ptr(head),
+    rc = library().chase(ctypes.byref(packed.model), ctypes.c_int64(n), _ptr(stamp), _ptr(nxt), _ptr(head),
                           *map(_ptr, arrays), _ptr(packed.lasts), _ptr(issue), _ptr(complete), _ptr(hit))
     if rc:
         raise MemoryError("the fabric kernel ran out of memory")
@@ -158,7 +159,7 @@ def jitter(model: FabricModel, write: np.ndarray, seed: int) -> np.ndarray:
     writes = int(np.count_nonzero(write))
     (raw_r, j_r), (raw_w, j_w) = jitter_bits(model, len(write) - writes, writes, seed)
     out = np.empty(len(write), np.int32)
-    _library().jitter(ctypes.c_int64(len(write)), _ptr(write), _ptr(raw_r), _ptr(raw_w), ctypes.c_int32(j_r),
+    library().jitter(ctypes.c_int64(len(write)), _ptr(write), _ptr(raw_r), _ptr(raw_w), ctypes.c_int32(j_r),
                       ctypes.c_int32(j_w), ctypes.c_int64(writes), _ptr(out))
     return out
 
@@ -173,7 +174,7 @@ def decode(trace: np.ndarray, ns_per_insn_ps: float, base_hpa: int, granularity:
     host, module, size = np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32)
     write, stamp, most = np.empty(n, np.uint8), np.empty(n, np.int64), ctypes.c_uint64()
     whole = int(ns_per_insn_ps) if ns_per_insn_ps == int(ns_per_insn_ps) else 0
-    top = _library().decode(ctypes.c_int64(n), _ptr(trace), ctypes.c_uint64(base_hpa), ctypes.c_int64(granularity),
+    top = library().decode(ctypes.c_int64(n), _ptr(trace), ctypes.c_uint64(base_hpa), ctypes.c_int64(granularity),
                             ctypes.c_int32(modules), ctypes.c_int64(whole), ctypes.c_double(ns_per_insn_ps),
                             _ptr(host), _ptr(module), _ptr(size), _ptr(write), _ptr(stamp), ctypes.byref(most))
     if whole and most.value >= (1 << 62) // max(whole, 1):        # would overflow: in floating point

@@ -395,7 +395,7 @@ def test_loading_the_kernel_makes_a_second_large_allocation_reuse_touched_pages(
     import resource
 
     from pfcxl.device.fabric import native
-    native._library()
+    native.library()
     assert native.reuse_freed_memory()
 
     def touch_faults() -> int:
