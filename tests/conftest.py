@@ -40,8 +40,7 @@ def _counting(function):
 
 
 # every way a test starts a process goes through one of these (os.popen is subprocess; os.system
-# forks in C, so it is counted itself). pty.fork is counted rather than os.forkpty: with os.forkpty
-# wrapped, test_console_shell's port-mode shell stalled on 1 MiB of output (seen, cause not found)
+# forks in C, so it is counted itself). pty.fork is counted rather than os.forkpty, which it calls
 _STARTERS = [(subprocess.Popen, "_execute_child"), (multiprocessing.util, "spawnv_passfds"), (pty, "fork"),
              *((os, name) for name in ("fork", "posix_spawn", "posix_spawnp", "system"))]
 _originals: list = []
