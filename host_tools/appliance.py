@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pfcxl.device.appliance import protocol as proto
-from pfcxl.device.appliance import rundir
+from pfcxl.device.appliance import rundir, timeline
 from pfcxl.device.trace import capture as trace_capture
 from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
 from pfcxl.device.topology import Topology
-from pfcxl.errors import ApplianceError
+from pfcxl.errors import ApplianceError, PfcxlError
 
 from pfcxl import cache
 from pfcxl import process
@@ -207,7 +207,8 @@ def _alive(pid: int) -> bool:
 
 
 def check_options(topo: Topology, *, scan_interval: float = 5.0, idle_timeout: float | None = None,
-                  timing: str | None = None, issue: str = "dependent", capture: Path | None = None) -> None:
+                  timing: str | None = None, issue: str = "dependent", capture: Path | None = None,
+                  quantum_ns: int | None = None) -> None:
     """The service's options (device/appliance/service.py), checked before anything starts: the
     first bad one is one line (ApplianceError). The capture folder's contents are start()'s to check."""
     if topo.appliance is None:
@@ -222,19 +223,26 @@ def check_options(topo: Topology, *, scan_interval: float = 5.0, idle_timeout: f
         raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
     if not 0 < scan_interval < float("inf"):
         raise ApplianceError(f"scan interval {scan_interval:g}s: it must be more than 0 seconds, and finite")
+    if quantum_ns is not None:
+        try:
+            timeline.check_quantum(quantum_ns)
+        except PfcxlError as exc:
+            raise ApplianceError(f"--quantum: {exc}") from None
 
 
 def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = False,
           scan_interval: float = 5.0, idle_timeout: float | None = None, temporary: bool = False,
-          timing: str | None = None, issue: str = "dependent", capture: Path | None = None) -> int:
+          timing: str | None = None, issue: str = "dependent", capture: Path | None = None,
+          quantum_ns: int | None = None) -> int:
     """Start the service for `topo` (read from `topo_path`) in the background and wait until it
     answers; its pid. A `temporary` one is stopped (SIGTERM) when this process dies, however it
     dies, and removes `run_dir` as it exits. `timing` (pf, electrical) has it model every host's
     traffic on that fabric (device/appliance/timing.py), with `issue` dependent or independent;
     `capture` (an absent or empty directory) keeps every host's drained records there
-    (device/trace/capture.py)."""
+    (device/trace/capture.py). `quantum_ns` has it keep its timed hosts (--clock virtual) in one
+    timeline, in quanta of that many ns (device/appliance/timeline.py)."""
     check_options(topo, scan_interval=scan_interval, idle_timeout=idle_timeout, timing=timing, issue=issue,
-                  capture=capture)
+                  capture=capture, quantum_ns=quantum_ns)
     if capture is not None:
         capture = trace_capture.check_dir(capture)
     socket_path = (run_dir / SOCKET).absolute()
@@ -259,6 +267,8 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
         argv += ["--fabric", timing, "--issue", issue]
     if capture is not None:
         argv += ["--capture", str(capture)]
+    if quantum_ns is not None:
+        argv += ["--quantum", str(quantum_ns)]
     if foreground:
         os.execv(argv[0], argv)
     with open(run_dir / LOG, "ab") as log:

@@ -39,18 +39,20 @@ class Appliance:
     idle_timeout (seconds a connection without an attachment may stay silent; default 60),
     timing (pf | electrical: model every host's traffic), issue (dependent | independent, with
     timing), capture (with timing: keep every host's drained records in this absent or empty
-    folder), foreground (serve in this process), temporary (the service dies with this process,
+    folder), quantum_ns (keep the timed hosts, --clock virtual, in one timeline in quanta of that
+    many ns: device/appliance/timeline.py), foreground (serve in this process), temporary (the service dies with this process,
     however it dies, and removes run_dir as it exits).
     """
 
     def __init__(self, topology: str | Path | Topology | None = "pf-appliance", *,
                  run_dir: str | Path | None = None, scan_interval: float = 5.0, idle_timeout: float | None = None,
                  timing: str | None = None, issue: str = "dependent", capture: str | Path | None = None,
-                 foreground: bool = False, temporary: bool = False) -> None:
+                 quantum_ns: int | None = None, foreground: bool = False, temporary: bool = False) -> None:
         self.topology, self.topology_path = load_topology(topology)
         self.capture = Path(capture).absolute() if capture is not None else None
         appliance_mod.check_options(self.topology, scan_interval=scan_interval, idle_timeout=idle_timeout,
-                                    timing=timing, issue=issue, capture=self.capture)
+                                    timing=timing, issue=issue, capture=self.capture, quantum_ns=quantum_ns)
+        self.quantum_ns = quantum_ns                     # a timeline for timed hosts (--clock virtual)
         self.run_dir_arg = Path(run_dir) if run_dir is not None else None
         self.scan_interval, self.idle_timeout = scan_interval, idle_timeout
         self.timing, self.issue = timing, issue          # timing: pf | electrical (call("stats"))
@@ -121,7 +123,7 @@ class Appliance:
         return appliance_mod.start(self.topology, self.topology_path, self.directory, foreground=self.foreground,
                                    scan_interval=self.scan_interval, idle_timeout=self.idle_timeout,
                                    temporary=self.temporary, timing=self.timing, issue=self.issue,
-                                   capture=self.capture)
+                                   capture=self.capture, quantum_ns=self.quantum_ns)
 
     def check_running(self) -> None:
         """The service running in run_dir is used as it is: it must time (and capture) as asked

@@ -34,6 +34,7 @@ from pfcxl.device.topology import data_path as data_path_mod
 from pfcxl.device.fabric import constants as fabric_constants
 from pfcxl.device.fabric import model as fabric_model
 from pfcxl.device import topology as topology_mod
+from pfcxl.device.appliance import timeline as timeline_mod
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError, VMError
 from pfcxl.firmware_tables import boot_policy, generate
@@ -280,7 +281,7 @@ class Machine:
                 self.name = stack.enter_context(guest_name(self.run_dir, self.name))
             fds = self._attach(stack)
             self.boot_image()
-            config = self.timing_config
+            config = self.timing_config = self._in_timeline(self.timing_config)
             if self._calibrate and config is not None:      # inject mode without a baseline
                 config = self.timing_config = _with_baseline(config, self._measure_baseline())
                 self._calibrate = False
@@ -338,6 +339,20 @@ class Machine:
         attachment = self.attachment = client.attach(self.host)
         self.say(f"attached as host {attachment.host} at appliance port {attachment.port} ({where})")
         return {dev: attachment.region(part).fd for dev, part in served}
+
+    def _in_timeline(self, config: timing_mod.TimingConfig | None) -> timing_mod.TimingConfig | None:
+        """An appliance that keeps a timeline (--clock virtual): a timed guest joins it as its host id;
+        one on the emulator's clock stays out, and is told so in one line."""
+        if self._appliance_dir is None or self.attachment is None:
+            return config
+        path = timeline_mod.path_in(self._appliance_dir)
+        if not path.exists():
+            return config
+        if config is None or config.clock != "virtual":
+            self.say(f"host {self.attachment.host} runs on the emulator's clock, so it stays out of the "
+                     f"appliance's timeline ({path}): boot it with --clock virtual to join")
+            return config
+        return dataclasses.replace(config, timeline=str(path), timeline_host=self.attachment.host)
 
     def _appliance_plugin_args(self, config: timing_mod.TimingConfig | None, ring: dict, run_dir: Path) -> list[str]:
         """A timed appliance (`pfcxl appliance start --fabric`) owns this host's trace ring: the

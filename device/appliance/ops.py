@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from pfcxl.errors import PfcxlError
 
 from pfcxl.device.appliance import protocol as proto
-from pfcxl.device.appliance import rundir
+from pfcxl.device.appliance import rundir, timeline
 from pfcxl.device.appliance.pool import Pool, bytes_per_module, where
 from pfcxl.device.topology.model import ApplianceSpec, Topology
 
@@ -59,6 +59,7 @@ class Operations:
     slots: dict[int, int]                       # host -> private slot
     running: bool
     timing: ApplianceTiming | None
+    timeline: Path | None                       # --clock virtual: its timeline file
     _lock: threading.Lock
     _results: list[tuple[Connection, dict]]
     _wake_w: socket.socket
@@ -208,9 +209,12 @@ class Operations:
         """The fabric telemetry (device/appliance/timing.py); with "sync", once the rings' records of
         this moment are modelled (answered from the timing thread)."""
         timing = self.timing
+        if timing is None and self.timeline is not None:       # the guests' own clocks are the figures
+            return {"ok": True, "appliance": self._summary(), **self._timeline(), "pid": os.getpid()}, None
         if timing is None:
-            raise proto.RequestError("this appliance models no traffic: it was started without --fabric "
-                                     "(pfcxl appliance start --fabric pf|electrical)")
+            raise proto.RequestError("this appliance models no traffic and keeps no timeline: it was started "
+                                     "without --fabric or --clock virtual (pfcxl appliance start --fabric "
+                                     "pf|electrical, or --clock virtual)")
         if not request.get("sync"):
             return self._stats(timing), None
         if client.waiting >= MAX_SYNC_WAITING:
@@ -228,7 +232,16 @@ class Operations:
         return None, None
 
     def _stats(self, timing: ApplianceTiming) -> dict:
-        return {"ok": True, "appliance": self._summary(), **timing.stats(), "pid": os.getpid()}
+        return {"ok": True, "appliance": self._summary(), **timing.stats(), **self._timeline(), "pid": os.getpid()}
+
+    def _timeline(self) -> dict:
+        """{"timeline": its state} when this appliance keeps its timed hosts in one timeline."""
+        if self.timeline is None:
+            return {}
+        try:
+            return {"timeline": timeline.read(self.timeline)}
+        except PfcxlError as exc:
+            return {"timeline": {"error": str(exc)}}
 
     def op_shutdown(self, client, request):
         self.running = False
@@ -246,7 +259,8 @@ class Operations:
                 "shared": a.shared, "private": a.private, "backing": a.backing, **self._identity(),
                 "timing": None if self.timing is None else {
                     "system": self.timing.system, "issue": self.timing.issue,
-                    "capture": str(self.timing.capture.folder) if self.timing.capture is not None else None}}
+                    "capture": str(self.timing.capture.folder) if self.timing.capture is not None else None},
+                "timeline": str(self.timeline) if self.timeline is not None else None}
 
     def _region_info(self, name: str) -> dict:
         p = self.pool.partition(name)

@@ -35,7 +35,7 @@ from pathlib import Path
 from pfcxl.errors import PfcxlError
 
 from pfcxl.device.appliance import protocol as proto
-from pfcxl.device.appliance import rundir
+from pfcxl.device.appliance import rundir, timeline
 from pfcxl.device import topology
 from pfcxl.device.appliance.ops import AttachedHost, Operations
 from pfcxl.device.appliance.timing import ApplianceTiming
@@ -66,7 +66,7 @@ class Connection:
 class Service(Operations):
     def __init__(self, topo: topology.Topology, run_dir: Path, socket_path: Path, scan_interval: float,
                  idle_timeout: float = proto.IDLE_TIMEOUT, fabric: str | None = None, issue: str = "dependent",
-                 capture: Path | None = None) -> None:
+                 capture: Path | None = None, quantum_ns: int | None = None) -> None:
         if topo.appliance is None:
             raise PfcxlError(f"topology '{topo.name}' has no [appliance] section")
         self.topo, self.appliance = topo, topo.appliance
@@ -94,6 +94,8 @@ class Service(Operations):
         if capture is not None and not fabric:
             raise PfcxlError("--capture keeps what the timing drains: it needs --fabric pf|electrical")
         self.timing = ApplianceTiming(topo, fabric, issue, capture=capture).start() if fabric else None
+        # --clock virtual: the timeline its timed hosts' plugins keep in step (device/appliance/timeline.py)
+        self.timeline = timeline.create(timeline.path_in(run_dir), quantum_ns) if quantum_ns is not None else None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -358,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="model every host's traffic on this fabric system")
     ap.add_argument("--issue", choices=ISSUES, default="dependent")
     ap.add_argument("--capture", type=Path, help="with --fabric: keep every host's drained records here")
+    ap.add_argument("--quantum", type=int, metavar="NS",
+                    help="keep the timed hosts (--clock virtual) in one timeline in quanta of NS ns")
     ap.add_argument("--temporary-for", type=int, metavar="PID",
                     help="a temporary appliance of process PID, its parent (which has it signalled when it "
                     "dies): remove the run directory at exit")
@@ -380,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         if removed:
             log.warning("took over %s from a service that died", " and ".join(removed))
         service = Service(topology.load(topology.resolve(args.topology)), run_dir, run_dir / rundir.SOCKET,
-                          args.scan_interval, args.idle_timeout, args.fabric, args.issue, args.capture)
+                          args.scan_interval, args.idle_timeout, args.fabric, args.issue, args.capture,
+                          args.quantum)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, service.stop)
         (run_dir / rundir.PID).write_text(f"{os.getpid()}\n")

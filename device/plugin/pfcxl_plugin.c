@@ -175,6 +175,7 @@ static int profile;             /* selected by the guest through the doorbell */
 static int virtual_clock;       /* clock=virtual */
 
 #include "pfcxl_vtime.h"
+#include "pfcxl_timeline.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -443,10 +444,19 @@ static void doorbell(unsigned vcpu_index, qemu_plugin_meminfo_t info)
                  : val.type == QEMU_PLUGIN_MEM_VALUE_U16 ? val.data.u16
                  : val.type == QEMU_PLUGIN_MEM_VALUE_U8  ? val.data.u8
                                                          : val.data.u128.low;
-    if (x == 1)
+    if (x == 1) {
         phase_start();
-    else if (x == 2)
+        if (tl.f && !tl.on) {   /* the guest's benchmark begins: into the timeline */
+            tl_join(&vt_cpus[vcpu_index], qemu_plugin_u64_get(insn_count, vcpu_index));
+            /* own clock - offset = timeline time: how a trace's stamps become the timeline's */
+            if (tl.on)
+                say("{\"event\":\"timeline\",\"host\":%d,\"quantum\":%" PRIu64 ",\"offset_ns\":%.3f}\n", tl.host,
+                    tl.epoch, (double)(int64_t)tl.offset_ps / 1e3);
+        }
+    } else if (x == 2) {
         phase_stop();
+        tl_leave();
+    }
     else if (x == MARK_COLD && virtual_clock)
         vt_cold(vcpu_index, qemu_plugin_u64_get(insn_count, vcpu_index));
     else if (virtual_clock && x >= MARK_PROFILE && x < MARK_PROFILE + MAX_PROFILES) {
@@ -600,11 +610,26 @@ static void on_vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
         __atomic_store_n(&n_vcpus, vcpu_index + 1, __ATOMIC_RELEASE);
 }
 
+static void on_vcpu_idle(qemu_plugin_id_t id, unsigned int vcpu_index)
+{
+    (void)id;
+    (void)vcpu_index;
+    tl_idle();
+}
+
+static void on_vcpu_resume(qemu_plugin_id_t id, unsigned int vcpu_index)
+{
+    (void)id;
+    if (tl.on)
+        tl_resume(&vt_cpus[vcpu_index], qemu_plugin_u64_get(insn_count, vcpu_index));
+}
+
 static void on_qemu_exit(qemu_plugin_id_t id, void *userdata)
 {
     (void)id;
     (void)userdata;
     char buf[32768];
+    tl_leave();
     for (unsigned i = 0; i < n_vcpus; i++)
         flush(i);
     counters_json(buf, sizeof buf, 0);
@@ -624,6 +649,10 @@ static void register_instrumentation(qemu_plugin_id_t id)
     qemu_plugin_register_vcpu_init_cb(id, on_vcpu_init);
     qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans);
     qemu_plugin_register_atexit_cb(id, on_qemu_exit, NULL);
+    if (tl.f) {
+        qemu_plugin_register_vcpu_idle_cb(id, on_vcpu_idle);
+        qemu_plugin_register_vcpu_resume_cb(id, on_vcpu_resume);
+    }
 }
 
 /* ---------------------------------------------------------------- arming */
@@ -716,8 +745,8 @@ static uint64_t spin_ticks(double modelled)
 PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc,
                                      char **argv)
 {
-    const char *ring_path = NULL, *vtime_path = NULL;
-    uint64_t timeout_s = 30;
+    const char *ring_path = NULL, *vtime_path = NULL, *timeline_path = NULL;
+    uint64_t timeout_s = 30, timeline_host = 0;
     int have_mode = 0;
 
     if (!info->system_emulation) {
@@ -793,9 +822,13 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
             virtual_clock = !strcmp(val, "virtual");
         } else if (!strcmp(key, "vtime"))
             vtime_path = val;
+        else if (!strcmp(key, "timeline"))
+            timeline_path = val;
+        else if (!strcmp(key, "timeline_host"))
+            bad = parse_u64(key, val, &timeline_host);
         else {
-            fprintf(stderr, "pfcxl_plugin: unknown argument '%s' (mode, ring, doorbell, direct, "
-                            "read_ns, write_ns, baseline_ns, ring_timeout_s, clock, vtime)\n", key);
+            fprintf(stderr, "pfcxl_plugin: unknown argument '%s' (mode, ring, doorbell, direct, read_ns, write_ns, "
+                            "baseline_ns, ring_timeout_s, clock, vtime, timeline, timeline_host)\n", key);
             return -1;
         }
         if (bad)
@@ -822,8 +855,10 @@ PFCXL_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *inf
         }
         if (vt_load(vtime_path) < 0 || vt_setup((unsigned)info->system.max_vcpus) < 0)
             return -1;
-    } else if (vtime_path) {
-        fprintf(stderr, "pfcxl_plugin: vtime= goes with clock=virtual\n");
+        if (timeline_path && tl_open(timeline_path, timeline_host > TL_HOSTS ? TL_HOSTS : (int)timeline_host) < 0)
+            return -1;
+    } else if (vtime_path || timeline_path) {
+        fprintf(stderr, "pfcxl_plugin: %s goes with clock=virtual\n", vtime_path ? "vtime=" : "timeline=");
         return -1;
     }
     if (mode == MODE_TRACE || virtual_clock) {

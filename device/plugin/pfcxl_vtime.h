@@ -59,9 +59,13 @@
 enum vt_class { VT_DRAM, VT_FABRIC };
 #define VT_MAX_FABRICS 8
 
+/* device/fabric/model.py's Stage.key: what one queue of the stage serves */
+enum vt_key { VT_KEY_HOST, VT_KEY_PATH, VT_KEY_MODULE, VT_KEY_GROUP };
+
 struct vt_stage {
     uint64_t svc_ps;            /* service time of one 64-byte line */
-    int per_module;             /* one queue per module (path, module keys), else one (host, group) */
+    int key;                    /* enum vt_key */
+    int per_module;             /* one queue per module on this host (path, module keys), else one */
     uint64_t free_ps[VT_MAX_QUEUES];
 };
 
@@ -75,6 +79,7 @@ struct vt_memory {
     uint64_t hit_svc_ps;                         /* the module cache's service time per line */
     uint64_t base, granularity, modules;         /* interleave: module = ((hpa - base) / g) % m */
     uint64_t cache_lines;                        /* module cache lines per module; 0: none */
+    uint64_t hosts_per_group;                    /* hosts behind one switch (key group) */
     uint64_t *cache_tags;                        /* line + 1 per entry (0: empty) */
 };
 
@@ -112,6 +117,7 @@ struct vt_stats {
     uint64_t l1_hits, l2_hits, misses, prefetches, writebacks, nt_writes, stalls;
     uint64_t fabric_reads, fabric_writes, fabric_latency_ps, dram_reads, dram_writes;
     uint64_t charged_ps;
+    uint64_t contention_ps;     /* of charged_ps: the timeline's queueing behind other hosts */
 };
 
 struct vt_cpu {
@@ -132,6 +138,7 @@ static struct {
     struct vt_memory dram, fabrics[VT_MAX_FABRICS];
     char names[VT_MAX_FABRICS][32];
     int n_fabrics, current;
+    uint64_t digest;            /* of the model file: every host of one timeline has the same */
 } vt;
 
 /* The memory a class of access goes to: local DRAM, or the fabric in force. */
@@ -157,14 +164,15 @@ static bool (*vt_charge_fn)(uint64_t ns);
 
 static int vt_stage_parse(struct vt_stage *st, const char *key, uint64_t svc)
 {
+    static const char *const KEYS[] = {"host", "path", "module", "group"};
     st->svc_ps = svc;
-    if (!strcmp(key, "path") || !strcmp(key, "module"))
-        st->per_module = 1;
-    else if (!strcmp(key, "host") || !strcmp(key, "group"))
-        st->per_module = 0;
-    else
-        return -1;
-    return 0;
+    for (int k = 0; k < 4; k++)
+        if (!strcmp(key, KEYS[k])) {
+            st->key = k;
+            st->per_module = k == VT_KEY_PATH || k == VT_KEY_MODULE;
+            return 0;
+        }
+    return -1;
 }
 
 /* Lines of `key values...`; '#' starts a comment. Every key the model needs must be there. */
@@ -177,8 +185,11 @@ static int vt_load(const char *path)
     }
     char line[512], a[32], b[32], c[32];
     int lineno = 0, bad = 0, have = 0, start = 0;
+    vt.digest = 1469598103934665603ULL;        /* FNV-1a over the file's bytes */
     while (!bad && fgets(line, sizeof line, f)) {
         lineno++;
+        for (const char *p = line; *p; p++)
+            vt.digest = (vt.digest ^ (uint8_t)*p) * 1099511628211ULL;
         char *hash = strchr(line, '#');
         if (hash)
             *hash = 0;
@@ -219,7 +230,7 @@ static int vt_load(const char *path)
                 m->present = 1;
                 m->req_r = x[0], m->mem_r = x[1], m->resp_r = x[2], m->mem_hit = x[3];
                 m->req_w = x[4], m->mem_w = x[5], m->resp_w = x[6];
-                m->modules = 1, m->granularity = 4096;
+                m->modules = 1, m->granularity = 4096, m->hosts_per_group = 1;
             }
         } else if (!strcmp(a, "stage")) {
             /* stage CLASS write|memory|read KEY SVC_PS */
@@ -243,6 +254,13 @@ static int vt_load(const char *path)
             bad = !m || !x[1] || !x[2] || x[2] > VT_MAX_QUEUES;
             if (!bad)
                 m->base = x[0], m->granularity = x[1], m->modules = x[2];
+        } else if (!strcmp(a, "hosts_per_group")) {
+            /* hosts_per_group CLASS N: hosts behind one switch */
+            n = sscanf(line, " %*s %31s %llu", b, &x[0]);
+            struct vt_memory *m = n == 2 ? vt_named(b) : NULL;
+            bad = !m || !x[0];
+            if (!bad)
+                m->hosts_per_group = x[0];
         } else if (!strcmp(a, "module_cache")) {
             /* module_cache CLASS lines_per_module hit_svc_ps */
             n = sscanf(line, " %*s %31s %llu %llu", b, &x[0], &x[1]);
@@ -338,11 +356,15 @@ static int vt_module_cache(struct vt_memory *m, unsigned module, uint64_t module
     return hit;
 }
 
+/* A fabric request and its latency on this host's own queues, for the timeline (pfcxl_timeline.h);
+ * `stalls`: its latency can hold the vCPU up (every read; a write-back never does). */
+static void tl_note(int write, unsigned module, int hit, uint64_t issue_ps, uint64_t done_ps, int stalls);
+
 /* When a read of `line` issued at `t` completes (ps). */
 static uint64_t vt_read(int cls, uint64_t line, uint64_t t)
 {
     struct vt_memory *m = vt_mem(cls);
-    uint64_t mline;
+    uint64_t mline, issue = t;
     unsigned q = vt_module(m, line * LINE, &mline);
     int hit = vt_module_cache(m, q, mline, line, 0);
     t += m->req_r;
@@ -350,23 +372,32 @@ static uint64_t vt_read(int cls, uint64_t line, uint64_t t)
     t += hit ? m->mem_hit : m->mem_r;
     for (int i = 0; i < m->n_read; i++)
         t = vt_serve(&m->read[i], q, t, m->read[i].svc_ps);
-    return t + m->resp_r;
+    t += m->resp_r;
+    if (cls == VT_FABRIC)
+        tl_note(0, q, hit, issue, t, 1);
+    return t;
 }
 
-static uint64_t vt_write(int cls, uint64_t line, uint64_t t)
+/* When a write of `line` issued at `t` completes; `stalls` as tl_note's. */
+static uint64_t vt_write(int cls, uint64_t line, uint64_t t, int stalls)
 {
     struct vt_memory *m = vt_mem(cls);
-    uint64_t mline;
+    uint64_t mline, issue = t;
     unsigned q = vt_module(m, line * LINE, &mline);
     vt_module_cache(m, q, mline, line, 1);
     for (int i = 0; i < m->n_write; i++)
         t = vt_serve(&m->write[i], q, t, m->write[i].svc_ps);
     t += m->req_w;
     t = vt_serve(&m->mem, q, t, m->mem.svc_ps);
-    return t + m->mem_w + m->resp_w;
+    t += m->mem_w + m->resp_w;
+    if (cls == VT_FABRIC)
+        tl_note(1, q, 0, issue, t, stalls);
+    return t;
 }
 
 /* ---------------------------------------------------------------- the vCPU */
+
+static void tl_barrier(struct vt_cpu *c, uint64_t insn);
 
 static void vt_record(unsigned vcpu_index, uint64_t line, int write, uint64_t issue_ps);
 
@@ -428,7 +459,7 @@ static void vt_l1_fill(struct vt_cpu *c, uint64_t line, uint64_t ready)
 static void vt_writeback(struct vt_cpu *c, unsigned vcpu_index, const struct vt_line *l, uint64_t now)
 {
     uint64_t line = l->tag - 1;
-    vt_write(l->cls, line, now);
+    vt_write(l->cls, line, now, 0);
     c->stats.writebacks++;
     if (l->cls == VT_FABRIC) {
         c->stats.fabric_writes++;
@@ -563,6 +594,7 @@ static void vt_access(unsigned vcpu_index, uint64_t insn, uint64_t vaddr, uint64
                       int nt, int has_value, uint64_t value)
 {
     struct vt_cpu *c = &vt_cpus[vcpu_index];
+    tl_barrier(c, insn);        /* past the end of its quantum: wait for the other hosts */
     uint64_t now = vt_now(c, insn), line = hpa / LINE;
     struct vt_line *l1;
     vt_wait_dependencies(c, &now, insn, vaddr, !write);
@@ -573,7 +605,7 @@ static void vt_access(unsigned vcpu_index, uint64_t insn, uint64_t vaddr, uint64
             l1->tag = 0;
         if (l2)
             l2->tag = 0;
-        uint64_t done = vt_write(cls, line, now);
+        uint64_t done = vt_write(cls, line, now, 1);
         if (cls == VT_FABRIC) {
             c->stats.fabric_writes++;
             c->stats.fabric_latency_ps += done - now;
@@ -643,11 +675,11 @@ static void vt_stats_json(char *buf, size_t len, unsigned n, int since_phase)
             z[k] += x[k] - (since_phase ? y[k] : 0);
     }
     snprintf(buf, len,
-             "\"vtime\":{\"system\":\"%s\",\"charged_ns\":%.3f,\"l1_hits\":%" PRIu64 ",\"l2_hits\":%" PRIu64
+             "\"vtime\":{\"system\":\"%s\",\"charged_ns\":%.3f,\"contention_ns\":%.3f,\"l1_hits\":%" PRIu64 ",\"l2_hits\":%" PRIu64
              ",\"misses\":%" PRIu64 ",\"prefetches\":%" PRIu64 ",\"writebacks\":%" PRIu64 ",\"nt_writes\":%" PRIu64
              ",\"stalls\":%" PRIu64 ",\"fabric_reads\":%" PRIu64 ",\"fabric_writes\":%" PRIu64
              ",\"fabric_latency_ns\":%.3f,\"dram_reads\":%" PRIu64 ",\"dram_writes\":%" PRIu64 "}",
-             vt.names[vt.current], s.charged_ps / 1e3, s.l1_hits, s.l2_hits, s.misses, s.prefetches, s.writebacks,
+             vt.names[vt.current], s.charged_ps / 1e3, s.contention_ps / 1e3, s.l1_hits, s.l2_hits, s.misses, s.prefetches, s.writebacks,
              s.nt_writes, s.stalls, s.fabric_reads, s.fabric_writes, s.fabric_latency_ps / 1e3, s.dram_reads,
              s.dram_writes);
 }

@@ -16,7 +16,9 @@ from pfcxl.device import topology
 from pfcxl.device.topology.units import human
 from pfcxl.errors import PfcxlError
 
+from pfcxl.device.appliance import timeline
 from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
+from pfcxl.host_tools.timing import CLOCKS
 
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.cli import telemetry as cli_telemetry
@@ -45,8 +47,12 @@ def _service(args, **options):
 
 
 def cmd_start(args) -> int:
+    if args.quantum is not None and args.clock != "virtual":
+        raise PfcxlError("--quantum is the timeline's, for timed hosts: give --clock virtual too")
+    quantum = (args.quantum or timeline.DEFAULT_QUANTUM_NS) if args.clock == "virtual" else None
     service = _service(args, foreground=args.foreground, scan_interval=args.scan_interval,
-                       idle_timeout=args.idle_timeout, timing=args.fabric, issue=args.issue, capture=args.capture)
+                       idle_timeout=args.idle_timeout, timing=args.fabric, issue=args.issue, capture=args.capture,
+                       quantum_ns=quantum)
     from pfcxl.host_tools import appliance
     pid = service.serve()
     topo, run_dir = service.topology, service.directory
@@ -56,7 +62,9 @@ def cmd_start(args) -> int:
               f"{a.ports} ports, shared {human(a.shared)}, private {human(a.private)} per host, {a.backing}"
               + (f"; timing every host's traffic on the {args.fabric} model ({args.issue} issue)"
                  if args.fabric else "")
-              + (f"; keeping every host's drained records in {args.capture}" if args.capture else ""))
+              + (f"; keeping every host's drained records in {args.capture}" if args.capture else "")
+              + (f"; its timed hosts (--clock virtual) share one timeline in quanta of {quantum:,} ns"
+                 if quantum else ""))
     out.print(f"socket {run_dir / appliance.SOCKET}, log {run_dir / appliance.LOG}", highlight=False)
     return 0
 
@@ -138,7 +146,9 @@ def cmd_multihost(args) -> int:
                              "both is not there yet: drop one of them")
         options = dataclasses.replace(options, fabric=args.fabric)
     figures: dict = {}
-    results = multihost.run(topo, path, args.hosts, args.command,
+    if args.quantum is not None and args.clock != "virtual":
+        raise PfcxlError("--quantum is the timeline's, for timed hosts: give --clock virtual too")
+    results = multihost.run(topo, path, args.hosts, args.command, quantum_ns=args.quantum,
                             appliance_dir=Path(args.appliance_dir) if args.appliance_dir else None,
                             ready_timeout=args.timeout, command_timeout=args.command_timeout,
                             parallel_boots=args.parallel_boots, say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"),
@@ -191,6 +201,12 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--capture", metavar="DIR", help="--fabric: keep every host's drained trace records and a "
                    "manifest in DIR (absent or empty; the manifest says complete once the appliance stops; "
                    "docs/appliance-timing.md)")
+    p.add_argument("--clock", choices=CLOCKS, default="emulator", help="virtual: keep the hosts "
+                   "that boot with --clock virtual in one virtual timeline, so their requests queue behind each "
+                   "other's in their own clocks (docs/virtual-time.md); hosts on the emulator's clock stay out")
+    p.add_argument("--quantum", type=int, metavar="NS", help="--clock virtual: the timeline's quantum, in ns of "
+                   f"virtual time ({timeline.MIN_QUANTUM_NS} to {timeline.MAX_QUANTUM_NS:,}; default "
+                   f"{timeline.DEFAULT_QUANTUM_NS})")
     p.set_defaults(func=cmd_start)
     base(asub.add_parser("stop", help="stop it (or clean up after a crashed one)",
                          description="Stop the running appliance of the topology (shut its hosts down "
@@ -238,5 +254,8 @@ def add_parsers(sub, common) -> None:
                    "stops, a running one must have been started with this --capture)")
     argtypes.add_own_qemu(p)
     add_clock_options(p, fabric=False)   # --fabric above: the fabric each timed host is charged by too
+    p.add_argument("--quantum", type=int, metavar="NS", help="--clock virtual: the hosts share one timeline in "
+                   f"quanta of NS ns of virtual time ({timeline.MIN_QUANTUM_NS} to {timeline.MAX_QUANTUM_NS:,}; "
+                   f"default {timeline.DEFAULT_QUANTUM_NS}, or a running appliance's own)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command for each guest")
     p.set_defaults(func=cmd_multihost)

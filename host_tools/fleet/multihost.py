@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from pfcxl.device.appliance import timeline
 from pfcxl.device.trace import capture as trace_capture
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
@@ -59,11 +60,13 @@ def expand(command: str | Sequence[str], host: int, hosts: int) -> str:
 
 @contextlib.contextmanager
 def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, say: Callable[[str], None],
-                  timing: str | None = None, issue: str = "dependent", capture: Path | None = None):
+                  timing: str | None = None, issue: str = "dependent", capture: Path | None = None,
+                  quantum_ns: int | None = None):
     """(run directory, temporary?) of a running appliance for `topo`: the given or default one
     if it is up, else a temporary one started here and stopped afterwards. With `timing`, the
     appliance must model the hosts' traffic: a temporary one is started so, a running one must be.
-    With `capture` it keeps what it drains there: a running one must already do so."""
+    With `capture` it keeps what it drains there: a running one must already do so. With
+    `quantum_ns` a temporary one keeps a timeline for timed hosts (a running one has its own, or none)."""
     running = Appliance(topo_path, run_dir=appliance_dir or appliance.default_dir(topo), timing=timing,
                         issue=issue, capture=capture)
     if running.running_pid() is not None:
@@ -75,7 +78,8 @@ def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, s
     tmp = Path(tempfile.mkdtemp(prefix="pfcxl-appliance-"))
     say(f"starting a temporary appliance in {tmp}")
     # temporary: it dies with this process however it ends, and removes tmp as it exits
-    with Appliance(topo_path, run_dir=tmp, timing=timing, issue=issue, capture=capture, temporary=True):
+    with Appliance(topo_path, run_dir=tmp, timing=timing, issue=issue, capture=capture, quantum_ns=quantum_ns,
+                   temporary=True):
         yield tmp, True
 
 
@@ -104,6 +108,18 @@ def _phases(vm: Machine) -> list[dict]:
     return [e for e in plugin_events(plugin_log(where, vm.name)) if e.get("event") == "phase"]
 
 
+def _fresh_timeline(where: Path, hosts: int, quantum_ns: int | None, say: Callable[[str], None]) -> None:
+    """The appliance's timeline, made afresh for this run: its hosts start at time 0 together."""
+    path = timeline.path_in(where)
+    if not path.exists():
+        say(f"the appliance in {where} keeps no timeline (it was started without --clock virtual): "
+            "each timed host runs on its own virtual clock")
+        return
+    quantum = quantum_ns or int(timeline.read(path)["quantum_ns"])
+    timeline.create(path, quantum, expected=hosts)
+    say(f"{hosts} timed hosts in one timeline, quanta of {quantum:,} ns of virtual time")
+
+
 def boot_slots() -> int:
     """How many guests boot at once: two per CPU this process may run on. A boot waits part of
     its time (timers, init's polling), so one per CPU left cores idle (-n 16: 97 s against 78 s
@@ -117,7 +133,8 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         say: Callable[[str], None] = lambda m: None,
         host_done: Callable[[HostResult], None] = lambda r: None, timing: str | None = None,
         issue: str = "dependent", telemetry: Callable[[dict], None] = lambda s: None,
-        capture: Path | None = None, options: BootOptions | None = None) -> list[HostResult]:
+        capture: Path | None = None, options: BootOptions | None = None,
+        quantum_ns: int | None = None) -> list[HostResult]:
     """Boot `hosts` guests on one appliance and run `command` in each. With `timing` (pf,
     electrical) the appliance traces and models every host's CXL requests (each command is
     bracketed by the phase markers, unless it marks its rows itself: --mark-rows 1), and
@@ -125,7 +142,10 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
     appliance keeps every host's drained records in that directory and each host's plugin phases
     are written beside them (device/trace/capture.py); a temporary appliance completes it as it stops.
     `options` boot every Machine (qemu, qemu_args, kernel, modules...), each with its own host id,
-    the appliance and its own run directory; `lean=False` or options.lean False boots the classic line."""
+    the appliance and its own run directory; `lean=False` or options.lean False boots the classic line.
+    Timed hosts (options.clock virtual) run in one timeline: a temporary appliance keeps one in
+    quanta of `quantum_ns` (default timeline.DEFAULT_QUANTUM_NS), a running one its own if it was
+    started with --clock virtual; either way it is made afresh, waiting for all `hosts` to start."""
     if not any(d.appliance for d in topo.devices):
         raise PfcxlError(f"topology '{topo.name}' has no devices served by the appliance "
                          "(appliance = \"shared\"/\"private\"); multihost needs one, e.g. pf-appliance")
@@ -137,10 +157,18 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         raise PfcxlError(f"{hosts} hosts but the appliance has {topo.appliance.ports} ports")
     if capture is not None and timing is None:
         raise PfcxlError("--capture keeps what the appliance's timing drains: it needs --timing trace")
+    timed = (options or BootOptions()).clock == "virtual"
+    if quantum_ns is not None:
+        if not timed:
+            raise PfcxlError("--quantum is the timeline's of timed hosts: it needs --clock virtual")
+        timeline.check_quantum(quantum_ns)
     results: dict[int, HostResult] = {}
     with contextlib.ExitStack() as stack:
-        where, temporary = stack.enter_context(appliance_for(topo, topo_path, appliance_dir, say, timing, issue,
-                                                             capture))
+        where, temporary = stack.enter_context(appliance_for(
+            topo, topo_path, appliance_dir, say, timing, issue, capture,
+            (quantum_ns or timeline.DEFAULT_QUANTUM_NS) if timed else None))
+        if timed:
+            _fresh_timeline(where, hosts, quantum_ns, say)
         if run_dir is None:       # the hosts' logs: where a temporary appliance removes them as it dies
             run_dir = where / "hosts" if temporary else Path(
                 stack.enter_context(tempfile.TemporaryDirectory(prefix="pfcxl-multihost-")))

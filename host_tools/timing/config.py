@@ -65,6 +65,8 @@ class TimingConfig:
     clock: str = "emulator"       # "virtual": the guest's clock carries the fabric's latencies (vtime.py)
     fabric: str = "pf"            # virtual: the fabric its CXL requests are charged by
     fabric_params: tuple[str, ...] = ()   # what-if NAME=VALUE changes to the fabric model (virtual and trace)
+    timeline: str = ""            # virtual: the appliance's timeline file (device/appliance/timeline.py)
+    timeline_host: int = 0        # and this guest's host id in it
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -73,6 +75,8 @@ class TimingConfig:
         vtime.check_fabric(self.fabric)
         object.__setattr__(self, "fabric_params", tuple(self.fabric_params))
         vtime.params(self.fabric_params)
+        if self.timeline and self.clock != "virtual":
+            raise TimingError("a timeline keeps timed hosts in step: it needs --clock virtual")
         if self.clock == "virtual" and self.mode == "inject":
             raise TimingError("--clock virtual charges the guest's own clock; --timing inject spins on host "
                               "time instead: use one of them")
@@ -155,6 +159,8 @@ def plugin_args(plugin: Path, topo: Topology, run_dir: Path, config: TimingConfi
     clock: list[str] = []
     if config.clock == "virtual":
         opts += ["clock=virtual", f"vtime={qemu_opt(vtime_path(run_dir, name))}"]
+        if config.timeline:
+            opts += [f"timeline={qemu_opt(config.timeline)}", f"timeline_host={config.timeline_host}"]
         clock = list(vtime.QEMU_ICOUNT)
     log = plugin_log(run_dir, name)
     return ["-plugin", ",".join(opts), "-d", "plugin", "-D", str(log), *clock]

@@ -15,7 +15,8 @@ from pfcxl import cache
 from pfcxl.compile import compile_cached
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "device" / "plugin"
-PLUGIN_SOURCES = ("pfcxl_plugin.c", "pfcxl_vtime.h", "qemu_plugin_api.h")
+PLUGIN_SOURCES = ("pfcxl_plugin.c", "pfcxl_vtime.h", "pfcxl_timeline.h", "pfcxl_timeline_file.h",
+                  "qemu_plugin_api.h")
 PLUGIN_CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden")
 
 

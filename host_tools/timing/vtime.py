@@ -120,6 +120,8 @@ def model_text(topo: Topology, fabric: str, hierarchy: Hierarchy = Hierarchy(),
         lines += [f"system {name}  # profile {FABRICS.index(name)}: {fabric_systems.LABELS[name]}, {model.name}",
                   *_memory_lines("fabric", model),
                   f"interleave fabric {base} {app.granularity} {model.modules}"]
+        if model.hosts_per_group > 1:     # the electrical pool's switch: hosts queue for its uplink
+            lines.append(f"hosts_per_group fabric {model.hosts_per_group}")
         if model.cache_lines:
             lines.append(f"module_cache fabric {model.cache_lines} "
                          f"{fabric_model.service_ps(fc.CPU_LINE_BYTES, model.cache_bandwidth_mbs)}")

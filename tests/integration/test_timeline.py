@@ -1,0 +1,133 @@
+"""Several timed guests in one virtual timeline (device/plugin/pfcxl_timeline.h): an appliance
+started with a quantum keeps its --clock virtual hosts in step, so one host's traffic shows in
+another's own clock. Two timed pf-appliance guests (and one on the emulator's clock, which stays
+out) run rounds of a cold chase on host 0 beside a sequential stream on host 1.
+
+On the PF appliance every host has its own path to each module: the stream leaves the chase at
+the idle latency, and the offline engine's replay of both hosts' traced requests says the same.
+On the electrical pool the two hosts share one switch uplink; at the default constants a
+single core's stream (48 misses in flight, about 3.7 GB/s) hardly loads its 64 GB/s, so the
+test narrows it with a what-if (switch_link_mbs=2000): the stream is then held to the uplink's
+bandwidth and the chase waits behind it, in the guests' own clocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pfcxl import Machine
+from pfcxl.appliance import Appliance
+from pfcxl.device.appliance import timeline
+from pfcxl.device.fabric import engine
+from pfcxl.device.topology import address_map
+from pfcxl.guest.tool_output import tool_json
+from pfcxl.host_tools.timing import vtime
+from pfcxl.host_tools.timing.config import plugin_events, plugin_log
+
+pytestmark = pytest.mark.integration
+
+TOPOLOGY = "pf-appliance"
+LOADS = 3000
+# each in a phase of its own from its first command on (pfcxl_mark on dax0.0's doorbell), so both
+# join the round at the same point of their command; the stream reads the host's private region
+CHASE = f"chase --cold --lines {LOADS} --span 64M --loads {LOADS}"
+STREAM = "chase --dax /dev/dax1.0 --stream --no-mark --span 64M --loads {loads}"
+NARROW = ("switch_link_mbs=2000",)
+
+
+def bracketed(command: str) -> str:
+    return f"pfcxl_mark start >/dev/null; {command}; rc=$?; pfcxl_mark stop >/dev/null; exit $rc"
+
+
+@pytest.fixture(scope="module", params=[("pf", ()), ("electrical", NARROW)], ids=["pf", "electrical"])
+def fleet(request, tmp_path_factory):
+    fabric, what_if = request.param
+    said: list[str] = []
+    with Appliance(TOPOLOGY, quantum_ns=1000, temporary=True) as app:
+        timed = [Machine(TOPOLOGY, host=h, appliance=app.directory, clock="virtual", fabric=fabric, timing="trace",
+                         fabric_params=what_if, name=f"t{h}", ready_timeout=300,
+                         run_dir=tmp_path_factory.mktemp(f"t{h}")) for h in range(2)]
+        untimed = Machine(TOPOLOGY, host=2, appliance=app.directory, name="u2", ready_timeout=300,
+                          progress=said.append, run_dir=tmp_path_factory.mktemp("u2")) if fabric == "pf" else None
+        machines = timed + ([untimed] if untimed else [])
+        try:
+            for m in machines:
+                m.launch()
+            for m in machines:
+                m.wait_ready()
+            yield {"fabric": fabric, "what_if": what_if, "hosts": timed, "untimed": untimed, "said": said,
+                   "timeline": timeline.path_in(app.directory)}
+        finally:
+            for m in machines:
+                m.close()
+
+
+def round_of(fleet, commands: list[str]) -> list:
+    """One round: commands[h] on host h, all started together; their traced runs."""
+    timeline.expect(fleet["timeline"], len(commands))
+    started = [(m, m.start_traced(bracketed(c), 600, bracket=False)) for m, c in zip(fleet["hosts"], commands)]
+    runs = [m.finish_traced(s, 600) for m, s in started]
+    for run in runs:
+        assert run.result.status == 0, run.result.output
+    return runs
+
+
+def chase_row(run) -> dict:
+    return tool_json(run.result.output.splitlines()[0], "chase")
+
+
+def offline_walk_ns(fleet, runs) -> float:
+    """The offline engine's replay of every host's traced requests of the round, on the timeline's
+    clock (each host's own clock less the offset it joined at): host 0's walk, its last reads."""
+    parts = []
+    for m, run in zip(fleet["hosts"], runs):
+        joined = [e for e in plugin_events(plugin_log(m.run_dir, m.name)) if e.get("event") == "timeline"][-1]
+        records = run.records.copy()
+        records["insn"] = (records["insn"].astype(np.int64) - round(joined["offset_ns"])).astype(np.uint64)
+        records["host"] = m.host
+        parts.append(records)
+    trace = np.concatenate(parts)
+    trace = trace[np.argsort(trace["insn"], kind="stable")]
+    topo = fleet["hosts"][0].topology
+    model = vtime.fabric_for(topo, fleet["fabric"], vtime.params(fleet["what_if"]))
+    result = engine.run(model, trace, base_hpa=address_map.dax_placements(topo)[0].base,
+                        granularity=topo.appliance.granularity)
+    walk = np.flatnonzero((trace["host"] == 0) & (trace["write"] == 0))[-LOADS:]
+    return float(result.latency_ns[walk].mean())
+
+
+def test_a_chase_beside_a_stream_pays_only_what_the_fabric_shares(fleet):
+    topo = fleet["hosts"][0].topology
+    idle = vtime.expected_idle_ns(topo, fleet["fabric"], what_if=vtime.params(fleet["what_if"]))
+    alone = chase_row(round_of(fleet, [CHASE])[0])
+    assert alone["p50_ns_per_load"] == pytest.approx(idle, rel=0.01)
+    runs = round_of(fleet, [CHASE, STREAM.format(loads=400_000)])
+    loaded, stream = chase_row(runs[0]), chase_row(runs[1])
+    if fleet["fabric"] == "pf":
+        # its own path to every module: nothing the stream does reaches the chase, and the
+        # offline engine, replaying both hosts' requests together, agrees
+        assert loaded["p50_ns_per_load"] == pytest.approx(idle, rel=0.01)
+        assert offline_walk_ns(fleet, runs) == pytest.approx(loaded["ns_per_load"], rel=0.10)
+    else:
+        # the shared uplink: the stream gets its bandwidth (64 B a line), the chase queues behind it
+        uplink_ns_per_line = 64 / 2.0
+        assert stream["p50_ns_per_load"] == pytest.approx(uplink_ns_per_line, rel=0.03)
+        assert loaded["p50_ns_per_load"] > 1.3 * alone["p50_ns_per_load"]
+        # the same round again (a new start, the same requests) reads the same in both clocks
+        again = round_of(fleet, [CHASE, STREAM.format(loads=400_000)])
+        # (in TSC ticks, which under --clock virtual are virtual ns with no calibration in them)
+        assert chase_row(again[0])["p50_ticks_per_load"] == loaded["p50_ticks_per_load"]
+        assert chase_row(again[1])["p50_ticks_per_load"] == pytest.approx(stream["p50_ticks_per_load"], rel=0.002)
+    state = timeline.read(fleet["timeline"])
+    assert {h["host"] for h in state["hosts"]} == {0, 1} and not state["started"]
+    assert state["hosts"][1]["contention_ns"] > 0 or fleet["fabric"] == "pf"
+
+
+def test_a_host_on_the_emulators_clock_stays_out_in_one_line(fleet):
+    if fleet["untimed"] is None:
+        pytest.skip("the untimed host boots beside the pf fleet only")
+    lines = [s for s in fleet["said"] if "stays out of the appliance's timeline" in s]
+    assert len(lines) == 1 and "--clock virtual" in lines[0]
+    result = fleet["untimed"].run(bracketed("true"), timeout=120)
+    assert result.status == 0
+    assert 2 not in {h["host"] for h in timeline.read(fleet["timeline"])["hosts"]}
