@@ -60,9 +60,24 @@ static uint64_t tl_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+/* Is this host's QEMU gone? A killed one its parent has not reaped yet is a zombie: kill(pid, 0)
+ * still succeeds on it, so its state is read too. */
 static int tl_dead(uint32_t pid)
 {
-    return pid && kill((pid_t)pid, 0) < 0 && errno == ESRCH;
+    if (!pid)
+        return 0;
+    if (kill((pid_t)pid, 0) < 0)
+        return errno == ESRCH;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%u/stat", pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *close = strrchr(buf, ')');      /* the command name may hold anything */
+    return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
 }
 
 static void tl_wait(uint32_t *word, uint32_t val)

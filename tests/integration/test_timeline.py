@@ -12,6 +12,10 @@ bandwidth and the chase waits behind it, in the guests' own clocks."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import numpy as np
 import pytest
 
@@ -131,3 +135,23 @@ def test_a_host_on_the_emulators_clock_stays_out_in_one_line(fleet):
     result = fleet["untimed"].run(bracketed("true"), timeout=120)
     assert result.status == 0
     assert 2 not in {h["host"] for h in timeline.read(fleet["timeline"])["hosts"]}
+
+
+def test_a_killed_host_is_dropped_and_the_other_goes_on(fleet):
+    if fleet["fabric"] != "electrical":
+        pytest.skip("once: on the electrical fleet, after its rounds")
+    victim = fleet["hosts"][1]
+    timeline.expect(fleet["timeline"], 2)
+    chase = fleet["hosts"][0].start_traced(bracketed(CHASE), 600, bracket=False)
+    victim.start_command(bracketed(STREAM.format(loads=50_000_000)), 600)
+    deadline = time.monotonic() + 120
+    while not timeline.read(fleet["timeline"])["started"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert victim.pid is not None
+    # killed, and not reaped: a zombie until the Machine closes, which the waiters must see through
+    os.kill(victim.pid, signal.SIGKILL)
+    run = fleet["hosts"][0].finish_traced(chase, 120)
+    assert run.result.status == 0 and chase_row(run)["loads"] == LOADS
+    state = timeline.read(fleet["timeline"])
+    assert state["gone"] == [1]
+    assert [h["state"] for h in state["hosts"]] == ["left", "gone"]
