@@ -58,6 +58,8 @@ NOT_BOOT_OPTIONS: dict[str, dict[str, str]] = {
         "fabric": "the fabric a temporary appliance models",
         "issue": "the issue mode a temporary appliance models",
         "capture": "where a timed appliance keeps the drained records",
+        "quantum": "the quantum of the timeline a temporary appliance keeps for its timed hosts "
+                   "(the appliance's setting: each guest boots the same)",
     },
 }
 

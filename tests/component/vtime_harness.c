@@ -33,6 +33,18 @@ __attribute__((visibility("default"))) bool qemu_plugin_charge_virtual_ns(uint64
 
 #include "../../device/plugin/pfcxl_vtime.h"
 
+/* The harness is one host alone: no timeline (the plugin's pfcxl_timeline.h) to note
+ * requests in or wait at. */
+static void tl_note(int write, unsigned module, int hit, uint64_t issue_ps, uint64_t done_ps, int stalls)
+{
+    (void)write, (void)module, (void)hit, (void)issue_ps, (void)done_ps, (void)stalls;
+}
+
+static void tl_barrier(struct vt_cpu *c, uint64_t insn)
+{
+    (void)c, (void)insn;
+}
+
 static void vt_record(unsigned vcpu_index, uint64_t line, int write, uint64_t issue_ps)
 {
     (void)vcpu_index;

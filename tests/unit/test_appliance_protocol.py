@@ -47,7 +47,8 @@ def test_socket_is_private_and_hello_names_version_1(services):
         assert all(re.fullmatch(r"[0-9a-f]{12}", v) for v in identity.values()), identity
         assert hello["appliance"] == {"topology": "pf-appliance", "modules": 4, "module_capacity": 256 * MiB,
                                       "hbm_cache": 32 * MiB, "ports": 2, "granularity": 4096,
-                                      "shared": SHARED, "private": PRIVATE, "backing": "shm", "timing": None}
+                                      "shared": SHARED, "private": PRIVATE, "backing": "shm", "timing": None,
+                                      "timeline": None}
         # ids are echoed, on success and on failure alike
         assert c.request("hello", id=7)[0]["id"] == 7
         assert c.request("where", offset=-1, id="w-1")[0] == {

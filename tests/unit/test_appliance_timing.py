@@ -122,7 +122,8 @@ def test_an_untimed_appliance_says_why_it_has_no_figures(services):
     with s.client() as c:
         reply, _ = c.request("stats")
         assert not reply["ok"]
-        assert reply["error"] == ("this appliance models no traffic: it was started without --fabric "
-                                  "(pfcxl appliance start --fabric pf|electrical)")
+        assert reply["error"] == ("this appliance models no traffic and keeps no timeline: it was started "
+                                  "without --fabric or --clock virtual (pfcxl appliance start --fabric "
+                                  "pf|electrical, or --clock virtual)")
         att = c.attach(0)
         assert att.ring_fd is None and att.ring is None
