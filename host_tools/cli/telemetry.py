@@ -73,9 +73,11 @@ def cmd_top(args, service) -> int:
 def add_parsers(asub, base, service_of) -> None:
     """`appliance top` and `appliance stats` (base() adds --topology and --run-dir, service_of(args)
     is the pfcxl.Appliance they name)."""
-    p = base(asub.add_parser("top", help="live view of a timed appliance's modelled fabric (refreshed every second)",
+    p = base(asub.add_parser("top", help="live view of a timed appliance's modelled fabric and timeline (refreshed every second)",
                              description="Per host and per module: CXL traffic, modelled p50/p99 latency, HBM3E "
-                             "hit rate and link utilisation, from an appliance started with --fabric."))
+                             "hit rate and link utilisation, from an appliance started with --fabric; and, from "
+                             "one started with --clock virtual, its timeline: the virtual time reached, the "
+                             "quantum, and per timed host its state, lag, barrier waits and contention charge."))
     p.add_argument("--once", action="store_true", help="print one text snapshot and exit")
     p.add_argument("--count", type=int, help="print N text snapshots, --interval apart, and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
@@ -83,7 +85,8 @@ def add_parsers(asub, base, service_of) -> None:
     p = base(asub.add_parser("stats", help="a timed appliance's fabric telemetry (as `top`, once)",
                              description="Print the modelled fabric telemetry of an appliance started with "
                              "--timing once, after it has modelled every record its hosts wrote so far: per "
-                             "host and per module traffic, modelled latency, HBM3E hit rate, utilisation."))
+                             "host and per module traffic, modelled latency, HBM3E hit rate, utilisation; and the timeline "
+                             "of one started with --clock virtual."))
     p.add_argument("--json", action="store_true", help="one JSON document")
     p.set_defaults(func=lambda args: cmd_stats(args, service_of(args)))
 

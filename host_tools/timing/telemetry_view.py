@@ -89,8 +89,50 @@ def tables(stats: dict, before: dict | None = None, seconds: float = 0.0) -> lis
     return out
 
 
+def _virtual(ns: float) -> str:
+    return f"{ns / 1e6:,.3f} ms" if ns >= 1e6 else f"{ns / 1e3:,.1f} us"
+
+
+def timeline_table(stats: dict) -> Table | str:
+    """An appliance started with --clock virtual: where its timeline is and, per timed host, its
+    virtual time, lag behind the timeline, the host time it waited at barriers and what other
+    hosts' traffic cost it (the contention charged to its clock)."""
+    tl, a = stats["timeline"], stats["appliance"]
+    if "error" in tl:
+        return f"[red]timeline: {escape(tl['error'])}[/red]"
+    t = Table(title="timeline (virtual time: the timed guests' own clocks)", title_justify="left",
+              caption=(f"quantum {tl['quantum_ns']:,.0f} ns; round {'under way' if tl['started'] else 'not running'}, "
+                       f"waits for {tl['expected']} host{'s' if tl['expected'] != 1 else ''}; at "
+                       f"{_virtual(tl['virtual_ns'])} after {tl['quanta']:,} quanta; {tl['merged_requests']:,} "
+                       f"requests merged, in {tl['merge_s']:.2f} s of host time"
+                       + (f"; gone (dropped): host {', '.join(map(str, tl['gone']))}" if tl["gone"] else "")
+                       + f"; file {a.get('timeline')}"),
+              caption_justify="left")
+    for c in ("host", "state", "pid", "virtual time", "lag", "quanta", "requests", "contention charged",
+              "waited (host s)"):
+        t.add_column(c, justify="right")
+    for h in tl["hosts"]:
+        t.add_row(str(h["host"]), h["state"], str(h["pid"] or "-"), _virtual(h["virtual_ns"]), _virtual(h["lag_ns"]),
+                  f"{h['quanta']:,}", f"{h['requests']:,}" + (f" ({h['overflow']:,} past the buffer)" if h["overflow"] else ""),
+                  f"{h['contention_ns']:,.0f} ns", f"{h['wait_s']:.2f}")
+    if not tl["hosts"]:
+        t.add_row("-", "no timed host has joined yet", *["-"] * 7)
+    return t
+
+
 def render(stats: dict, before: dict | None = None, seconds: float = 0.0) -> Group:
-    return Group(headline(stats), *tables(stats, before, seconds))
+    """The headline and tables of a timed appliance, and its timeline's (--clock virtual); one
+    that keeps a timeline and models no traffic (no --fabric) has the timeline's alone."""
+    parts: list = []
+    if "labels" in stats:
+        parts += [headline(stats), *tables(stats, before, seconds)]
+    else:
+        a = stats["appliance"]
+        parts.append(f"appliance '{a['topology']}' (pid {stats['pid']}): no fabric model (started without --fabric); "
+                     "its timed hosts' figures are in their own clocks")
+    if stats.get("timeline") is not None:
+        parts.append(timeline_table(stats))
+    return Group(*parts)
 
 
 def for_host(stats: dict, host: int) -> dict:
