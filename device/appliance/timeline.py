@@ -28,7 +28,7 @@ DEFAULT_QUANTUM_NS = 1000
 # requests of a streaming host overflow the plugin's TL_REQS (16,384 a quantum at 6.5 ns each)
 MIN_QUANTUM_NS, MAX_QUANTUM_NS = 100, 100_000
 DEFAULT_JOIN_TIMEOUT_S = 60      # host seconds a round waits for its hosts to join
-STATES = ("free", "in", "idle", "left", "gone")
+STATES = ("free", "in", "left", "gone")
 
 
 class _Req(ctypes.Structure):
@@ -149,7 +149,7 @@ def read(path: Path) -> dict:
                           "quanta": s.quanta, "requests": s.requests, "overflow": s.overflow,
                           "contention_ns": s.contention_ps / 1000, "wait_s": s.wait_ns / 1e9,
                           "joined_quantum": s.joined_epoch,
-                          "left_quantum": s.left_epoch if s.state in (3, 4) else None})
+                          "left_quantum": s.left_epoch if s.state in (STATES.index("left"), STATES.index("gone")) else None})
         return {"quantum_ns": quantum_ns, "expected": f.expected, "started": bool(f.started),
                 "virtual_ns": now_ns, "quanta": f.epoch, "merged_requests": f.merged,
                 "merge_s": f.leader_ns / 1e9, "gone": [h["host"] for h in hosts if h["state"] == "gone"],

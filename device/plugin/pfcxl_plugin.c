@@ -610,20 +610,6 @@ static void on_vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
         __atomic_store_n(&n_vcpus, vcpu_index + 1, __ATOMIC_RELEASE);
 }
 
-static void on_vcpu_idle(qemu_plugin_id_t id, unsigned int vcpu_index)
-{
-    (void)id;
-    (void)vcpu_index;
-    tl_idle();
-}
-
-static void on_vcpu_resume(qemu_plugin_id_t id, unsigned int vcpu_index)
-{
-    (void)id;
-    if (tl.on)
-        tl_resume(&vt_cpus[vcpu_index], qemu_plugin_u64_get(insn_count, vcpu_index));
-}
-
 static void on_qemu_exit(qemu_plugin_id_t id, void *userdata)
 {
     (void)id;
@@ -649,10 +635,6 @@ static void register_instrumentation(qemu_plugin_id_t id)
     qemu_plugin_register_vcpu_init_cb(id, on_vcpu_init);
     qemu_plugin_register_vcpu_tb_trans_cb(id, on_tb_trans);
     qemu_plugin_register_atexit_cb(id, on_qemu_exit, NULL);
-    if (tl.f) {
-        qemu_plugin_register_vcpu_idle_cb(id, on_vcpu_idle);
-        qemu_plugin_register_vcpu_resume_cb(id, on_vcpu_resume);
-    }
 }
 
 /* ---------------------------------------------------------------- arming */

@@ -25,8 +25,11 @@
  *     TL_MEAN_QUANTA quanta, at least 1): a dependent chase pays each delay, a stream with many
  *     misses in flight the delay of its critical path. The charge lands at the start of the next
  *     quantum;
- *   - a vCPU that halts leaves the barrier until it resumes (its idle time stretches to the
- *     timeline's), a QEMU that exits leaves it, and a host whose process is gone is
+ *   - a vCPU that halts (its guest sleeps) stays in the round: icount's sleep=off jumps its clock
+ *     to its next timer (vt_follow_clock sees the jump at its next access), and it then catches
+ *     up quantum by quantum, so a sleep lasts as long in the timeline as in the guest, whatever
+ *     the hosts' speeds. (One halted with no timer pending holds the round until it wakes.) A
+ *     QEMU that exits leaves the round, and a host whose process is gone is
  *     dropped by whichever host waits for it (it is checked every TL_POLL_MS) and named in the
  *     file's slots (`stats` reads them).
  * Deterministic: what a host is charged depends only on every host's requests and their
@@ -239,7 +242,7 @@ static void tl_reap(void)
 {
     for (int h = 0; h < TL_HOSTS; h++) {
         struct tl_slot *s = &tl.f->slots[h];
-        if ((s->state == TL_IN || s->state == TL_IDLE) && h != tl.host && tl_dead(s->pid)) {
+        if (s->state == TL_IN && h != tl.host && tl_dead(s->pid)) {
             s->state = TL_GONE;
             s->left_epoch = tl.f->epoch;
             tl.f->gone++;
@@ -406,26 +409,6 @@ static void tl_join(struct vt_cpu *c, uint64_t insn)
     tl.on = 1;
 }
 
-/* The vCPU halts: out of the barrier until it resumes. */
-static void tl_idle(void)
-{
-    if (!tl.on)
-        return;
-    tl_lock();
-    tl.f->slots[tl.host].state = TL_IDLE;
-    tl_try_merge();
-    tl_unlock();
-}
-
-static void tl_resume(struct vt_cpu *c, uint64_t insn)
-{
-    if (!tl.on || tl.f->slots[tl.host].state != TL_IDLE)
-        return;
-    tl_lock();
-    tl_enter(vt_now(c, insn));
-    tl_unlock();
-}
-
 /* The phase ends, or QEMU exits: out of the round; the last host out ends it. */
 static void tl_leave(void)
 {
@@ -438,7 +421,7 @@ static void tl_leave(void)
     f->slots[tl.host].left_epoch = f->epoch;
     int left = 0;
     for (int h = 0; h < TL_HOSTS; h++)
-        left += f->slots[h].state == TL_IN || f->slots[h].state == TL_IDLE;
+        left += f->slots[h].state == TL_IN;
     if (!left)
         __atomic_store_n(&f->started, 0, __ATOMIC_RELEASE);
     tl_try_merge();

@@ -14,7 +14,7 @@
 #define TL_QUEUES 256                       /* per stage: hosts x modules */
 #define TL_STAGES 9                         /* 4 write stages, the memory, 4 read stages */
 
-enum tl_state { TL_FREE, TL_IN, TL_IDLE, TL_LEFT, TL_GONE };
+enum tl_state { TL_FREE, TL_IN, TL_LEFT, TL_GONE };
 
 struct tl_req {
     uint32_t t_ps;              /* issue time after the quantum's start */

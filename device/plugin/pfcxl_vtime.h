@@ -127,6 +127,9 @@ struct vt_cpu {
     unsigned next_pending;
     struct vt_stream streams[VT_STREAMS];
     uint64_t charged_ps, applied_ns, tick;
+    uint64_t idle_ps;           /* virtual time it spent halted (vt_follow_clock) */
+    uint64_t bias_seen_ns;      /* the virtual clock's lead over the instructions, last read */
+    int bias_known;
     struct vt_stats stats, at_phase;
 };
 
@@ -159,6 +162,7 @@ static struct vt_memory *vt_named(const char *name)
 
 static struct vt_cpu *vt_cpus;
 static bool (*vt_charge_fn)(uint64_t ns);
+static uint64_t (*vt_bias_fn)(void);
 
 /* ---------------------------------------------------------------- the model file */
 
@@ -305,9 +309,11 @@ static int vt_load(const char *path)
 static int vt_setup(unsigned max_vcpus)
 {
     vt_charge_fn = (bool (*)(uint64_t))dlsym(RTLD_DEFAULT, "qemu_plugin_charge_virtual_ns");
-    if (!vt_charge_fn) {
+    vt_bias_fn = (uint64_t (*)(void))dlsym(RTLD_DEFAULT, "qemu_plugin_virtual_bias_ns");
+    if (!vt_charge_fn || !vt_bias_fn) {
         fprintf(stderr, "pfcxl_plugin: clock=virtual needs a QEMU built with pfcxl's virtual-time patch "
-                        "(qemu_plugin_charge_virtual_ns is not in this QEMU; `make setup-timed` builds one)\n");
+                        "(%s is not in this QEMU; `make setup-timed` builds one)\n",
+                vt_charge_fn ? "qemu_plugin_virtual_bias_ns" : "qemu_plugin_charge_virtual_ns");
         return -1;
     }
     vt_cpus = calloc(max_vcpus, sizeof *vt_cpus);
@@ -401,9 +407,25 @@ static void tl_barrier(struct vt_cpu *c, uint64_t insn);
 
 static void vt_record(unsigned vcpu_index, uint64_t line, int write, uint64_t issue_ps);
 
+/* The vCPU's own clock: its instructions (1 ns each), what it was charged, and the time it was
+ * halted, as QEMU's virtual clock counts them. */
 static uint64_t vt_now(const struct vt_cpu *c, uint64_t insn)
 {
-    return insn * VT_PS + c->charged_ps;
+    return insn * VT_PS + c->charged_ps + c->idle_ps;
+}
+
+/* Time the vCPU spent halted (its guest slept): icount's sleep=off jumps a halted vCPU's virtual
+ * clock to its next timer by adding to the clock's lead over the instructions (the bias). What
+ * the bias gained beyond this plugin's own charges (vt_apply) is that idle time. Read at each
+ * access, as QEMU's round-robin icount loop calls no plugin idle callback. (With one vCPU a
+ * guest: another's charges would count here too.) */
+static void vt_follow_clock(struct vt_cpu *c)
+{
+    uint64_t bias = vt_bias_fn();
+    if (c->bias_known && bias > c->bias_seen_ns)
+        c->idle_ps += (bias - c->bias_seen_ns) * VT_PS;
+    c->bias_seen_ns = bias;
+    c->bias_known = 1;
 }
 
 /* Stall the vCPU until `until` (its own timeline) and charge the virtual clock. */
@@ -423,6 +445,7 @@ static void vt_apply(struct vt_cpu *c)
     uint64_t ns = c->charged_ps / VT_PS;
     if (ns > c->applied_ns) {
         vt_charge_fn(ns - c->applied_ns);
+        c->bias_seen_ns += ns - c->applied_ns;      /* the bias gains our own charge: not idle time */
         c->applied_ns = ns;
     }
 }
@@ -594,6 +617,7 @@ static void vt_access(unsigned vcpu_index, uint64_t insn, uint64_t vaddr, uint64
                       int nt, int has_value, uint64_t value)
 {
     struct vt_cpu *c = &vt_cpus[vcpu_index];
+    vt_follow_clock(c);         /* did it sleep since its last access? */
     tl_barrier(c, insn);        /* past the end of its quantum: wait for the other hosts */
     uint64_t now = vt_now(c, insn), line = hpa / LINE;
     struct vt_line *l1;

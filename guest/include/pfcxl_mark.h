@@ -27,8 +27,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PFCXL_MARK_START 1
@@ -119,6 +121,27 @@ static inline void pfcxl_doorbell_close(struct pfcxl_doorbell *db)
         munmap(db->map, db->map_len);
     db->map = NULL;
     db->line = NULL;
+}
+
+/* Sleep until CLOCK_MONOTONIC reaches the next multiple of `ms` milliseconds (at least 1 ms
+ * away), with no timer slack. The kernel's periodic tick runs on a grid of whole tick periods of
+ * CLOCK_MONOTONIC, so a phase started right after this starts at the same point of the tick
+ * whenever its command was typed: under --clock virtual, where that is the one thing the host's
+ * speed can still change, repeated runs then execute alike. Returns 0 or -errno. */
+static inline int pfcxl_align(unsigned ms)
+{
+    struct timespec now;
+    if (!ms || clock_gettime(CLOCK_MONOTONIC, &now) < 0)
+        return -EINVAL;
+    uint64_t step = (uint64_t)ms * 1000000ULL;
+    uint64_t t = (uint64_t)now.tv_sec * 1000000000ULL + (uint64_t)now.tv_nsec + 1000000ULL;
+    t = (t / step + 1) * step;
+    struct timespec at = {.tv_sec = (time_t)(t / 1000000000ULL), .tv_nsec = (long)(t % 1000000000ULL)};
+    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+    int rc;
+    while ((rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL)) == EINTR)
+        ;
+    return -rc;
 }
 
 /* One-shot: map, store the mark value (PFCXL_MARK_*), unmap. Returns 0 or -errno. */

@@ -88,6 +88,20 @@ def test_a_cold_dependent_chase_reads_the_models_idle_latency(harness, topo, tmp
     assert r["stats"]["vtime"]["misses"] == n and r["stats"]["vtime"]["l2_hits"] == 0
 
 
+def test_time_a_vcpu_spends_halted_is_in_its_clock(harness, topo, tmp_path):
+    """A halt (the guest sleeps): QEMU's sleep=off jumps the virtual clock to the next timer,
+    adding to the clock's lead over the instructions; the model's clock (which the timeline
+    keeps hosts in step by) moves with it, and the loads after it read the same latency."""
+    n, idle_ns = 400, 1_000_000
+    loads = chase(topo, n)
+    r = run(harness, topo, "pf", loads[:n // 2] + [f"idle {idle_ns}"] + loads[n // 2:], tmp_path)
+    want = vtime.expected_idle_ns(topo, "pf")
+    before, after = r["t"][:n // 2], r["t"][n // 2:]
+    assert (before[-1] - before[0]) / (n // 2 - 1) / 1000 == pytest.approx(want)
+    assert (after[-1] - after[0]) / (n - n // 2 - 1) / 1000 == pytest.approx(want)
+    assert (after[0] - before[-1]) / 1000 == idle_ns + 3       # the halt, and the 3 instructions between
+
+
 def test_the_module_cache_serves_lines_written_before(harness, topo, tmp_path):
     """pf_hbm: lines the host wrote (non-temporal stores, so the CPU caches keep nothing) are in
     the module's HBM3E: a cold chase over them reads the hit path, 221 ns."""
