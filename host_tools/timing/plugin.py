@@ -31,15 +31,23 @@ def build_plugin(out_dir: Path | None = None) -> Path:
                           "pfcxl_plugin", ".so")
 
 
+# the plugin's MAX_DOORBELLS (device/plugin/pfcxl_plugin.c)
+MAX_DOORBELLS = 32
+
+
 def doorbell_hpas(topo: Topology) -> list[int]:
     """Physical addresses of the marker lines, the last 64 bytes of a DAX device (the guest side,
-    guest/include/pfcxl_mark.h, stores to device offset size - 64): the first CXL DAX device's,
-    then each direct device's (its devdax namespace ends where its NVDIMM ends). A system-ram
-    region has no DAX device to mark through: its memory is the kernel's, so it is skipped."""
+    guest/include/pfcxl_mark.h, stores to device offset size - 64): every CXL DAX device's, the
+    first first, then each direct device's (its devdax namespace ends where its NVDIMM ends), at
+    most MAX_DOORBELLS (the plugin's) in that order. Every device's: a guest program marks and
+    empties the modelled caches (chase --cold) through the device it uses, e.g. an appliance
+    host's private region (dax1.0), whose doorbell was once unknown to the plugin, so its
+    --cold did nothing. A system-ram region has no DAX device to mark through: its memory is the
+    kernel's, so it is skipped."""
     devdax = [p for p, r in zip(address_map.dax_placements(topo), topo.regions) if r.mode != "system-ram"]
-    cxl = devdax[:1] if data_path.has_cxl(topo) else []
+    cxl = devdax if data_path.has_cxl(topo) else []
     direct = address_map.direct_placements(topo) if data_path.has_direct(topo) else []
-    return [p.base + p.size - tf.LINE for p in cxl + direct]
+    return [p.base + p.size - tf.LINE for p in cxl + direct][:MAX_DOORBELLS]
 
 
 def doorbell_hpa(topo: Topology) -> int:

@@ -130,6 +130,16 @@ def test_a_chase_beside_a_stream_pays_only_what_the_fabric_shares(fleet):
     assert state["hosts"][1]["contention_ns"] > 0 or fleet["fabric"] == "pf"
 
 
+def test_a_cold_chase_in_the_hosts_private_region_pays_the_fabric(fleet):
+    """dax1.0, the host's private region: its doorbell empties the modelled caches too (it was
+    unknown to the plugin, and the chase's lines hit at 8 ns)."""
+    topo = fleet["hosts"][0].topology
+    idle = vtime.expected_idle_ns(topo, fleet["fabric"], what_if=vtime.params(fleet["what_if"]))
+    private = chase_row(round_of(fleet, [f"chase --dax /dev/dax1.0 --no-mark --cold --lines {LOADS} --span 64M "
+                                         f"--loads {LOADS}"])[0])
+    assert private["p50_ns_per_load"] == pytest.approx(idle, rel=0.01)
+
+
 def test_a_sleep_lasts_as_long_in_the_timeline_as_in_the_guest(fleet):
     """Host 0 sleeps 50 ms of its own clock (its vCPU halts; icount's sleep=off jumps the clock at
     once), then chases; host 1's stream, 13 ms of virtual time, is over by then, whatever the

@@ -354,3 +354,18 @@ def test_chase_walks_one_cycle(tools, dax):
     assert word_at(dax, 8 * MiB - 64) == 2           # the profile mark, then start, then stop
     local = subprocess.run([tools["chase"], "--local", "--loads", "1000"], capture_output=True, text=True)
     assert local.returncode == 0 and json.loads(local.stdout)["where"] == "local"
+
+
+def test_every_dax_device_has_a_doorbell_so_a_program_on_any_of_them_can_mark():
+    """pf-appliance gives each host a shared region (dax0.0) and a private one (dax1.0): a chase on
+    dax1.0 rang a doorbell the plugin did not know, so its --cold emptied no cache and its loads
+    hit (8 ns, not the fabric's 283). Every devdax device's last line is a doorbell, the first
+    first; the plugin takes at most its MAX_DOORBELLS."""
+    topo = topology.load(topology.resolve("pf-appliance"))
+    devdax = [p for p, r in zip(address_map.dax_placements(topo), topo.regions) if r.mode != "system-ram"]
+    assert len(devdax) == 2
+    assert timing_plugin.doorbell_hpas(topo) == [p.base + p.size - 64 for p in devdax]
+    plugin_c = (Path(timing_plugin.__file__).resolve().parents[2] / "device/plugin/pfcxl_plugin.c").read_text()
+    assert f"#define MAX_DOORBELLS {timing_plugin.MAX_DOORBELLS}\n" in plugin_c
+    many = dataclasses.replace(topo, regions=topo.regions * 20)
+    assert len(timing_plugin.doorbell_hpas(many)) <= timing_plugin.MAX_DOORBELLS
