@@ -17,8 +17,8 @@ PYTEST := $(VENV)/bin/pytest
 help:
 	@echo "make demo        boot the default appliance (pf-nic), compare what the guest found with the topology, run the quick benchmarks"
 	@echo "make bench       the quick benchmark suite with the fabric models fed by the traced accesses"
-	@echo "make test        the whole suite: unit tests and integration tests that boot guests under TCG"
-	@echo "make test-unit   only the unit tests: pure Python, no process started (see tests/conftest.py)"
+	@echo "make test        the whole suite: unit, component and integration tests (these boot guests under TCG)"
+	@echo "make test-unit   only the unit tests (tests/unit): pure Python, no process started (see tests/conftest.py)"
 	@echo "make test-kernels KERNELS=default,latest,PATH  discovery, data and KV checks on each kernel (slow)"
 	@echo "make boot T=...  boot a topology and attach to its console (Ctrl-] leaves)"
 	@echo "make tables T=.. write the topology's CEDT, CDATs and generic-port/HMAT options to tables-T/"
@@ -61,8 +61,9 @@ JOBS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: setup-timed engines
 	$(PYTEST) -n $(JOBS) --dist loadfile --durations=30 tests
 
+# tests/unit holds the unit tests alone (tests/unit/test_markers.py), so only they are collected
 test-unit: setup
-	$(PYTEST) -m unit tests
+	$(PYTEST) tests/unit
 
 # the kernel matrix: default = setup's 6.12, latest or a version = a Debian kernel package,
 # a path = a build tree or FILE:MODULES_DIR (tests/integration/test_kernel_matrix.py)

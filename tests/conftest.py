@@ -1,13 +1,14 @@
-"""What each test needs, as exactly one marker (pyproject.toml registers them):
+"""What each test needs, as exactly one marker (pyproject.toml registers them), and the folder its
+module lives in, which says the same:
 
-    unit         pure Python: starts no process        (make test-unit runs these alone)
-    component    compiles C, starts daemons or other processes, but boots no guest
-    integration  boots QEMU guests under TCG
+    unit         tests/unit         pure Python: starts no process     (make test-unit runs these alone)
+    component    tests/component    compiles C, starts daemons or other processes, but boots no guest
+    integration  tests/integration  boots QEMU guests under TCG
 
 Every test module says which with a module-level `pytestmark`. A `unit` test that starts a
 process (subprocess, fork, multiprocessing) fails at its teardown, naming how many it started:
 the marker is checked, not trusted. tests/unit/test_markers.py checks that every collected test
-has exactly one of the three.
+has exactly one of the three, the one of its folder.
 
 `--kernels LIST` runs the kernel matrix (tests/integration/test_kernel_matrix.py) on each kernel of
 the list; without it that module is not collected (it boots every check once per kernel: `make
@@ -110,7 +111,8 @@ def pytest_runtest_teardown(item, nextitem):
     started = _started[0] - item.stash.get(_COUNT_KEY, _started[0])
     if started and item.get_closest_marker("unit") is not None:
         raise pytest.fail.Exception(f"{item.nodeid} is marked unit but started {started} process(es) "
-                                    "(fixtures included): mark its module component", pytrace=False)
+                                    "(fixtures included): move its module to tests/component and mark it component",
+                                    pytrace=False)
     tmp = getattr(item, "funcargs", {}).get("tmp_path")
     if started and isinstance(tmp, Path) and (left := _shm_pools_under(tmp)):
         for pool, _ in left:                 # removed, so that one test's leak is not the next one's

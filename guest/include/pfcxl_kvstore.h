@@ -351,7 +351,7 @@ static inline uint32_t kv_probe(const struct kv *s, const uint8_t d[16], uint32_
 }
 
 #ifdef KV_TEST_HOOKS
-/* Tests only (tests/unit/test_kvstore_c.py builds kvstore with -DKV_TEST_HOOKS; the guest's
+/* Tests only (tests/component/test_kvstore_c.py builds kvstore with -DKV_TEST_HOOKS; the guest's
  * tools never have it): once, between a key's match and the read of its record, say so on
  * descriptor W and wait for a byte on R (PFCXL_KV_TEST_PAUSE="W,R"), so that the test can evict
  * and republish the slot exactly there. */

@@ -27,7 +27,7 @@ PAGE = 4096
 # A key's record lives in one of the WINDOW slots from its bucket on (cyclically): a lookup reads
 # those WINDOW lines of each host's segment, whatever the slot count (docs/kvstore.md, "Index")
 WINDOW = 16
-# device byte of the store = data_path.DIRECT_OFFSET on the host side (tests/unit/test_kvstore.py
+# device byte of the store = data_path.DIRECT_OFFSET on the host side (tests/component/test_kvstore.py
 # checks that they are equal): the direct path's devdax namespace data starts there
 HOME = 2 << 20
 NFIT = "ACPI0012"       # the ACPI NVDIMM root device: the direct path's DAX devices sit under it

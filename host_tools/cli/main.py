@@ -2,7 +2,7 @@
 
 Building the parser imports only light modules: every command imports what it uses when it runs,
 so `pfcxl exec`, `ps` and `--help` start without numpy, jinja2, QMP, the image builder, the ACPI table
-code or the plugin's configuration (tests/unit/test_cli_imports.py keeps it so).
+code or the plugin's configuration (tests/component/test_cli_imports.py keeps it so).
 """
 
 from __future__ import annotations

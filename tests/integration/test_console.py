@@ -53,7 +53,7 @@ def test_large_output_arrives_byte_exact_on_the_port_and_on_the_serial_line(vm):
     """Command output comes over the virtio-serial port (init opened it: "output" in READY):
     8 MiB byte for byte, CR LF as written. The serial line still carries it when asked, byte for
     byte; under TCG it moves ~0.05-0.25 MiB/s, so a mebibyte there. That capture stays linear in
-    the output's size is also proven without a guest: tests/unit/test_console.py. The rates:
+    the output's size is also proven without a guest: tests/component/test_console.py. The rates:
     host_tools/experiments/console.py."""
     assert vm.vm.ready_info["output"] == "port"
     line = b"pfcxl 0123456789 abcdefghijklmnopqrstuvwxyz\n"

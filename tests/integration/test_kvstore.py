@@ -55,7 +55,7 @@ def test_every_host_loads_every_other_hosts_blocks(running_appliance, tmp_path, 
     # three guests at once: each loads the blocks of two others (so no pair of hosts is all a load
     # can see) and three contend for one key; the blocks alternate the two chunk sizes. (A store
     # formatted for 16 hosts is the tests below; many writers at once, killed and evicting, is
-    # tests/unit/test_kvstore_stress.py.)
+    # tests/component/test_kvstore_stress.py.)
     hosts, blocks, scale = 3, 3, 2048
     run_dir = running_appliance()
     pool = rundir.shm_dir(run_dir) / "shared.pool"

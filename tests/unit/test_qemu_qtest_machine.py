@@ -8,7 +8,7 @@ from pfcxl.device import topology
 from pfcxl.device.topology.units import GiB, KiB, MiB
 from pfcxl.firmware_tables import cedt, table_files
 
-from .topology_data import GOLDEN_CEDT, QTEST, argv_of, doc_of, values_of
+from tests.topology_data import GOLDEN_CEDT, QTEST, argv_of, doc_of, values_of
 
 
 # tests/qtest/bios-tables-test.c, test_acpi_q35_cxl (QEMU 10.0.2): its bridges and ports, verbatim.

@@ -8,7 +8,7 @@ from pfcxl.serving import traces
 from pfcxl.serving.hosts_sim import UNBOUNDED, HostsSetup, replay_hosts
 from pfcxl.serving.routing import ROUTINGS
 
-from .replay_cases import DOZEN, HAND, requests
+from tests.replay_cases import DOZEN, HAND, requests
 
 pytestmark = pytest.mark.unit
 
@@ -19,7 +19,7 @@ def trace_of(lists, step_ms=1000):
 
 @pytest.mark.parametrize("cache,routing", sorted(HAND))
 def test_the_dozen_gives_the_hand_computed_hits_per_host(cache, routing):
-    # the same hand-worked table the store's replay is held to (tests/unit/replay_cases.py)
+    # the same hand-worked table the store's replay is held to (tests/replay_cases.py)
     r = replay_hosts(HostsSetup(trace_of(DOZEN), 3, cache, routing))
     assert [(h["hits"], h["own"], h["other"]) for h in r.hosts] == HAND[(cache, routing)]
     assert sum(r.hits) == sum(h["hits"] for h in r.hosts)

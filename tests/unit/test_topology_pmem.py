@@ -14,7 +14,7 @@ from pfcxl.guest import plan
 from pfcxl.host_tools.vm import discovery
 from pfcxl.host_tools.vm import qemu
 
-from .topology_data import PMEM, argv_of, doc_of, values_of
+from tests.topology_data import PMEM, argv_of, doc_of, values_of
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ from pfcxl.device.topology.units import GiB, MiB
 from pfcxl.errors import TopologyError
 from pfcxl.guest import plan
 
-from .topology_data import PMEM, argv_of, doc_of, values_of
+from tests.topology_data import PMEM, argv_of, doc_of, values_of
 
 pytestmark = pytest.mark.component
 

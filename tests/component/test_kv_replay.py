@@ -17,7 +17,7 @@ from pfcxl.serving.traces import Request
 
 pytestmark = pytest.mark.component
 
-from .replay_cases import DOZEN, HAND, requests
+from tests.replay_cases import DOZEN, HAND, requests
 
 
 def pool(tmp_path, hosts=4, size=64 << 20):

@@ -1,4 +1,4 @@
-"""Fixtures of the unit and component tests (helpers that are plain functions live in
+"""Fixtures of the component tests (helpers that are plain functions live in
 appliance_helpers.py, hostile_helpers.py, bounded_cli.py), and the compile helpers."""
 
 from __future__ import annotations

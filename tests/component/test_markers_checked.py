@@ -27,4 +27,5 @@ def test_a_unit_test_that_starts_a_process_fails_and_a_component_test_does_not(p
     pytester.makepyfile(test_pure=pure)
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly")
     result.assert_outcomes(passed=3, errors=1)
-    result.stdout.fnmatch_lines(["*test_unit.py::test_it is marked unit but started * process(es)*"])
+    result.stdout.fnmatch_lines(["*test_unit.py::test_it is marked unit but started * process(es)*"
+                                 "move its module to tests/component and mark it component*"])

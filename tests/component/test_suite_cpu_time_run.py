@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_suite_cpu_time import LINE
+from tests.unit.test_suite_cpu_time import LINE
 
 pytestmark = pytest.mark.component
 

@@ -1,5 +1,5 @@
-"""Hand-made replay cases shared by the store's replay tests (test_kv_replay.py) and the serving
-model's N-host tests (test_serving_hosts.py): the same trace, hits worked out once by hand."""
+"""Hand-made replay cases shared by the store's replay tests (component/test_kv_replay.py) and the
+serving model's N-host tests (unit/test_serving_hosts.py): the same trace, hits worked out once by hand."""
 
 from pfcxl.serving.traces import Request
 

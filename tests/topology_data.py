@@ -1,5 +1,5 @@
-"""Shared by test_topology_pmem and test_qemu_qtest_machine: the topologies kept in tests/data,
-and the QEMU options a topology renders to."""
+"""Shared by unit/test_topology_pmem, unit/test_qemu_qtest_machine and component/test_data_path:
+the topologies kept in tests/data, and the QEMU options a topology renders to."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pfcxl.host_tools.vm import qemu
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = Path(__file__).resolve().parent / "data"
 PMEM = DATA / "topologies" / "pmem.toml"
 QTEST = DATA / "topologies" / "qemu-qtest-cxl.toml"
 GOLDEN_CEDT = DATA / "golden" / "CEDT.cxl"     # QEMU 10.0.2 tests/data/acpi/x86/q35/CEDT.cxl

@@ -12,7 +12,7 @@ import pytest
 from pfcxl.serving import compute, inputs, mechanisms, retrieval
 
 from . import bounded_cli
-from .test_serving_traces import BAD, GOOD
+from tests.unit.test_serving_traces import BAD, GOOD
 
 pytestmark = pytest.mark.component
 
@@ -206,7 +206,7 @@ def test_disk_file_must_name_its_source(refused):
 
 
 def test_hosts_replay_from_the_command_line_gives_the_hand_computed_hits(tmp_path):
-    from .replay_cases import DOZEN, HAND
+    from tests.replay_cases import DOZEN, HAND
     trace = tmp_path / "dozen.jsonl"
     trace.write_text("".join(json.dumps(dict(timestamp=1000 * i, input_length=512 * len(b), output_length=1,
                                              hash_ids=b)) + "\n" for i, b in enumerate(DOZEN)))

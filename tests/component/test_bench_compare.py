@@ -11,7 +11,7 @@ import math
 import random
 
 from . import bounded_cli
-from .test_bench_report import render, sample
+from tests.unit.test_bench_report import render, sample
 from pfcxl.host_tools.bench import report as bench_report
 
 SYSTEMS = ("pf", "electrical", "dram")

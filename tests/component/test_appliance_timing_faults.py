@@ -1,6 +1,6 @@
 """A timed appliance facing what one client can do to it: write its own trace ring's header,
 write records its plugin cannot have produced, or capture onto a full disk. The service is run
-for real (no VMs); the test plays the plugin, as tests/unit/test_appliance_timing.py does."""
+for real (no VMs); the test plays the plugin, as tests/component/test_appliance_timing.py does."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from pfcxl.serving import traces
 from pfcxl.serving.hosts_sim import HostsSetup, replay_hosts
 from pfcxl.serving.traces import Request
 
-from .replay_cases import DOZEN, requests
+from tests.replay_cases import DOZEN, requests
 from .test_kv_replay import cli, pool
 
 pytestmark = pytest.mark.component

@@ -1,5 +1,5 @@
-"""Unit tests of host_tools/provision's pure parts: apt source parsing, kernel choice, private apt
-options, .deb checks, unpacking."""
+"""Tests of host_tools/provision's parts that install nothing: apt source parsing, kernel choice,
+private apt options, .deb checks, unpacking (these run apt-config and dpkg-deb: component)."""
 
 from __future__ import annotations
 
