@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pfcxl.device.topology.data_path import DATA_PATHS
+
 from pfcxl.errors import PfcxlError
 
 
@@ -57,14 +57,6 @@ def writable_dir(path: Path, option: str, mode: int = 0o700) -> None:
 
 
 
-def add_data_path(p: argparse.ArgumentParser) -> None:
-    """--data-path for every command that boots (pfcxl.device.topology.data_path)."""
-    p.add_argument("--data-path", choices=DATA_PATHS,
-                   help="how the guest reaches the memory: cxl (the CXL region, emulated I/O), direct (the "
-                   "same bytes as an NVDIMM devdax device at guest-RAM speed) or both (default: the "
-                   "topology's [guest] data_path, itself cxl by default)")
-
-
 def packages(text: str) -> tuple[str, ...]:
     """--packages: comma-separated Debian package names (a malformed one: argparse's one line)."""
     from pfcxl.host_tools.image.debian_packages import parse_names
@@ -72,31 +64,6 @@ def packages(text: str) -> tuple[str, ...]:
         return parse_names(text)
     except PfcxlError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--packages: ")) from exc
-
-
-def add_packages(p: argparse.ArgumentParser) -> None:
-    """--packages for every command that takes --image (host_tools/image/debian_packages.py)."""
-    p.add_argument("--packages", type=packages, metavar="A,B", default=(),
-                   help="more Debian trixie packages in the Debian image (with --image debian), with their "
-                   "dependencies, e.g. numactl; downloaded into the cache, the image reused for the same list")
-
-
-def add_own_qemu(p: argparse.ArgumentParser) -> None:
-    """--qemu and --qemu-arg for every command that boots (host_tools/vm/qemu_binary.py)."""
-    p.add_argument("--qemu", metavar="PATH", help="the QEMU binary to boot with (10.0 or newer; default "
-                   "qemu-system-x86_64 from setup)")
-    p.add_argument("--qemu-arg", metavar="ARG", dest="qemu_args", action="append", default=[],
-                   help="one more QEMU argument, appended after pfcxl's own (repeatable); one that starts "
-                   "with '-' is written with '=': --qemu-arg=-name --qemu-arg=mine")
-    kernel = p.add_mutually_exclusive_group()
-    kernel.add_argument("--kernel", metavar="PATH", help="boot this kernel: a bzImage/vmlinuz file, or a kernel "
-                        "build tree (its arch/x86/boot/bzImage, and vmlinux for the lean PVH entry)")
-    kernel.add_argument("--kernel-package", metavar="VERSION", help="boot a Debian kernel package instead: a "
-                        "version (6.12.117, 6.12.117-1 or 6.12.117+deb13-amd64) or latest, from bookworm-backports, "
-                        "trixie or trixie-backports; downloaded and unpacked into the cache once, each version kept")
-    p.add_argument("--modules", metavar="DIR", help="the kernel's modules: an INSTALL_MOD_PATH tree "
-                   "(lib/modules/RELEASE); default for a build tree: the tree; the image takes the CXL, DAX, "
-                   "NVDIMM and kmem modules and their dependencies from it")
 
 
 MAX_LOADS = 100         # each load is one replay of the whole trace per system
@@ -123,6 +90,8 @@ class _OldSpelling(argparse.Action):
 
 def old_spelling(p: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
     """Keep `old` working for the option now spelled `new` (kwargs: its choices, type, ...)."""
-    dest = next(a.dest for a in p._actions if new in a.option_strings)
-    p.add_argument(old, dest=dest, action=_OldSpelling, new=new, metavar=new.lstrip("-").upper(),
-                   help=f"the old spelling of {new} (works, with a notice)", **kwargs)
+    current = next(a for a in p._actions if new in a.option_strings)
+    action = p.add_argument(old, dest=current.dest, action=_OldSpelling, new=new, metavar=new.lstrip("-").upper(),
+                            help=f"the old spelling of {new} (works, with a notice)", **kwargs)
+    if hasattr(current, "boot_field"):          # a boot option's old spelling is the same option
+        action.boot_field = current.boot_field  # type: ignore[attr-defined]

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from pfcxl.device.topology import data_path as data_path_mod
 from pfcxl.device.fabric import constants as fabric_constants
@@ -41,6 +41,7 @@ from pfcxl.firmware_tables import boot_policy, generate
 from pfcxl.host_tools import appliance as appliance_mod
 from pfcxl.host_tools.image import initramfs as image_mod
 from pfcxl.host_tools.argtypes import writable_dir
+from pfcxl.host_tools import timeouts
 from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.host_tools.vm.guest_names import guest_name
 from pfcxl.host_tools.image import kernel_package as kernel_package_mod
@@ -104,103 +105,61 @@ def timing_config(mode: str | timing_mod.TimingConfig | None, *, profile: str = 
 class Machine:
     """One emulated host booted from a topology; a context manager. See the module docstring.
 
-    topology: shipped name, TOML path or Topology (default pf-nic). timing: None, "count",
-    "trace", "inject" or a TimingConfig. image: "busybox" or "debian". host / appliance: for
-    topologies whose devices the appliance serves, the host id and the Appliance (or its run
-    directory; default: the topology's default appliance directory), or an `attachment` the caller
-    made on its own connection (appliance.Client.attach); on a timed appliance the plugin traces
-    into the ring it hands out (appliance_stats() reads its figures). run_dir: kept backing files
-    and logs (default: a temporary directory, removed afterwards unless keep=True or the boot
-    failed). cedt: "auto", "qemu" or "ours". append: extra kernel command line. name: what the
-    guest's logs and files are called (default: "guest", or "guest-1", ... when other live guests
-    share the run directory). prebuilt: the
-    boot_image() of another Machine with the same topology and options, to skip the cache check.
-    data_path: "cxl", "direct" or "both" (default: the topology's [guest] data_path, itself cxl by
-    default); see pfcxl.device.topology.data_path.
-    lean: the lean kernel command line (host_tools.qemu.LEAN_CMDLINE); False boots the classic one.
-    qemu: a QEMU binary of one's own (path or name on PATH; 10.0 or newer, checked here).
-    qemu_args: more QEMU arguments, appended to the argv after pfcxl's own.
-    kernel: a kernel of one's own, a bzImage/vmlinuz file or a build tree; modules: its
-    INSTALL_MOD_PATH tree (default for a build tree: the tree). Checked here (host_tools/image/own_kernel.py).
-    issue: how a trace's requests are modelled, "dependent" or "independent".
-    options: all of the boot options above at once, a BootOptions (what the CLI builds and
-    `run --reuse` matches on); then give none of them as keywords.
-    kernel_package: instead of kernel, a Debian kernel by version or "latest" from bookworm-backports,
-    trixie or trixie-backports, downloaded and unpacked into the cache here (host_tools/image/kernel_package.py).
-    packages: more Debian trixie packages in the Debian image (image="debian"), e.g. ["numactl"],
-    with their dependencies (host_tools/image/debian_packages.py).
+    topology: shipped name, TOML path or Topology (default pf-nic). What it boots besides: `options`,
+    a BootOptions (what the CLI builds and `run --reuse` matches on), or its fields as keywords, e.g.
+    Machine("pf-nic", timing="trace", image="debian", clock="virtual"); each field is described
+    once, in host_tools/vm/boot_options.py (timing, image, host, appliance, run_dir, cedt, append,
+    data_path, qemu, qemu_args, kernel, modules, kernel_package, packages, issue, clock, fabric,
+    fabric_params, lean, inject_profile, baseline_ns). A name that is no field is refused in one line.
+    On the appliance: `appliance` is an Appliance or its run directory (default: the topology's
+    default appliance directory), or `attachment` one the caller made on its own connection
+    (appliance.Client.attach); on a timed appliance the plugin traces into the ring it hands out
+    (appliance_stats() reads its figures). keep: keep a temporary run directory (it is kept anyway
+    when the boot failed). ready_timeout: seconds to PFCXL-READY. name: what the guest's logs and
+    files are called (default: "guest", or "guest-1", ... when other live guests share the run
+    directory). prebuilt: the boot_image() of another Machine with the same topology and options,
+    to skip the cache check. progress: called with a line per step.
+
+    The constructor only stores and checks settings: resolve() (called by plan(), boot_image()
+    and launch()) finds the QEMU and probes its version, checks an own kernel and downloads a
+    kernel package, once.
     """
 
-    def __init__(self, topology: str | Path | Topology | None = None, *, timing=None, image: str = "busybox",
-                 host: int = 0, appliance: "Appliance | str | Path | None" = None,
-                 attachment: appliance_mod.Attachment | None = None,
-                 run_dir: str | Path | None = None, keep: bool = False, cedt: str = "auto", append: str = "",
-                 ready_timeout: float = 300, name: str | None = None, inject_profile: str = "pf",
-                 baseline_ns: float | None = None, prebuilt: image_mod.BootImage | None = None,
-                 progress: Callable[[str], None] | None = None, data_path: str | None = None,
-                 lean: bool = True, qemu: str | Path | None = None, qemu_args: Sequence[str] = (),
-                 kernel: str | Path | None = None, modules: str | Path | None = None,
-                 kernel_package: str | None = None, issue: str = "dependent",
-                 packages: Sequence[str] = (), clock: str = "emulator", fabric: str = "pf",
-                 fabric_params: Sequence[str] = (), options: BootOptions | None = None) -> None:
-        given = BootOptions(timing=timing, inject_profile=inject_profile, baseline_ns=baseline_ns, issue=issue,
-                            image=image, host=host, appliance=appliance,
-                            run_dir=str(run_dir) if run_dir is not None else None, cedt=cedt, append=append,
-                            lean=lean, data_path=data_path, qemu=str(qemu) if qemu is not None else None,
-                            qemu_args=tuple(qemu_args), kernel=str(kernel) if kernel is not None else None,
-                            modules=str(modules) if modules is not None else None, kernel_package=kernel_package,
-                            packages=tuple(packages.split(",") if isinstance(packages, str) else packages),
-                            clock=clock, fabric=fabric, fabric_params=tuple(fabric_params))
-        if options is not None and given != BootOptions():
+    def __init__(self, topology: str | Path | Topology | None = None, *, options: BootOptions | None = None,
+                 attachment: appliance_mod.Attachment | None = None, keep: bool = False,
+                 ready_timeout: float = timeouts.READY_S, name: str | None = None,
+                 prebuilt: image_mod.BootImage | None = None, progress: Callable[[str], None] | None = None,
+                 **fields: Any) -> None:
+        """Stores and checks the settings; starts, probes and downloads nothing (plan() and
+        launch() do, once: the QEMU's version, a kernel package, the image)."""
+        if options is not None and fields:
             raise PfcxlError("give the boot options once: as options=BootOptions(...) or as keywords")
-        self.options = options = options if options is not None else given
-        timing, inject_profile, baseline_ns = options.timing, options.inject_profile, options.baseline_ns
-        image, host, appliance, cedt, append = options.image, options.host, options.appliance, options.cedt, options.append
-        qemu, kernel, modules, kernel_package = options.qemu, options.kernel, options.modules, options.kernel_package
+        self.options = options = options if options is not None else BootOptions.of(**fields)
+        options.check_bootable()
         self.issue = options.issue
         self.topology, self.topology_path = load_topology(topology)
         self.topology = data_path_mod.with_data_path(self.topology, options.data_path)
-        if cedt not in boot_policy.CEDT_MODES:
-            raise PfcxlError(f"cedt '{cedt}' is not one of {', '.join(boot_policy.CEDT_MODES)}")
-        if image not in image_mod.IMAGE_KINDS:
-            raise PfcxlError(f"image '{image}' is not one of {', '.join(image_mod.IMAGE_KINDS)}")
-        if options.packages and image != "debian":
-            raise PfcxlError(f"--packages {','.join(options.packages)}: packages go into the Debian image; "
-                             "add --image debian")
         if ready_timeout <= 0:
             raise PfcxlError(f"ready timeout must be positive, not {ready_timeout}")
         self.clock, self.fabric = options.clock, options.fabric
+        timing = options.timing
         if self.clock == "virtual":
             timing = _virtual_timing(self.topology, timing)
-        self.timing_config = timing_config(timing, profile=inject_profile, baseline_ns=baseline_ns)
+        self.timing_config = timing_config(timing, profile=options.inject_profile, baseline_ns=options.baseline_ns)
         if self.timing_config is not None and (self.clock == "virtual" or options.fabric_params):
             self.timing_config = dataclasses.replace(self.timing_config, clock=self.clock, fabric=self.fabric,
                                                      fabric_params=options.fabric_params)
         # inject named by mode without a baseline: measured first, in a count-mode guest, at launch
-        self._calibrate = timing == "inject" and baseline_ns is None
-        self.image_kind, self.host, self.cedt, self.append = image, host, cedt, append
+        self._calibrate = timing == "inject" and options.baseline_ns is None
+        self.image_kind, self.host, self.cedt, self.append = options.image, options.host, options.cedt, options.append
         self.lean = options.lean
+        self.appliance = options.appliance
+        # resolved by _resolve_qemu() (plan, launch): the timed QEMU's path and firmware, a version probe
+        self.qemu: str | None = None
+        self.qemu_version: str | None = None
         self.qemu_args = list(options.qemu_args)
-        # checked before anything is built or started: a missing or too old QEMU is one line
-        if qemu is not None:
-            self.qemu = qemu_binary.resolve(qemu)
-        elif self.clock == "virtual":
-            self.qemu = timed_qemu.binary()
-            self.qemu_args = timed_qemu.firmware_args() + self.qemu_args
-        else:
-            self.qemu = qemu_mod.qemu_binary()
-        self.qemu_version = (qemu_binary.version(self.qemu, min(qemu_binary.VERSION_TIMEOUT, ready_timeout))
-                             if qemu is not None else None)
-        if modules is not None and kernel is None:
-            raise PfcxlError("modules: give them with the kernel they belong to (--kernel PATH --modules DIR)")
-        if kernel_package is not None and kernel is not None:
-            raise PfcxlError("kernel_package and kernel: give one kernel (--kernel-package or --kernel)")
-        self.kernel_args = (kernel, modules, kernel_package)
-        self.own_kernel = own_kernel.own(kernel, modules) if kernel is not None else None
-        if kernel_package is not None:
-            self.own_kernel = kernel_package_mod.kernel(kernel_package, progress or (lambda message: None))
-        self.appliance = appliance
-        # absolute: QEMU and the plugin get these paths, and the printed argv must be the exec'd one
+        self.own_kernel: own_kernel.Kernel | None = None        # by _resolve_kernel(): checks files, may download
+        self._resolved = False
         self.run_dir_arg = Path(options.run_dir) if options.run_dir is not None else None
         self.keep, self.ready_timeout = keep, ready_timeout
         self.name = name or DEFAULT_NAME
@@ -215,10 +174,33 @@ class Machine:
         self._appliance_dir: Path | None = None
         self._boot_failed = False      # launch or wait_ready failed (not an interrupt)
 
+    def resolve(self) -> "Machine":
+        """Find the QEMU and the kernel a boot uses, once: a missing or too old QEMU, a timed QEMU
+        not built, a kernel that is not one, in one line before anything is built or started.
+        plan(), boot_image() and launch() call it; a kernel package is downloaded here."""
+        if self._resolved:
+            return self
+        options = self.options
+        if options.qemu is not None:
+            self.qemu = qemu_binary.resolve(options.qemu)
+            self.qemu_version = qemu_binary.version(self.qemu, min(qemu_binary.VERSION_TIMEOUT, self.ready_timeout))
+        elif self.clock == "virtual":
+            self.qemu = timed_qemu.binary()
+            self.qemu_args = timed_qemu.firmware_args() + list(options.qemu_args)
+        else:
+            self.qemu = qemu_mod.qemu_binary()
+        if options.kernel is not None:
+            self.own_kernel = own_kernel.own(options.kernel, options.modules)
+        elif options.kernel_package is not None:
+            self.own_kernel = kernel_package_mod.kernel(options.kernel_package, self.say)
+        self._resolved = True
+        return self
+
     # ------------------------------------------------------------------ plan
 
     def boot_image(self, progress: Callable[[str], None] | None = None) -> image_mod.BootImage:
         """The guest image (built once, then cached by the hash of its inputs)."""
+        self.resolve()
         if self._image is None:
             ours = boot_policy.cedt_for_boot(self.topology, self.cedt)
             self._image = image_mod.build(self.topology, progress=progress or self.say, kind=self.image_kind,
@@ -239,6 +221,7 @@ class Machine:
 
     def plan(self) -> Plan:
         """What a boot would use (image, tables, argv, files), without starting anything."""
+        self.resolve()
         run_dir = self.run_dir or self.run_dir_arg or RUN_DIR_PLACEHOLDER
         config = self.timing_config   # a baseline still to measure is shown as 0
         vm = self._vm(run_dir, self._plugin_args(run_dir, config))
@@ -273,6 +256,7 @@ class Machine:
         """Start QEMU and return at once (several Machines can then boot side by side)."""
         if self._stack is not None:
             raise VMError(f"{self.name}: this Machine was already started")
+        self.resolve()
         stack = self._stack = contextlib.ExitStack()
         try:
             self.run_dir = stack.enter_context(_run_directory(self.run_dir_arg, self.keep, self.say,
@@ -365,7 +349,7 @@ class Machine:
         return timing_mod.plugin_args(timing_plugin.build_plugin(), self.topology, run_dir,
                                       timing_mod.TimingConfig("trace"), self.name, ring=ring_path)
 
-    def appliance_stats(self, sync: bool = True, timeout: float = 300) -> dict:
+    def appliance_stats(self, sync: bool = True, timeout: float = timeouts.STATS_SYNC_S) -> dict:
         """The timed appliance's telemetry (op stats): with `sync`, once everything this host's
         plugin has written so far is modelled."""
         if not self.on_timed_appliance or self._appliance_dir is None:
@@ -416,26 +400,26 @@ class Machine:
         """The VM's state (host_tools.vm.VMState), or None before launch."""
         return self.vm.state if self.vm else None
 
-    def run(self, command: str | Sequence[str], timeout: float = 600) -> Result:
+    def run(self, command: str | Sequence[str], timeout: float = timeouts.COMMAND_S) -> Result:
         """Run a command in the guest: a string is shell syntax, a list is argv (each word quoted);
         stdin is /dev/null. Its exit status and output. A command still running after `timeout`
         seconds is killed in the guest (VMError); the guest stays up for the next."""
         done = self._booted().run(command, timeout)
         return Result(done.status, done.data, done.command)
 
-    def check(self, command: str, timeout: float = 600) -> str:
+    def check(self, command: str, timeout: float = timeouts.COMMAND_S) -> str:
         """Run a command that must succeed; its output."""
         return self._booted().check(command, timeout)
 
-    def start_command(self, command: str | Sequence[str], timeout: float = 600):
+    def start_command(self, command: str | Sequence[str], timeout: float = timeouts.COMMAND_S):
         """Type a command and return at once; finish_command() collects it (killed at `timeout`)."""
         return self._booted().start_command(command, timeout)
 
-    def finish_command(self, started, timeout: float = 600) -> Result:
+    def finish_command(self, started, timeout: float = timeouts.COMMAND_S) -> Result:
         done = self._booted().finish_command(started, timeout)
         return Result(done.status, done.data, done.command)
 
-    def traced_run(self, command: str | Sequence[str], timeout: float = 600, *,
+    def traced_run(self, command: str | Sequence[str], timeout: float = timeouts.COMMAND_S, *,
                    bracket: bool | None = None) -> TracedRun:
         """Run a command with the timing plugin watching (pfcxl/runs.py): bracketed by the phase
         markers (bracket None: when something traces this machine and the command does not mark
@@ -443,12 +427,12 @@ class Machine:
         .rows(n); on a timed appliance, .appliance_figures()."""
         return self.finish_traced(self.start_traced(command, timeout, bracket=bracket), timeout)
 
-    def start_traced(self, command: str | Sequence[str], timeout: float = 600, *,
+    def start_traced(self, command: str | Sequence[str], timeout: float = timeouts.COMMAND_S, *,
                      bracket: bool | None = None) -> runs.Started:
         """traced_run's first half: type the command and return at once (several hosts at a time)."""
         return runs.start(self, command, timeout, bracket)
 
-    def finish_traced(self, started: runs.Started, timeout: float = 600) -> TracedRun:
+    def finish_traced(self, started: runs.Started, timeout: float = timeouts.COMMAND_S) -> TracedRun:
         return runs.finish(self, started, timeout)
 
     @property
@@ -459,7 +443,7 @@ class Machine:
     def qmp(self, command: str, **arguments: object) -> object:
         return self._booted().qmp(command, **arguments)
 
-    def inject(self, kind: str, device: str, *, expect: bool = False, timeout: float = 60, **fields) -> dict:
+    def inject(self, kind: str, device: str, *, expect: bool = False, timeout: float = timeouts.EXPECT_S, **fields) -> dict:
         """Inject a CXL error into `device` (the topology's name) through QMP: kind is one of
         host_tools.inject.KINDS; fields are the QMP command's (dpa, length, log, type, ...; '_' for
         '-'), checked first (PfcxlError, one line, nothing injected). With `expect`, wait for the

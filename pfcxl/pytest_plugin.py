@@ -15,6 +15,7 @@ attached to that appliance as host 0 (marker `host=N` to choose).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 
@@ -49,9 +50,12 @@ def _options(request) -> dict:
 
 
 def option_names() -> list[str]:
-    """What the marker takes: pfcxl.Machine's keyword arguments, and appliance_topology."""
+    """What the marker takes: pfcxl.Machine's own keyword arguments, the boot options' fields (its
+    other keywords), and appliance_topology."""
     from pfcxl.machine import Machine
-    return [*inspect.signature(Machine).parameters, "appliance_topology"]
+    from pfcxl.host_tools.vm.boot_options import BootOptions
+    own = [name for name, p in inspect.signature(Machine).parameters.items() if p.kind is not p.VAR_KEYWORD]
+    return [own[0], *(f.name for f in dataclasses.fields(BootOptions)), *own[1:], "appliance_topology"]
 
 
 @pytest.fixture

@@ -22,8 +22,7 @@ from pfcxl.host_tools.timing import CLOCKS
 
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.cli import telemetry as cli_telemetry
-from pfcxl.host_tools import argtypes
-from pfcxl.host_tools.cli.options import add_clock_options
+from pfcxl.host_tools import argtypes, timeouts
 from pfcxl.host_tools.ui import err, out, write_output
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -234,12 +233,15 @@ def add_parsers(sub, common) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", "-n", type=argtypes.count, required=True, help="number of hosts")
     p.add_argument("--topology", "-t", help=f"default {DEFAULT_APPLIANCE}")
-    p.add_argument("--run-dir", dest="appliance_dir", help="the run directory of a running appliance to use "
-                   "(as for appliance and kv commands)")
+    boot_options.add_arguments(p, ("appliance",), spellings={"appliance": ("--run-dir",)},
+                               helps={"appliance": "the run directory of a running appliance to use (as for "
+                                      "appliance and kv commands)"})
     argtypes.old_spelling(p, "--appliance-dir", "--run-dir")
-    p.add_argument("--timeout", type=argtypes.seconds, default=900, help="seconds for all guests to be ready (default 900)")
-    argtypes.add_data_path(p)
-    p.add_argument("--command-timeout", type=argtypes.seconds, default=900, help="seconds for the command (default 900)")
+    p.add_argument("--timeout", type=argtypes.seconds, default=timeouts.FLEET_READY_S,
+                   help=f"seconds for all guests to be ready (default {timeouts.FLEET_READY_S})")
+    boot_options.add_arguments(p, ("data_path",))
+    p.add_argument("--command-timeout", type=argtypes.seconds, default=timeouts.FLEET_COMMAND_S,
+                   help=f"seconds for the command (default {timeouts.FLEET_COMMAND_S})")
     p.add_argument("--parallel-boots", type=argtypes.count, help="guests booting at once (default: two per CPU)")
     p.add_argument("--timing", choices=("trace",), help="trace every host's CXL requests into the appliance, "
                    "which models them together; prints per-host and per-module modelled latency, utilisation, "
@@ -252,8 +254,8 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--capture", metavar="DIR", help="--timing: keep every host's drained trace records and its "
                    "plugin phases in DIR (absent or empty; a temporary appliance completes the manifest as it "
                    "stops, a running one must have been started with this --capture)")
-    argtypes.add_own_qemu(p)
-    add_clock_options(p, fabric=False)   # --fabric above: the fabric each timed host is charged by too
+    # --fabric above: the fabric each timed host is charged by too
+    boot_options.add_arguments(p, boot_options.OWN_QEMU + ("clock", "fabric_params"))
     p.add_argument("--quantum", type=int, metavar="NS", help="--clock virtual: the hosts share one timeline in "
                    f"quanta of NS ns of virtual time ({timeline.MIN_QUANTUM_NS} to {timeline.MAX_QUANTUM_NS:,}; "
                    f"default {timeline.DEFAULT_QUANTUM_NS}, or a running appliance's own)")

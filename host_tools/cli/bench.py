@@ -16,10 +16,8 @@ from rich.markup import escape
 from pfcxl.errors import PfcxlError, TimingError
 
 from pfcxl.host_tools.vm import boot_options
-from pfcxl.host_tools.image import IMAGE_KINDS
-from pfcxl.host_tools import argtypes
+from pfcxl.host_tools import argtypes, timeouts
 from pfcxl.host_tools.ui import err, out
-from pfcxl.host_tools.cli.options import add_clock_options
 
 
 def cmd_bench(args) -> int:
@@ -146,15 +144,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--topology", "-t", help="the topology to boot (default pf-nic)")
     p.add_argument("--suite", type=_suite, default="quick",
                    help="quick (default, a minute or two), full, or a JSON suite file")
-    p.add_argument("--image", choices=IMAGE_KINDS, default="busybox", help="guest image (default busybox)")
-    argtypes.add_packages(p)
+    boot_options.add_arguments(p, boot_options.IMAGE)
     p.add_argument("--timing", choices=("trace",), help="also model each CXL run's whole trace (idle latency "
                    "from the traced chase)")
-    argtypes.add_data_path(p)
+    boot_options.add_arguments(p, ("data_path",))
     p.add_argument("--out", help="results directory (default results/<time>-<topology>)")
-    p.add_argument("--timeout", type=argtypes.seconds, default=300, help="seconds for the guest to become ready")
-    argtypes.add_own_qemu(p)
-    add_clock_options(p)
+    p.add_argument("--timeout", type=argtypes.seconds, default=timeouts.READY_S,
+                   help=f"seconds for the guest to become ready (default {timeouts.READY_S})")
+    boot_options.add_arguments(p, boot_options.OWN_QEMU + boot_options.CLOCK)
     p.set_defaults(func=cmd_bench)
     actions = p.add_subparsers(dest="bench_action", metavar="[compare]", required=False)
     c = actions.add_parser("compare", help="compare two results files",

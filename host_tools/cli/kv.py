@@ -21,7 +21,7 @@ from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
 from pfcxl.host_tools.image import debian as debian_image
 from pfcxl.host_tools import argtypes, bus_error
-from pfcxl.host_tools.cli.options import add_clock_options
+from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.ui import out
 
 DEFAULT_APPLIANCE = "pf-appliance"
@@ -196,7 +196,8 @@ def cmd_replay(args) -> int:
         path = topology.resolve(args.topology or DEFAULT_APPLIANCE)
         from pfcxl.host_tools.vm.boot_options import BootOptions
         virtual = args.clock == "virtual"     # each guest in its own virtual clock, charged by --fabric
-        options = BootOptions(clock="virtual", fabric=args.fabric or "pf") if virtual else None
+        options = BootOptions(clock="virtual", fabric=args.fabric or "pf",
+                              fabric_params=tuple(args.fabric_params)) if virtual else None
         results = run_on_guests(topology.load(path), path, setup, requests, modes, data_path=args.data_path,
                                 timing=None if virtual else args.fabric,
                                 say=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
@@ -325,12 +326,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--on", choices=("host", "guests"), default="host",
                    help="where the hosts run: processes on the pool file (host), or the C kvreplay tool in one "
                    "guest each of the appliance, booted here (guests; the store in the appliance's pool)")
-    argtypes.add_data_path(p)
+    boot_options.add_arguments(p, ("data_path",))
     p.add_argument("--fabric", choices=("pf", "electrical"),
                    help="with --on guests: the appliance models every guest's traffic on this fabric system; the "
                    "report adds each host's modelled latency, rate and the requests' TTFT from them")
     argtypes.old_spelling(p, "--timing", "--fabric", choices=("pf", "electrical"))
-    add_clock_options(p, fabric=False)   # with --clock virtual, --fabric is what each guest is charged by
+    # with --clock virtual, --fabric is what each guest is charged by
+    boot_options.add_arguments(p, ("clock", "fabric_params"))
     p.add_argument("--routing", choices=("round-robin", "session", "prefix"), default="round-robin",
                    help="which host takes a request: in turn, by session (its first block after the shared "
                    "prefix), or the host holding the longest prefix of its blocks (default round-robin)")

@@ -13,7 +13,7 @@ from pfcxl.errors import PfcxlError
 
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.fleet import detached
-from pfcxl.host_tools import argtypes
+from pfcxl.host_tools import argtypes, timeouts
 from pfcxl.host_tools.ui import err, out, write_output
 
 DEFAULT_NAME = "default"
@@ -143,6 +143,12 @@ def cmd_down(args) -> int:
     return 0
 
 
+def add_command_timeout(p: argparse.ArgumentParser) -> None:
+    """--command-timeout of run and exec: one guest command's limit."""
+    p.add_argument("--command-timeout", type=argtypes.seconds, default=timeouts.COMMAND_S,
+                   help=f"seconds for the command (default {timeouts.COMMAND_S})")
+
+
 def add_parsers(sub, common) -> None:
     p = sub.add_parser("up", help="boot a guest in the background; exec runs commands in it",
                        description="Boot a guest as `pfcxl run` would, but keep it up in a background process "
@@ -157,7 +163,7 @@ def add_parsers(sub, common) -> None:
                        "output and exit with its status, as pfcxl run does without the boot. Example: "
                        "pfcxl exec default -- cxl list -R")
     p.add_argument("name", help="the machine (pfcxl ps)")
-    p.add_argument("--command-timeout", type=argtypes.seconds, default=600, help="seconds for the command (default 600)")
+    add_command_timeout(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
     p.set_defaults(func=cmd_exec, interrupted="pfcxl: interrupted; the machine stays up, and the command may "
                    "still be running in it")
@@ -178,7 +184,8 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--set", type=_field, action="append", default=[], metavar="FIELD=VALUE",
                    help="any other field of the QMP command (e.g. --set transaction-type=2 --set temperature=70)")
     p.add_argument("--expect", action="store_true", help="wait for the guest's record of the error and print it")
-    p.add_argument("--expect-timeout", type=argtypes.seconds, default=60, help="seconds --expect waits (default 60)")
+    p.add_argument("--expect-timeout", type=argtypes.seconds, default=timeouts.EXPECT_S,
+                   help=f"seconds --expect waits (default {timeouts.EXPECT_S})")
     p.set_defaults(func=cmd_inject)
 
     p = sub.add_parser("ps", help="machines that are up: topology, age, state",

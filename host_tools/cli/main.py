@@ -25,9 +25,6 @@ from pfcxl import __version__
 from pfcxl import errors
 from pfcxl.errors import PfcxlError, TopologyError
 
-from pfcxl.device.fabric import constants as fabric_constants
-from pfcxl.device.fabric import model as fabric_model
-from pfcxl.firmware_tables import CEDT_MODES
 
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.cli import appliance as cli_appliance
@@ -36,12 +33,9 @@ from pfcxl.host_tools.cli import kv as cli_kv
 from pfcxl.host_tools.cli import machines as cli_machines
 from pfcxl.host_tools.cli import model as cli_model
 from pfcxl.host_tools.cli import serving as cli_serving
-from pfcxl.host_tools import argtypes
+from pfcxl.host_tools import argtypes, timeouts
 from pfcxl.host_tools.cli import topology as cli_topology
 from pfcxl.host_tools.cli import telemetry as cli_telemetry
-from pfcxl.host_tools.image import IMAGE_KINDS
-from pfcxl.host_tools.timing import MODES as TIMING_MODES
-from pfcxl.host_tools.cli.options import add_clock_options
 from pfcxl.host_tools.ui import err, out, write_output
 
 if TYPE_CHECKING:
@@ -247,47 +241,24 @@ def cmd_demo(args) -> int:
 
 def _common(p: argparse.ArgumentParser, boots: bool = False, timing_options: bool = True) -> None:
     """The topology and image options; `boots`: those of a boot; `timing_options`: the plugin's
-    (demo only discovers, so it has none)."""
+    (demo only discovers, so it has none). The boot options come from BootOptions' fields."""
     p.add_argument("--topology", "-t", help="shipped topology name or TOML path (default: pf-nic)")
-    p.add_argument("--image", choices=IMAGE_KINDS, default="busybox",
-                   help="guest image: busybox (default, small) or debian (trixie with python3 and the "
-                   "pfcxl_guest module; built once with mmdebstrap)")
-    argtypes.add_packages(p)
-    p.add_argument("--cedt", choices=CEDT_MODES, default="auto",
-                   help="whose CEDT the guest sees: QEMU's, or ours through the initrd table upgrade; "
-                   "auto (default) uses ours only when the topology sets fields QEMU cannot write")
+    boot_options.add_arguments(p, boot_options.IMAGE + ("cedt",))
     if boots:
-        p.add_argument("--run-dir", help="directory for backing files and logs (kept; reused by a later "
-                       "boot, so memory contents persist)")
+        boot_options.add_arguments(p, boot_options.PLACE)
         p.add_argument("--keep", action="store_true", help="keep the temporary run directory")
-        argtypes.add_data_path(p)
-        p.add_argument("--timeout", type=argtypes.seconds, default=300,
+        p.add_argument("--timeout", type=argtypes.seconds, default=timeouts.READY_S,
                        help="seconds to wait for the guest to become ready, not counting time a loaded "
-                       "host keeps QEMU waiting for a CPU (default 300)")
-        p.add_argument("--append", default="", help="extra kernel command line")
-        p.add_argument("--host", type=int, default=0,
-                       help="host id on the appliance, for topologies whose devices it serves (default 0)")
-        p.add_argument("--appliance-dir", help="run directory of the appliance to attach to "
-                       "(default: $PFCXL_CACHE/appliance/<topology name>)")
+                       f"host keeps QEMU waiting for a CPU (default {timeouts.READY_S})")
         p.add_argument("--dry-run", action="store_true", help="print the whole plan (image, tables, files, "
                        "QEMU argv) and start nothing")
-        argtypes.add_own_qemu(p)
+        boot_options.add_arguments(p, boot_options.OWN_QEMU)
     if boots and timing_options:
-        p.add_argument("--timing", choices=TIMING_MODES, help="load the TCG plugin: count (CXL requests), "
-                       "trace (every request, modelled on the PF and electrical fabrics afterwards) or "
-                       "inject (slow the vCPU by the modelled latency)")
-        p.add_argument("--inject-profile", choices=tuple(fabric_constants.PROFILES), default="pf",
-                       help="inject: whose idle latency to add (default pf: "
-                       f"{fabric_model.idle_ns('pf', False)} ns read, {fabric_model.idle_ns('pf', True)} ns write, "
-                       "the fabric model's)")
-        p.add_argument("--baseline-ns", type=float, help="inject: the emulator's own cost per CXL request "
-                       "(default: measured first in a count-mode guest)")
-        p.add_argument("--issue", choices=("dependent", "independent"), default="dependent",
-                       help="trace: model each vCPU's requests as dependent (pointer chase) or independent")
+        boot_options.add_arguments(p, boot_options.PLUGIN)
         p.add_argument("--report", help="trace (or a timed appliance): also write the modelled report as JSON "
                        "to this file")
         p.add_argument("--trace-out", help="trace: also save the captured records (.npy) for pfcxl model replay")
-        add_clock_options(p)
+        boot_options.add_arguments(p, boot_options.CLOCK)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -335,7 +306,7 @@ def parser() -> argparse.ArgumentParser:
                        "exit with CMD's status. CMD runs in sh with stdin from /dev/null; one word is a shell command "
                        "line, several are argv. Example: pfcxl run -t two-hb-interleave -- cxl list -R")
     _common(p, boots=True)
-    p.add_argument("--command-timeout", type=argtypes.seconds, default=600, help="seconds for the command (default 600)")
+    cli_machines.add_command_timeout(p)
     cli_machines.add_reuse_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
     p.set_defaults(func=cmd_run)

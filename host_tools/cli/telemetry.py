@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from pfcxl.errors import PfcxlError
+from pfcxl.host_tools import timeouts
 from pfcxl.host_tools.ui import err, out
 
 
@@ -25,7 +26,7 @@ def render(*args):
 
 def fetch(service, sync: bool) -> dict:
     """The stats of `service`, a pfcxl.Appliance (with `sync`: once all its hosts wrote is modelled)."""
-    return service.call("stats", sync=sync, timeout=300)
+    return service.call("stats", sync=sync, timeout=timeouts.STATS_SYNC_S)
 
 
 def show(stats: dict, report: str | None = None) -> None:

@@ -32,6 +32,7 @@ import time
 from typing import Any
 from pathlib import Path
 
+from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.machine import Machine
 
 from pfcxl.host_tools import argtypes
@@ -136,7 +137,8 @@ def bench_multihost(hosts: int) -> dict:
     topo = topology_mod.load(path)
     seconds: dict = {}
     cpus = len(os.sched_getaffinity(0))
-    runs: tuple[tuple[str, dict[str, Any]], ...] = (("before", dict(parallel_boots=hosts, lean=False)), ("after", {}))
+    runs: tuple[tuple[str, dict[str, Any]], ...] = (("before", dict(parallel_boots=hosts, options=BootOptions(lean=False))),
+                                                       ("after", {}))
     for label, options in runs:
         start = time.monotonic()
         results = multihost.run(topo, path, hosts, "true", **options)

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.device.topology import address_map
 from pfcxl.device.topology import data_path
 from pfcxl.device import topology
@@ -86,7 +87,7 @@ def cross_verify(path: str, say) -> dict:
             marks["end"] = time.monotonic()
 
         results = multihost.run(topo, topo_file, HOSTS, f"slices {device} --host {{host}} --hosts {{hosts}} "
-                                f"--slice {SLICE} --timeout 3000", run_dir=Path(tmp) / "hosts",
+                                f"--slice {SLICE} --timeout 3000", options=BootOptions(run_dir=str(Path(tmp) / "hosts")),
                                 ready_timeout=1800, command_timeout=3600, say=said, host_done=done)
     bad = [r for r in results if r.error or r.status]
     if bad:

@@ -23,6 +23,7 @@ into 64-B lines, random ones stay 32-B records. Figures are modelled, never gues
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -44,21 +45,24 @@ from pfcxl.device.fabric import systems as fabric_systems
 from pfcxl.host_tools.bench import suite as bench
 from pfcxl.host_tools.bench import model as bench_model
 from pfcxl.host_tools.experiments import paper_bw_hosts as bench_paper_bw_hosts
-from pfcxl.host_tools.image import initramfs as image
 from pfcxl.host_tools.timing import model_runs
 from pfcxl.host_tools import argtypes
+from pfcxl.host_tools.vm import boot_options
+from pfcxl.host_tools.vm.boot_options import BootOptions
 
 SIZES = "32,64,128,256,512,1024"
 HOSTS_SIZES, HOSTS_BYTES, HOSTS_SPAN = "64,1024", "1M", "2M"     # --hosts: few rows, so 16 guests fit minutes
 PORT_GBS = fc.PF_PORT_BANDWIDTH_MBS / 1000
 
 
-def capture(topo, out: Path, *, sizes: str, nbytes: str, span: str, image_kind: str) -> tuple[np.ndarray, list[dict]]:
-    """Boot one guest, run the bandwidth rows with the plugin capturing; (records, rows)."""
+def capture(topo, out: Path, *, sizes: str, nbytes: str, span: str,
+            options: BootOptions) -> tuple[np.ndarray, list[dict]]:
+    """Boot one guest with `options`, run the bandwidth rows with the plugin capturing; (records, rows)."""
     from pfcxl.machine import Machine
     command = (f"bandwidth --target {{dax}} --pattern seq,random --op read,write --sizes {sizes} --threads 1 "
                f"--bytes {nbytes} --span {span} --mark-rows 1")
-    with Machine(topo, timing="trace", image=image_kind, run_dir=out / "run", name="paperbw") as vm:
+    with Machine(topo, name="paperbw",
+                 options=dataclasses.replace(options, timing="trace", run_dir=str(out / "run"))) as vm:
         command = command.replace("{dax}", bench.devices(vm.ready)["cxl"])
         traced = vm.traced_run(command, timeout=3600)     # marks its rows: each row one phase
         done = traced.result
@@ -185,7 +189,8 @@ def run(args) -> dict:
         out.mkdir(parents=True, exist_ok=True)
     else:
         out.mkdir(parents=True, exist_ok=True)
-        records, rows = capture(topo, out, sizes=args.sizes, nbytes=args.bytes, span=args.span, image_kind=args.image)
+        records, rows = capture(topo, out, sizes=args.sizes, nbytes=args.bytes, span=args.span,
+                                options=boot_options.from_args(args))
         model_runs.save_trace(out / "capture.npy", records)
         (out / "capture.json").write_text(json.dumps({"rows": rows}, indent=1))
     pieces = np.split(records, np.cumsum([r["records"] for r in rows])[:-1])
@@ -252,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                    "its own module then all-to-all (default: one pf-nic guest's rows copied to every host)")
     p.add_argument("--topology", "-t", help="the topology the guest boots (default pf-nic; with --hosts "
                    "pf-appliance)")
-    p.add_argument("--image", choices=image.IMAGE_KINDS, default="busybox", help="guest image (default busybox)")
+    boot_options.add_arguments(p, ("image",))
     p.add_argument("--sizes", help=f"transfer sizes of the captured rows (default {SIZES}; --hosts {HOSTS_SIZES})")
     p.add_argument("--bytes", help=f"bytes per captured row (default 1M; --hosts {HOSTS_BYTES})")
     p.add_argument("--span", help=f"region the captured rows use (default 8M; --hosts {HOSTS_SPAN} per host)")

@@ -29,7 +29,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.appliance import Appliance
 from pfcxl.machine import Machine
 
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance, timeouts
 from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.host_tools.vm.console import shell_command
 from pfcxl.process import cpu_seconds
@@ -127,9 +127,9 @@ def boot_slots() -> int:
     return 2 * max(1, len(os.sched_getaffinity(0)))
 
 
-def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str], *, run_dir: Path | None = None,
-        appliance_dir: Path | None = None, ready_timeout: float = 600, command_timeout: float = 900,
-        parallel_boots: int | None = None, lean: bool = True,
+def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str], *,
+        appliance_dir: Path | None = None, ready_timeout: float = timeouts.FLEET_READY_S,
+        command_timeout: float = timeouts.FLEET_COMMAND_S, parallel_boots: int | None = None,
         say: Callable[[str], None] = lambda m: None,
         host_done: Callable[[HostResult], None] = lambda r: None, timing: str | None = None,
         issue: str = "dependent", telemetry: Callable[[dict], None] = lambda s: None,
@@ -141,8 +141,9 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
     `telemetry` gets its figures once they are modelled. With `capture` (needs `timing`) the
     appliance keeps every host's drained records in that directory and each host's plugin phases
     are written beside them (device/trace/capture.py); a temporary appliance completes it as it stops.
-    `options` boot every Machine (qemu, qemu_args, kernel, modules...), each with its own host id,
-    the appliance and its own run directory; `lean=False` or options.lean False boots the classic line.
+    `options` boot every Machine (qemu, qemu_args, kernel, modules, lean...), each with its own host
+    id, the appliance and its own run directory, hostN under options.run_dir (default: the temporary
+    appliance's directory, or a temporary one).
     Timed hosts (options.clock virtual) run in one timeline: a temporary appliance keeps one in
     quanta of `quantum_ns` (default timeline.DEFAULT_QUANTUM_NS), a running one its own if it was
     started with --clock virtual; either way it is made afresh, waiting for all `hosts` to start."""
@@ -157,11 +158,13 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         raise PfcxlError(f"{hosts} hosts but the appliance has {topo.appliance.ports} ports")
     if capture is not None and timing is None:
         raise PfcxlError("--capture keeps what the appliance's timing drains: it needs --timing trace")
-    timed = (options or BootOptions()).clock == "virtual"
+    timed = options is not None and options.clock == "virtual"
     if quantum_ns is not None:
         if not timed:
             raise PfcxlError("--quantum is the timeline's of timed hosts: it needs --clock virtual")
         timeline.check_quantum(quantum_ns)
+    options = options or BootOptions()
+    run_dir = Path(options.run_dir) if options.run_dir is not None else None
     results: dict[int, HostResult] = {}
     with contextlib.ExitStack() as stack:
         where, temporary = stack.enter_context(appliance_for(
@@ -187,8 +190,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         while waiting or booting:
             while waiting and len(booting) < slots:
                 h = waiting.pop(0)
-                own = dataclasses.replace(options or BootOptions(), host=h, appliance=str(where),
-                                          run_dir=str(run_dir / f"host{h}"), lean=lean and (options or BootOptions()).lean)
+                own = dataclasses.replace(options, host=h, appliance=str(where), run_dir=str(run_dir / f"host{h}"))
                 vm = Machine(topo, name=f"host{h}", ready_timeout=ready_timeout, prebuilt=prebuilt, options=own)
                 stack.callback(vm.close)
                 machines[h] = vm

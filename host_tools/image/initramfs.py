@@ -21,7 +21,7 @@ from pfcxl.errors import ImageError
 from pfcxl.guest import plan
 
 from pfcxl import cache
-from pfcxl.host_tools.image import IMAGE_KINDS, cpio
+from pfcxl.host_tools.image import DEFAULT_IMAGE, IMAGE_KINDS, cpio
 from pfcxl.host_tools.image import debian as debian_image
 from pfcxl.host_tools.image import debian_packages
 from pfcxl.compile import compile_cached
@@ -179,7 +179,7 @@ def acpi_override_archive(tables: dict[str, bytes]) -> bytes:
 
 
 def build(topo: Topology, progress=None, acpi_tables: dict[str, bytes] | None = None,
-          kind: str = "busybox", kernel: Kernel | None = None, packages: tuple[str, ...] = ()) -> BootImage:
+          kind: str = DEFAULT_IMAGE, kernel: Kernel | None = None, packages: tuple[str, ...] = ()) -> BootImage:
     """The kernel and initrd to boot `topo`, from the cache when nothing changed.
 
     `acpi_tables` (signature -> bytes) replace QEMU's tables through the initrd table upgrade.

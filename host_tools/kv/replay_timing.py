@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance, timeouts
 from pfcxl.host_tools.kv.replay_report import block_load_seconds, prefill_seconds
 
 
 def snapshot(where) -> dict:
     """The appliance's telemetry once everything the hosts' rings hold so far is modelled."""
-    with appliance.Client(where, timeout=300) as c:
+    with appliance.Client(where, timeout=timeouts.STATS_SYNC_S) as c:
         return c.call("stats", sync=True)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pfcxl.errors import TimingError
 from pfcxl.guest.tool_output import tool_json
+from pfcxl.host_tools import timeouts
 
 
 # A dependent chase over 256 lines 8 KiB apart (2 MiB): it stays in QEMU's softmmu TLB, so what it
@@ -21,7 +22,7 @@ def calibrate_baseline(vm, command: str = CALIBRATION_COMMAND, key: str = "ns_pe
     tool = command.split()[0]
     values = []
     for _ in range(runs):
-        result = vm.run(command, timeout=600)
+        result = vm.run(command, timeout=timeouts.COMMAND_S)
         if result.status != 0:
             raise TimingError(f"calibration command failed ({result.status}): {command}\n{result.output}")
         values.append(float(tool_json(result.output, tool, error=TimingError)[key]))

@@ -1,22 +1,59 @@
-"""The options that change the booted machine, in one frozen set: the parser fills it
-(`from_args`), pfcxl.Machine takes it, `--dry-run` prints it and `run --reuse` hashes it with the
-topology file's bytes (host_tools/fleet/detached.py). Every other option of a boot command is named in
-NOT_BOOT_OPTIONS with why it does not change the guest; tests/unit/test_boot_options.py fails
-when a boot command grows an option that is in neither. Light: the CLI imports it to parse."""
+"""The options that change the booted machine, in one frozen set, each defined once: its field
+carries its default and its command-line option (`Flag`: spelling, help, choices, type), and the
+parser's boot options are generated from the fields (`add_arguments`). The parser fills the set
+(`from_args`), pfcxl.Machine takes it (or keywords that are its fields), `--dry-run` prints it and
+`run --reuse` hashes it with the topology file's bytes (host_tools/fleet/detached.py). Every other
+option of a boot command is named in NOT_BOOT_OPTIONS with why it does not change the guest;
+tests/unit/test_boot_options.py fails when a boot command grows an option that is in neither, or
+writes a boot option by hand. Light: the CLI imports it to parse."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from pfcxl.device.fabric.constants import PROFILES
+from pfcxl.device.fabric.model import Params, idle_ns      # light: constants and dataclasses
 from pfcxl.device.fabric.modes import ISSUES
+from pfcxl.device.topology.data_path import DATA_PATHS
 from pfcxl.errors import PfcxlError
+from pfcxl.firmware_tables import CEDT_MODES
+from pfcxl.host_tools import argtypes
+from pfcxl.host_tools.image import DEFAULT_IMAGE, IMAGE_KINDS
 from pfcxl.host_tools.image.debian_packages import parse_names
-from pfcxl.host_tools.timing import CLOCKS, FABRICS
+from pfcxl.host_tools.timing import CLOCKS, FABRICS, MODES as TIMING_MODES
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A field's command-line option. flags: its spellings (default --field-name); dest: the
+    parsed name when it is not the field's; repeat: given once per value (a tuple field);
+    exclusive: the name of a group of fields of which one may be given."""
+
+    help: str
+    flags: tuple[str, ...] = ()
+    choices: tuple[str, ...] | None = None
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    dest: str | None = None
+    repeat: bool = False
+    exclusive: str | None = None
+
+
+def option(default: Any, help: str, **flag: Any) -> Any:
+    """A BootOptions field with its command-line option."""
+    return field(default=default, metadata={"flag": Flag(help, **flag)})
+
+
+def api_only(default: Any, why: str) -> Any:
+    """A BootOptions field the command line does not offer, and why."""
+    return field(default=default, metadata={"api_only": why})
+
 
 # QEMU options that would take QEMU away from pfcxl, which spawned it and shuts it down. QEMU
 # reads each with one dash or two.
@@ -24,9 +61,6 @@ DETACHING_QEMU_ARGS = {
     "daemonize": "QEMU would fork into the background and detach (the guest would outlive the run, "
                  "orphaned, and its run directory be removed under it)",
 }
-
-# A command-line option whose name is not the field's.
-FIELD_OF_DEST = {"appliance_dir": "appliance"}
 
 # Options of the boot commands that do not change the booted machine, and why. "*": every boot
 # command; a command's own entries say what its option means there.
@@ -61,6 +95,11 @@ NOT_BOOT_OPTIONS: dict[str, dict[str, str]] = {
         "quantum": "the quantum of the timeline a temporary appliance keeps for its timed hosts "
                    "(the appliance's setting: each guest boots the same)",
     },
+    "kv replay": {
+        "run_dir": "the appliance's run directory, whose pool holds the store (not a guest's)",
+        "fabric": "the fabric the appliance models every guest's traffic on (--clock virtual: each "
+                  "guest's charges too, which kv replay sets in the guests' options)",
+    },
 }
 
 
@@ -81,27 +120,66 @@ class BootOptions:
     plugin charges the guest's clock the modelled latencies, host_tools/timing/vtime.py); fabric:
     which fabric a virtual clock is charged by, "pf", "pf_hbm" or "electrical"."""
 
-    timing: Any = None
-    inject_profile: str = "pf"
-    baseline_ns: float | None = None
-    issue: str = "dependent"
-    image: str = "busybox"
-    host: int = 0
-    appliance: Any = None
-    run_dir: str | None = None
-    cedt: str = "auto"
-    append: str = ""
-    lean: bool = True
-    data_path: str | None = None
-    qemu: str | None = None
-    qemu_args: tuple[str, ...] = ()
-    kernel: str | None = None
-    modules: str | None = None
-    kernel_package: str | None = None
-    packages: tuple[str, ...] = ()
-    clock: str = "emulator"
-    fabric: str = "pf"
-    fabric_params: tuple[str, ...] = ()
+    timing: Any = option(None, "load the TCG plugin: count (CXL requests), trace (every request, modelled on "
+                         "the PF and electrical fabrics afterwards) or inject (slow the vCPU by the modelled "
+                         "latency)", choices=TIMING_MODES)
+    image: str = option(DEFAULT_IMAGE, "guest image: busybox (small) or debian (trixie with python3 and the "
+                        "pfcxl_guest module; built once with mmdebstrap)", choices=IMAGE_KINDS)
+    inject_profile: str = option("pf", "inject: whose idle latency to add (the fabric model's: "
+                                 + ", ".join(f"{p} {idle_ns(p, False)} ns read, {idle_ns(p, True)} ns write"
+                                             for p in PROFILES) + ")",
+                                 choices=tuple(PROFILES))
+    baseline_ns: float | None = option(None, "inject: the emulator's own cost per CXL request (default: "
+                                       "measured first in a count-mode guest)", type=float)
+    issue: str = option("dependent", "trace: model each vCPU's requests as dependent (pointer chase) or "
+                        "independent", choices=ISSUES)
+    host: int = option(0, "host id on the appliance, for topologies whose devices it serves", type=int)
+    appliance: Any = option(None, "run directory of the appliance to attach to (default: "
+                            "$PFCXL_CACHE/appliance/<topology name>)", flags=("--appliance-dir",),
+                            dest="appliance_dir")
+    run_dir: str | None = option(None, "directory for backing files and logs (kept; reused by a later boot, "
+                                 "so memory contents persist)")
+    cedt: str = option("auto", "whose CEDT the guest sees: QEMU's, or ours through the initrd table upgrade; "
+                       "auto uses ours only when the topology sets fields QEMU cannot write", choices=CEDT_MODES)
+    append: str = option("", "extra kernel command line")
+    lean: bool = api_only(True, "the classic kernel command line is for the boot experiment "
+                          "(host_tools/experiments/boot.py), not a user's choice")
+    data_path: str | None = option(None, "how the guest reaches the memory: cxl (the CXL region, emulated "
+                                   "I/O), direct (the same bytes as an NVDIMM devdax device at guest-RAM speed) "
+                                   "or both (default: the topology's [guest] data_path, itself cxl by default)",
+                                   choices=DATA_PATHS)
+    qemu: str | None = option(None, "the QEMU binary to boot with (10.0 or newer; default "
+                              "qemu-system-x86_64 from setup)", metavar="PATH")
+    qemu_args: tuple[str, ...] = option((), "one more QEMU argument, appended after pfcxl's own (repeatable); "
+                                        "one that starts with '-' is written with '=': --qemu-arg=-name "
+                                        "--qemu-arg=mine", flags=("--qemu-arg",), metavar="ARG", repeat=True)
+    kernel: str | None = option(None, "boot this kernel: a bzImage/vmlinuz file, or a kernel build tree (its "
+                                "arch/x86/boot/bzImage, and vmlinux for the lean PVH entry)", metavar="PATH",
+                                exclusive="kernel")
+    modules: str | None = option(None, "the kernel's modules: an INSTALL_MOD_PATH tree (lib/modules/RELEASE); "
+                                 "default for a build tree: the tree; the image takes the CXL, DAX, NVDIMM and "
+                                 "kmem modules and their dependencies from it", metavar="DIR")
+    kernel_package: str | None = option(None, "boot a Debian kernel package instead: a version (6.12.117, "
+                                        "6.12.117-1 or 6.12.117+deb13-amd64) or latest, from bookworm-backports, "
+                                        "trixie or trixie-backports; downloaded and unpacked into the cache once, "
+                                        "each version kept", metavar="VERSION", exclusive="kernel")
+    packages: tuple[str, ...] = option((), "more Debian trixie packages in the Debian image (with --image "
+                                       "debian), with their dependencies, e.g. numactl; downloaded into the "
+                                       "cache, the image reused for the same list", type=argtypes.packages,
+                                       metavar="A,B")
+    clock: str = option("emulator", "whose time the guest's clock keeps: emulator (the host's; TCG's cost, "
+                        "never fabric latency) or virtual (the timed QEMU under -icount, one vCPU, 1 ns per "
+                        "instruction: the plugin charges every memory request the modelled cache and fabric "
+                        "latency, so guest programs read fabric time; needs `make setup-timed`)", choices=CLOCKS)
+    fabric: str = option("pf", "--clock virtual: the fabric CXL requests are charged by: pf (the appliance's "
+                         "DDR5 path), pf_hbm (with its HBM3E cache) or electrical (the switched pool)",
+                         choices=FABRICS)
+    fabric_params: tuple[str, ...] = option((), "what-if: change one figure of the fabric model, for --clock "
+                                            "virtual's charges and for the offline model of a trace alike "
+                                            "(repeatable). Names: module_read_ns, module_write_ns, hbm_hit_ns, "
+                                            "port_mbs, host_link_mbs, switch_hop_ns, switch_link_mbs, hbm_cache "
+                                            "(bytes a module); positive whole numbers", flags=("--fabric-param",),
+                                            metavar="NAME=VALUE", repeat=True)
 
     def __post_init__(self) -> None:
         # paths as absolute text: a daemon in another directory, and the key, see the same file
@@ -120,21 +198,31 @@ class BootOptions:
                 raise PfcxlError(f"--qemu-arg {arg}: {DETACHING_QEMU_ARGS[arg.lstrip('-')]}; pfcxl must stay QEMU's "
                                  "parent to shut it down")
         object.__setattr__(self, "packages", parse_names(self.packages))
-        if self.issue not in ISSUES:
-            raise PfcxlError(f"issue '{self.issue}' is not one of {', '.join(ISSUES)}")
-        if self.clock not in CLOCKS:
-            raise PfcxlError(f"clock '{self.clock}' is not one of {', '.join(CLOCKS)}")
-        if self.fabric not in FABRICS:
-            raise PfcxlError(f"fabric '{self.fabric}' is not one of {', '.join(FABRICS)}")
+        for f in dataclasses.fields(self):
+            choices = _flag(f).choices if "flag" in f.metadata else None
+            value = getattr(self, f.name)
+            if choices is not None and value is not None and not dataclasses.is_dataclass(value) \
+                    and value not in choices:
+                raise PfcxlError(f"{f.name} '{value}' is not one of {', '.join(choices)}")
         if isinstance(self.fabric_params, (str, bytes)):
             raise PfcxlError(f"fabric_params must be a list of NAME=VALUE strings, not {self.fabric_params!r}")
         object.__setattr__(self, "fabric_params", tuple(self.fabric_params))
-        from pfcxl.device.fabric.model import Params     # light: constants and dataclasses
         try:
             Params.parse(self.fabric_params)
         except ValueError as exc:
             raise PfcxlError(str(exc)) from None
         object.__setattr__(self, "lean", self.lean is not False)
+
+    def check_bootable(self) -> None:
+        """The options together, as a boot needs them (each alone is checked as it is set: a
+        --reuse key or a --dry-run may hold any one)."""
+        if self.packages and self.image != "debian":
+            raise PfcxlError(f"--packages {','.join(self.packages)}: packages go into the Debian image; "
+                             "add --image debian")
+        if self.modules is not None and self.kernel is None:
+            raise PfcxlError("modules: give them with the kernel they belong to (--kernel PATH --modules DIR)")
+        if self.kernel_package is not None and self.kernel is not None:
+            raise PfcxlError("kernel_package and kernel: give one kernel (--kernel-package or --kernel)")
 
     def as_dict(self) -> dict:
         """The fields as JSON values (request.json of a kept-up machine; --dry-run)."""
@@ -147,6 +235,14 @@ class BootOptions:
         if _is_appliance(self.appliance):
             values["appliance"] = str(self.appliance.run_dir)
         return values
+
+    @classmethod
+    def of(cls, **fields: Any) -> "BootOptions":
+        """BootOptions from keywords (Machine's, multihost's), a name that is no field refused in one line."""
+        unknown = sorted(set(fields) - _FIELDS)
+        if unknown:
+            raise PfcxlError(f"{', '.join(unknown)}: not a boot option (the boot options: {', '.join(sorted(_FIELDS))})")
+        return cls(**fields)
 
     @classmethod
     def from_dict(cls, values: dict) -> "BootOptions":
@@ -166,6 +262,50 @@ def _is_appliance(value: object) -> bool:
     return hasattr(value, "run_dir") and not isinstance(value, (str, Path))
 
 
+def _flag(f: dataclasses.Field) -> Flag:
+    return f.metadata["flag"]
+
+
+# The boot options by what they are about, for the commands that offer some of them
+IMAGE = ("image", "packages")
+PLACE = ("run_dir", "data_path", "append", "host", "appliance")
+OWN_QEMU = ("qemu", "qemu_args", "kernel", "kernel_package", "modules")
+PLUGIN = ("timing", "inject_profile", "baseline_ns", "issue")
+CLOCK = ("clock", "fabric", "fabric_params")
+
+
+def default_text(value: Any) -> str:
+    """How help shows a field's default (None, "" and () show none: the help says what happens)."""
+    return "" if value in (None, "", ()) else f" (default {value})"
+
+
+def add_arguments(p: argparse.ArgumentParser, names: tuple[str, ...], *,
+                  spellings: dict[str, tuple[str, ...]] | None = None, helps: dict[str, str] | None = None) -> None:
+    """The command-line options of the fields `names`, made from each field's Flag and default.
+    spellings, helps: a command's own spelling and words for a field's option (its choices, type
+    and default stay the field's), e.g. multihost's --run-dir for the appliance."""
+    spellings, helps = spellings or {}, helps or {}
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for name in names:
+        f = _BY_NAME[name]
+        flag = _flag(f)
+        where: Any = p
+        if flag.exclusive is not None:
+            if flag.exclusive not in groups:
+                groups[flag.exclusive] = p.add_mutually_exclusive_group()
+            where = groups[flag.exclusive]
+        words = spellings.get(name) or flag.flags or ("--" + name.replace("_", "-"),)
+        kwargs: dict[str, Any] = {"help": helps.get(name, flag.help) + default_text(f.default), "dest": flag.dest or name}
+        if flag.repeat:
+            kwargs.update(action="append", default=[])
+        else:
+            kwargs.update(default=f.default, choices=flag.choices, type=flag.type)
+        if flag.metavar is not None:
+            kwargs["metavar"] = flag.metavar
+        action = where.add_argument(*words, **kwargs)
+        action.boot_field = name  # type: ignore[attr-defined]  # generated: test_option_contract.py
+
+
 def from_args(args) -> BootOptions:
     """The boot options a command's parsed arguments give; an option the command does not have
     keeps the field's default (demo has no timing options, so it boots without the plugin)."""
@@ -181,4 +321,7 @@ def from_args(args) -> BootOptions:
     return BootOptions(**values)
 
 
-_FIELDS = {f.name for f in dataclasses.fields(BootOptions)}
+_BY_NAME = {f.name: f for f in dataclasses.fields(BootOptions)}
+_FIELDS = set(_BY_NAME)
+# the parsed name of an option whose name is not the field's
+FIELD_OF_DEST = {_flag(f).dest: f.name for f in _BY_NAME.values() if "flag" in f.metadata and _flag(f).dest}

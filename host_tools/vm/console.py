@@ -30,6 +30,7 @@ import pexpect
 from pexpect import fdpexpect
 
 from pfcxl.errors import CommandError
+from pfcxl.host_tools.image import DEFAULT_IMAGE
 
 READ = 1 << 16
 SHORT = 600             # base64 characters that fit on the one line that also starts the script
@@ -67,7 +68,7 @@ def not_shell(who: str, said: str, command: str) -> CommandError:
                         f"command: {command[:200]}")
 
 
-def check_syntax(command: str, image: str = "busybox") -> None:
+def check_syntax(command: str, image: str = DEFAULT_IMAGE) -> None:
     """`sh -n` of the command on the host, before a guest boots to find it out: in the guest's own
     shell, busybox's ash (the image's busybox is the host's static /bin/busybox) or, for the Debian
     image, dash. CommandError in one line when it is not valid shell. Where that shell is missing

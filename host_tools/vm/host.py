@@ -28,6 +28,7 @@ from qemu.qmp.legacy import QEMUMonitorProtocol
 from pfcxl.device.topology import Topology
 from pfcxl.errors import VMError
 from pfcxl.firmware_tables.generate import TableSet, tables_for
+from pfcxl.host_tools import timeouts
 from pfcxl.firmware_tables.table_files import write as write_tables
 
 from pfcxl.host_tools.image import kernel_pvh
@@ -210,7 +211,7 @@ class VM:
                 raise VMError(f"its QMP monitor did not greet within {timeout:g} s (is QEMU waiting, e.g. for "
                               "a client of a --qemu-arg chardev with wait=on?)")
 
-    def wait_ready(self, timeout: float = 180) -> dict:
+    def wait_ready(self, timeout: float = timeouts.READY_S) -> dict:
         """Wait for init's PFCXL-READY line; return its JSON. Raises VMError with the console tail.
         `timeout` is of QEMU's own time: what it spent waiting for a busy host's CPUs is added
         (READY_WALL_FACTOR)."""
@@ -253,7 +254,7 @@ class VM:
             except ConsoleTimeout:
                 continue
 
-    def shutdown(self, timeout: float = 10) -> None:
+    def shutdown(self, timeout: float = timeouts.QUIT_S) -> None:
         """Stop QEMU: QMP quit, then SIGTERM, then SIGKILL. Safe in any state, twice."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
@@ -299,7 +300,7 @@ class VM:
 
     # ------------------------------------------------------------------ console
 
-    def run(self, command: str | Sequence[str], timeout: float = 120, *, serial: bool = False) -> CommandResult:
+    def run(self, command: str | Sequence[str], timeout: float = timeouts.COMMAND_S, *, serial: bool = False) -> CommandResult:
         """Run a command in the guest; return its output and exit status. A string is shell
         syntax; a list is argv (each word quoted). The command has no stdin (/dev/null). One
         that runs longer than `timeout` is killed in the guest (VMError); the guest stays up.
@@ -307,7 +308,7 @@ class VM:
         `serial`, for comparison) over the serial console."""
         return self.finish_command(self.start_command(command, timeout, serial=serial), timeout)
 
-    def start_command(self, command: str | Sequence[str], timeout: float = 120, *,
+    def start_command(self, command: str | Sequence[str], timeout: float = timeouts.COMMAND_S, *,
                       serial: bool = False) -> tuple[str, str, float, CommandRunner]:
         """Start a command and return at once (several guests can then work at the same time);
         the guest kills it once it has run `timeout` seconds."""
@@ -321,7 +322,7 @@ class VM:
         except ConsoleClosed:
             self._fail(f"QEMU exited while sending: {command[:200]}")
 
-    def finish_command(self, started: tuple[str, str, float, CommandRunner], timeout: float = 120) -> CommandResult:
+    def finish_command(self, started: tuple[str, str, float, CommandRunner], timeout: float = timeouts.COMMAND_S) -> CommandResult:
         """Wait for a command from start_command; its output and exit status."""
         tag, command, limit, runner = started
         try:
@@ -337,7 +338,7 @@ class VM:
                           f"(its process group); the guest is still up: {command[:200]}")
         return CommandResult(command, data, int(status))
 
-    def check(self, command: str, timeout: float = 120) -> str:
+    def check(self, command: str, timeout: float = timeouts.COMMAND_S) -> str:
         """Run a command that must succeed; return its output."""
         result = self.run(command, timeout)
         if result.status != 0:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
+from pfcxl.host_tools import timeouts
 
 LOGS = ("informational", "warning", "failure", "fatal")
 CORRECTABLE = ("cache-data-ecc", "mem-data-ecc", "crc-threshold", "retry-threshold", "cache-poison-received",
@@ -189,12 +190,12 @@ def unmask_aer(run, injection: Injection) -> str:
     return bdf
 
 
-def inject_into(machine, kind: str, device: str, *, expect: bool = False, timeout: float = 60,
+def inject_into(machine, kind: str, device: str, *, expect: bool = False, timeout: float = timeouts.EXPECT_S,
                 **fields: object) -> dict:
     """Machine.inject: plan (checks), arm the trace events once, unmask AER for RAS errors, inject
     through QMP, and with `expect` collect the guest's record of it."""
     injection = plan(machine.topology, kind, device, **fields)
-    run = lambda command: machine.run(command, timeout=600)      # noqa: E731
+    run = lambda command: machine.run(command, timeout=timeouts.COMMAND_S)      # noqa: E731
     if not getattr(machine, "_trace_armed", False):
         arm(run)
         machine._trace_armed = True
@@ -239,7 +240,7 @@ def before(run, injection: Injection) -> int:
     return len(_records(run, injection))
 
 
-def guest_record(run, injection: Injection, seen: int, timeout: float = 60) -> list[str]:
+def guest_record(run, injection: Injection, seen: int, timeout: float = timeouts.EXPECT_S) -> list[str]:
     """The guest's records of `injection` that appeared after the `seen` it had before (waits up
     to `timeout` s); PfcxlError when none carrying the injected fields came."""
     deadline = time.monotonic() + timeout

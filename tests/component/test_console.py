@@ -76,9 +76,10 @@ def test_capture_searches_each_byte_a_bounded_number_of_times(monkeypatch, read)
 def test_multihost_api_refuses_no_hosts_before_starting_anything(tmp_path):
     from pfcxl.device import topology
     from pfcxl.errors import PfcxlError
+    from pfcxl.host_tools.vm.boot_options import BootOptions
     path = topology.resolve("pf-appliance")
     with pytest.raises(PfcxlError, match="0 hosts: multihost needs at least 1"):
-        multihost.run(topology.load(path), path, 0, "true", run_dir=tmp_path)
+        multihost.run(topology.load(path), path, 0, "true", options=BootOptions(run_dir=str(tmp_path)))
     assert list(tmp_path.iterdir()) == []
 
 

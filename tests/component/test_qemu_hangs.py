@@ -138,7 +138,7 @@ def test_the_machine_probes_no_longer_than_its_ready_timeout(tmp_path):
     from pfcxl.machine import Machine
     path = script(tmp_path, SILENT, version="exec sleep 300")
     with alarm(50, Hang), pytest.raises(VMError, match=r"did not answer within 2 s$"):
-        Machine("pf-nic", qemu=str(path), ready_timeout=2)
+        Machine("pf-nic", qemu=str(path), ready_timeout=2).resolve()
 
 
 def test_a_child_that_keeps_the_version_output_open_neither_delays_nor_outlives_the_probe(tmp_path):

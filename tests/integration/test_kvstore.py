@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import pfcxl
+from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.device.appliance import rundir
 from pfcxl.device import topology
 from pfcxl.host_tools.cli import main as cli
@@ -43,7 +44,8 @@ def run_everywhere(run_dir: Path, hosts: int, blocks: int, sizes: str, tmp_path:
     path = topology.resolve("pf-appliance")
     results = multihost.run(topology.load(path), path, hosts,
                             f"kvstore run /dev/dax0.0 --host {{host}} --hosts {{hosts}} --blocks {blocks} "
-                            f"--sizes {sizes} --timeout 900", run_dir=tmp_path / f"hosts{hosts}", appliance_dir=run_dir)
+                            f"--sizes {sizes} --timeout 900", options=BootOptions(run_dir=str(tmp_path / f"hosts{hosts}")),
+                            appliance_dir=run_dir)
     out = []
     for r in results:
         assert r.error is None and r.status == 0, (r.host, r.error, r.output[-2000:])

@@ -3,6 +3,7 @@
 QEMU is replaced by a recording Machine here: what is checked is the order of launches and
 waits, which a real boot cannot show without asserting on timings."""
 
+import dataclasses
 import contextlib
 
 import pytest
@@ -61,8 +62,10 @@ def recorded(monkeypatch, tmp_path):
                         contextlib.contextmanager(lambda *a: (yield (tmp_path, False))))
     monkeypatch.setattr(multihost, "check_incarnation", lambda *a: None)
     path = topology.resolve("pf-appliance")
-    return lambda hosts, **kw: multihost.run(topology.load(path), path, hosts, "echo {host}",
-                                             run_dir=tmp_path / "hosts", **kw)
+    def run(hosts, options=BootOptions(), **kw):
+        return multihost.run(topology.load(path), path, hosts, "echo {host}",
+                             options=dataclasses.replace(options, run_dir=str(tmp_path / "hosts")), **kw)
+    return run
 
 
 def booting_at_each_step(events):
