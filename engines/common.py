@@ -8,10 +8,9 @@ import importlib.metadata
 import struct
 from typing import Any
 
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools.provision.engines_env import ENGINES, TORCH
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 # the engine versions pfcxl.engines is tested with: the ones the engines venv pins
 TESTED = dict((TORCH, *ENGINES))
@@ -40,7 +39,7 @@ def require(dist: str) -> None:
                                  f"(use <repo>/.venv-engines/bin/python: make engines)")
 
 
-def open_store(extra: dict[str, Any] | None, prefix: str, engine: str, writer: bool = True):
+def open_store(extra: dict[str, Any] | None, prefix: str, engine: str, writer: bool = True) -> kv.Store:
     """The store named by an engine's configuration: keys `<prefix>pool` (the store's file or
     DAX device), `<prefix>host` (this engine's host number) and optionally `<prefix>base`. Every
     mistake is one EngineConfigError line naming the key ("no pool", "host out of range",

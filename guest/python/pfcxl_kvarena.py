@@ -8,7 +8,13 @@ one of its size takes); the old way (sort every live record per put) cost O(bloc
 
 from __future__ import annotations
 
-from pfcxl_kvlayout import LINE, up
+from typing import TYPE_CHECKING
+
+# pfcxl.guest.python on the host, top-level modules in the guest (see __init__.py)
+if TYPE_CHECKING or __package__:
+    from .pfcxl_kvlayout import LINE, up
+else:
+    from pfcxl_kvlayout import LINE, up
 
 
 class Arena:

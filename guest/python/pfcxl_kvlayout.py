@@ -15,8 +15,13 @@ import stat
 import struct
 import threading
 import zlib
+from typing import TYPE_CHECKING
 
-import pfcxl_guest
+# pfcxl.guest.python on the host, top-level modules in the guest (see __init__.py)
+if TYPE_CHECKING or __package__:
+    from . import pfcxl_guest
+else:
+    import pfcxl_guest
 
 MAGIC = b"PFKVSTOR"
 VERSION = 3             # 2: the host header's lease; 3: each index segment a hash table (WINDOW)

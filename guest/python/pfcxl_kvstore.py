@@ -23,11 +23,19 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
-from pfcxl_kvarena import Arena
-from pfcxl_kvlayout import (HEADER, HOME, LINE, MAGIC, MAX_SLOTS, PAGE, RECORD, SIGNED, SUPER, VERSION, WINDOW, Fields,  # noqa: F401
-                            KVError, Mapping, check_super, chunk_keys, default_base, fence, format, geometry,
-                            bucket, is_direct, key_digest, up)
+# pfcxl.guest.python on the host, top-level modules in the guest (see __init__.py)
+if TYPE_CHECKING or __package__:
+    from .pfcxl_kvarena import Arena
+    from .pfcxl_kvlayout import (HEADER, HOME, LINE, MAGIC, MAX_SLOTS, PAGE, RECORD, SIGNED, SUPER, VERSION, WINDOW,  # noqa: F401
+                                 Fields, KVError, Mapping, check_super, chunk_keys, default_base, fence, format,
+                                 geometry, bucket, is_direct, key_digest, up)
+else:
+    from pfcxl_kvarena import Arena
+    from pfcxl_kvlayout import (HEADER, HOME, LINE, MAGIC, MAX_SLOTS, PAGE, RECORD, SIGNED, SUPER, VERSION, WINDOW,  # noqa: F401
+                                Fields, KVError, Mapping, check_super, chunk_keys, default_base, fence, format,
+                                geometry, bucket, is_direct, key_digest, up)
 
 U64 = (1 << 64) - 1
 SETTLE_S = 0.01     # how long a new lease must stand unchanged before it is ours (two openers at once)

@@ -19,14 +19,13 @@ from pfcxl.device.topology.units import human, parse_size
 from pfcxl.errors import ApplianceError, PfcxlError
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools import argtypes, bus_error
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.ui import out
 
 DEFAULT_APPLIANCE = "pf-appliance"
 BENCH_BLOCKS = 16     # x 1 MiB: fits an arena of the default format (16 hosts) of pf-appliance's pool
-kv = debian_image.import_guest_module("pfcxl_kvstore")     # standard library only: light
 
 
 def pool_file(args) -> Path:

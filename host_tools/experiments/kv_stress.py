@@ -35,9 +35,8 @@ from pathlib import Path
 
 from pfcxl.device.topology.units import human, parse_size
 
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 FIELDS = ("gets", "hits", "puts", "stored", "wrong", "opens", "refused_opens", "lease_lost")
 
 

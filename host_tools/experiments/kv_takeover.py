@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from pfcxl import cache
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools.image import initramfs
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 HOST = 1                 # the host taken over; host 0 is the lower host that puts the stopped holder's key
 SIZE = 1024              # bytes per block
 SLOTS = 32768            # index records per host: the run stops before a quarter of them are used

@@ -9,10 +9,8 @@ kind="debian")` turns it into archive entries.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import stat
-import sys
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -82,15 +80,9 @@ GUEST_PYTHON_DIR = "usr/lib/pfcxl/python"     # on PYTHONPATH, set by guest/init
 
 
 def python_module_entries() -> list[cpio.Entry]:
-    """pfcxl's guest-side Python probes, importable as `pfcxl_guest` by the guest's python3."""
+    """pfcxl's guest-side Python modules (pfcxl.guest.python on the host), importable as top-level
+    modules (`pfcxl_guest`, `pfcxl_kvstore`) by the guest's python3. The package's __init__.py
+    stays behind: it only guards the host's package name."""
     dirs = [cpio.Entry.directory(d) for d in ("usr/lib/pfcxl", GUEST_PYTHON_DIR)]
     return dirs + [cpio.Entry.file(f"{GUEST_PYTHON_DIR}/{p.name}", p.read_bytes())
-                   for p in sorted(GUEST_PYTHON.glob("*.py"))]
-
-
-def import_guest_module(name: str):
-    """guest/python/NAME.py imported on the host (standard library only; the guest modules import
-    each other by name, as on the guest's PYTHONPATH)."""
-    if str(GUEST_PYTHON) not in sys.path:
-        sys.path.append(str(GUEST_PYTHON))
-    return importlib.import_module(name)
+                   for p in sorted(GUEST_PYTHON.glob("*.py")) if p.name != "__init__.py"]

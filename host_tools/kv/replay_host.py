@@ -15,9 +15,8 @@ import hashlib
 import os
 import signal
 
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 COUNTS = ("blocks", "hits", "own", "other", "stored", "present", "lost", "checked", "bad", "read", "written")
 WIDTH = len(COUNTS) + 1             # a request's row in the results table: its counts, then "done"

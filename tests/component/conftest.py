@@ -10,7 +10,7 @@ import pytest
 
 from pfcxl import cache
 from pfcxl.errors import BuildError
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore
 from pfcxl.host_tools.image import initramfs as image
 from pfcxl.host_tools import appliance
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
@@ -43,8 +43,7 @@ def sparse_file(path: Path, size: int) -> Path:
 def kv_pool(tmp_path: Path, size: int = 64 << 20, hosts: int = 4, slots: int = 256) -> str:
     """A pool file of `size` bytes holding an empty KV store (guest/python/pfcxl_kvstore.py)."""
     path = sparse_file(tmp_path / "pool", size)
-    debian_image.import_guest_module("pfcxl_kvstore").format(str(path), hosts=hosts, slots=slots,
-                                                              chunk_tokens=KV_CHUNK_TOKENS)
+    pfcxl_kvstore.format(str(path), hosts=hosts, slots=slots, chunk_tokens=KV_CHUNK_TOKENS)
     return str(path)
 
 

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools.provision.engines_env import ENGINES_VENV
 
 from .conftest import sparse_file
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 pytestmark = pytest.mark.component
 

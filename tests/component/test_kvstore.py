@@ -10,13 +10,12 @@ import zlib
 import pytest
 
 from pfcxl.device.topology import data_path
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes
 from pfcxl.serving.inputs import load_model
 
 from .conftest import kv_pool as pool
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 SCALE = 1024        # chunks scaled down 1024x: 8B's 32 MiB chunk is 32 KiB, 405B's 126 MiB is 126 KiB
 
 pytestmark = pytest.mark.component

@@ -14,12 +14,12 @@ import pytest
 
 from pfcxl.compile import compile_cached
 from pfcxl.host_tools.experiments.kv_takeover import pattern
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
+from pfcxl.guest.python import pfcxl_poison as poison
 from pfcxl.host_tools.image import initramfs as image
 
 from .conftest import compile_guest_tool, kv_pool
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 pytestmark = pytest.mark.component
 
@@ -198,7 +198,6 @@ def test_a_poison_list_that_does_not_come_is_one_line_not_a_wait_for_ever(tool, 
                                "unknown; --poison-timeout sets the wait)\n" if wait == 1 else
                                "kvstore: cxl list -M -L printed more than 1048575 bytes\n")
     if cxl.startswith("exec sleep"):
-        poison = debian_image.import_guest_module("pfcxl_poison")
         old_path = os.environ["PATH"]
         os.environ["PATH"] = env["PATH"]
         try:
@@ -210,7 +209,6 @@ def test_a_poison_list_that_does_not_come_is_one_line_not_a_wait_for_ever(tool, 
 
 
 def test_the_python_reader_consults_the_poison_list_too(pool, tmp_path, monkeypatch):
-    poison = debian_image.import_guest_module("pfcxl_poison")
     with kv.Store.open(pool, host=0) as s:
         s.put("clean", b"c" * 8192)
         s.put("hit", b"h" * 8192)

@@ -8,12 +8,11 @@ import subprocess
 
 import pytest
 
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools.image import initramfs
 
 from .conftest import kv_pool
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 pytestmark = pytest.mark.component
 

@@ -17,11 +17,10 @@ import zlib
 import pytest
 
 from pfcxl.host_tools.cli import main as cli
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 
 from .conftest import compile_guest_tool, kv_pool
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 U64 = (1 << 64) - 1
 
 pytestmark = pytest.mark.component

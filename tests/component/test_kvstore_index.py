@@ -10,11 +10,10 @@ import zlib
 
 import pytest
 
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 
 pytestmark = pytest.mark.component
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 PER_LOOKUP = kv.WINDOW * kv.LINE            # index bytes a lookup reads in each host's segment
 
 

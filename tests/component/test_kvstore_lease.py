@@ -13,11 +13,10 @@ import time
 import pytest
 
 from pfcxl.host_tools.cli import main as cli
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 
 from .conftest import compile_guest_tool, kv_pool
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 BUSY = "host {h} is open for writing by another process (its lease is held and its heartbeat moves): close it " \
        "there, or use another host"
 

@@ -26,12 +26,11 @@ import pytest
 
 from pfcxl.compile import compile_cached
 from pfcxl.host_tools.experiments import kv_takeover
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools.image import initramfs as image
 
 from .conftest import compile_guest_tool, sparse_file
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 pattern = functools.lru_cache(kv_takeover.pattern)
 
 pytestmark = pytest.mark.component

@@ -14,7 +14,7 @@ from pfcxl.device.topology import data_path
 from pfcxl.device.appliance import rundir
 from pfcxl.device.topology.units import MiB
 from pfcxl.guest import pattern
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools.vm import qemu
 from pfcxl.host_tools.timing import config as timing
 from pfcxl.host_tools import appliance
@@ -23,7 +23,6 @@ from pfcxl.guest.tool_output import tool_json
 from .conftest import boot_on_appliance, daxio, load, pfcxl_cli
 
 pytestmark = pytest.mark.integration
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 SIZE = 4 * MiB
 READS, WRITES = 1000, 500

@@ -17,13 +17,12 @@ from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.device.appliance import rundir
 from pfcxl.device import topology
 from pfcxl.host_tools.cli import main as cli
-from pfcxl.host_tools.image import debian as debian_image
+from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools.fleet import multihost
 from pfcxl.serving.chunks import chunk_bytes
 from pfcxl.serving.inputs import load_model
 from pfcxl.guest.tool_output import json_lines, tool_json
 
-kv = debian_image.import_guest_module("pfcxl_kvstore")
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20

@@ -64,8 +64,6 @@ def package_modules() -> dict[str, Path]:
             rel = path.relative_to(REPO).parts
             if folder == "pfcxl" and len(rel) > 2:
                 continue                        # pfcxl/<folder> links: the folders themselves
-            if "python" in rel and rel[0] == "guest":
-                continue                        # guest/python runs inside the guest, as top-level modules
             found[module_name(path)] = path
     return found
 
