@@ -2,7 +2,7 @@
  * chase: dependent pointer chase, the latency probe for pfcxl's injected fabric timing.
  *
  *     chase [--dax /dev/dax0.0 | --local] [--lines N] [--span BYTES] [--loads L] [--seed S]
- *           [--no-mark] [--profile K] [--cold | --warm] [--write | --stream]
+ *           [--no-mark] [--profile K] [--cold | --warm] [--write | --stream [--stripe G,N,K]]
  *
  * N lines, line j at byte offset j * (span / N rounded down to 64), are linked into one random
  * cycle (Sattolo's algorithm, seeded): the first 8 bytes of each line hold the address of the
@@ -23,7 +23,10 @@
  * memory's idle write latency. The order comes from a copy in ordinary RAM.
  * --stream: instead of the chain, L loads of 8 bytes (rounded up to a multiple of 8), one per
  * line, in address order from the start of the span (wrapping): a sequential read, its
- * bandwidth 64 B / ns_per_load.
+ * bandwidth 64 B / ns_per_load. --stripe G,N,K (with --stream): only the K-th of every N granules
+ * of G bytes, as bandwidth's --stripe: the span's bytes are laid on those granules, so the device
+ * holds N * span bytes (one module's share of an N-way interleave at granularity G: on an
+ * appliance, every load of the stream goes to module K). G a multiple of 512 dividing span.
  * Defaults: N 4096, span 16M, L 100000, seed 1. Numbers accept K/M/G suffixes.
  *
  * Output, one JSON line: {"tool":"chase","where":"dax"|"local","lines":N,"span":...,"loads":L,
@@ -73,6 +76,7 @@ int main(int argc, char **argv)
     uint64_t lines = 4096, span = 16ULL << 20, loads = 100000, seed = 1;
     int mark = 1, local = 0, cold = 0, warm = 0, write = 0, stream = 0;
     long profile = -1;
+    uint64_t stripe[3] = {0, 1, 0};       /* --stripe G,N,K: granule K of every N of G bytes */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -103,6 +107,10 @@ int main(int argc, char **argv)
             seed = loose_number(a, v);
         else if (!strcmp(a, "--profile"))
             profile = (long)loose_number(a, v);
+        else if (!strcmp(a, "--stripe")) {
+            if (num_list(a, v, stripe, 3) != 3)
+                die("--stripe '%s': want G,N,K", v);
+        }
         else
             die("unknown option '%s'", a);
         i++;
@@ -116,6 +124,16 @@ int main(int argc, char **argv)
         die("--cold and --warm: choose one");
     if (write && stream)
         die("--write and --stream: choose one");
+    uint64_t every = stripe[1], granule = stripe[0], at = stripe[2];
+    if (every > 1 && (!stream || local))
+        die("--stripe lays a --stream's span on one module's granules of a DAX device: give --stream, "
+            "not --local");
+    if (every > 1 && (!granule || granule % 512 || span % granule || at >= every || span > UINT64_MAX / every))
+        die("--stripe %" PRIu64 ",%" PRIu64 ",%" PRIu64 ": want G a multiple of 512 dividing --span, K < N",
+            granule, every, at);
+    if (every < 1)
+        die("--stripe: N must be at least 1");
+    uint64_t mapped = span * every;       /* the bytes the walk's granules lie in */
     if (cold && !stream && loads > lines)
         die("--cold times each load on a line of its own: --loads (%" PRIu64 ") must not exceed --lines "
             "(%" PRIu64 ")", loads, lines);
@@ -133,9 +151,10 @@ int main(int argc, char **argv)
         if (fd < 0)
             die("%s: %s", dax, strerror(errno));
         uint64_t size = pfcxl_dev_size(fd);
-        if (size < PFCXL_DAX_ALIGN || span > size - PFCXL_DAX_ALIGN)
-            die("--span %" PRIu64 " exceeds the device size (%" PRIu64 ") minus 2 MiB", span, size);
-        base = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (size < PFCXL_DAX_ALIGN || mapped > size - PFCXL_DAX_ALIGN)
+            die("--span %" PRIu64 " (times --stripe's N) exceeds the device size (%" PRIu64 ") minus 2 MiB",
+                span, size);
+        base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (base == MAP_FAILED)
             die("mmap %s: %s", dax, strerror(errno));
         close(fd);
@@ -190,7 +209,25 @@ int main(int argc, char **argv)
         die("out of memory");
     uint64_t t0 = now_ns();
     stamps[0] = __rdtsc();
-    if (stream) {
+    if (stream && every > 1) {
+        /* as below, then past the other N - 1 granules at the end of each of ours */
+        volatile uint64_t *first = base + at * granule / 8, *q = first, *end = base + mapped / 8;
+        uint64_t sum = 0, left = granule, skip = (every - 1) * granule / 8;
+        loads = (loads + 7) / 8 * 8;
+        for (uint64_t i = 0; i < loads; i += 8) {
+            sum += q[0] + q[8] + q[16] + q[24] + q[32] + q[40] + q[48] + q[56];
+            q += 64;
+            if ((left -= 512) == 0) {
+                q += skip;
+                left = granule;
+                if (q >= end)
+                    q = first;
+            }
+            if ((i + 8) % batch == 0 && b < batches)
+                stamps[++b] = __rdtsc();
+        }
+        p = (uint64_t)(uintptr_t)q + (sum & 0);
+    } else if (stream) {
         /* eight lines an iteration, so the loop's own instructions (1 ns each in virtual time)
          * stay well below the memory's pace: the span is a multiple of 2 MiB, 8 lines divide it */
         volatile uint64_t *q = base, *end = base + span / 8;
