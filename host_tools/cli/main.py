@@ -56,10 +56,11 @@ def _epilog() -> str:
 
 def _build_image(machine) -> BootImage:
     """The machine's guest image, with a spinner while it is built; say which it is."""
-    from pfcxl.firmware_tables import boot_policy
     with err.status("building guest image") as status:
-        img = machine.boot_image(progress=lambda m: status.update(m))
-    if boot_policy.cedt_for_boot(machine.topology, machine.cedt) is not None:
+        machine.boot_image(progress=lambda m: status.update(m))    # built here, with the spinner
+        plan = machine.plan()            # the plan decides whose CEDT the guest sees
+    img = plan.image
+    if plan.cedt_override:
         err.print("[dim]our CEDT replaces QEMU's (initrd ACPI table upgrade)[/dim]")
     err.print(f"[dim]guest image {img.initrd.name} ({'built' if img.rebuilt else 'cached'}), "
               f"kernel {img.kernel_release}[/dim]")

@@ -4,7 +4,6 @@ its calibration and report are imported when the command runs: the parser stays 
 from __future__ import annotations
 
 import argparse
-import datetime
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +14,7 @@ from pfcxl.errors import ServingError
 from pfcxl.serving import inputs
 
 from pfcxl.host_tools.cli import serving_trace as cli_serving_trace
+from pfcxl.host_tools.results_dir import results_dir
 from pfcxl.host_tools.ui import err, out
 
 DESCRIPTION = """\
@@ -155,8 +155,7 @@ def cmd_serving(args) -> int:
                                       "the measured window")
     if not paper:
         err.print("[dim]not the paper's setup: its figures are not shown[/dim]")
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = Path(args.out or Path("results") / f"serving-{stamp}-{model.name}")
+    out_dir = results_dir(args.out, model.name, kind="serving")
     out_dir.mkdir(parents=True, exist_ok=True)
     report.write_json(out_dir / "results.json", results, rows, calibration)
     written = report.plots(rows, out_dir, title)
@@ -198,8 +197,7 @@ def _cmd_sweep(args, w, model, gpu, tiers, roles, sessions, tflops, mech, policy
              f" against {name} (published {getattr(mech, name):g}); load path {mech.engine}")
     band = (0.75, 1.25) if paper else (0.0, float("inf"))
     out.print(sweep.table(name, xs, series, title, band))
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = Path(args.out or Path("results") / f"serving-sweep-{stamp}-{name}")
+    out_dir = results_dir(args.out, name, kind="serving-sweep")
     out_dir.mkdir(parents=True, exist_ok=True)
     import json
     (out_dir / "sweep.json").write_text(json.dumps({"param": name, "values": xs, "series": series}, indent=1))

@@ -3,7 +3,6 @@ tier or a capacity sweep. host_tools/cli/serving.py parses the options and hands
 
 from __future__ import annotations
 
-import datetime
 import math
 import re
 from pathlib import Path
@@ -14,6 +13,7 @@ from pfcxl.errors import ServingError
 from pfcxl.serving import inputs
 from pfcxl.serving.traces import SWEEP_DEFAULT, TRACE_MODEL
 
+from pfcxl.host_tools.results_dir import results_dir
 from pfcxl.host_tools.ui import err, out
 
 _BYTES = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
@@ -101,8 +101,7 @@ def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float, mech) 
     title = (f"{trace.name} trace ({len(trace.requests):,} requests over {trace.span_ms / 1000:,.0f} s, "
              f"{trace.block_tokens}-token blocks), {model.name} on {w.gpus} x {gpu.name}; {mode}; policy "
              f"{policy_.label}; time scale x{args.time_scale or 1:g}")
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = Path(args.out or Path("results") / f"serving-trace-{stamp}-{trace.name}")
+    out_dir = results_dir(args.out, trace.name, kind="serving-trace")
     doc = {"trace": trace.path, "block_tokens": trace.block_tokens, "model": model.name, "gpu": gpu.name,
            "gpus": w.gpus, "mode": mode, "policy": policy_.label, "time_scale": args.time_scale or 1.0,
            "prefill_tflops_per_gpu": tflops, "kv_bytes_per_token": model.kv_bytes_per_token}
@@ -158,8 +157,7 @@ def _cmd_hosts(args, trace, capacity_blocks: float, model) -> int:
              f"per host ({capacity_blocks * trace.block_tokens * model.kv_bytes_per_token / 1e12:,.2f} TB); "
              f"sequence-only (chunk-lru, trace order, no GPU tier, no timing)")
     out.print(trace_report.hosts_table(results, title))
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = Path(args.out or Path("results") / f"serving-hosts-{stamp}-{trace.name}")
+    out_dir = results_dir(args.out, trace.name, kind="serving-hosts")
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"trace": trace.path, "block_tokens": trace.block_tokens, "model": model.name,
            "runs": [{**r.summary(), "host_of": r.host_of, "hits": r.hits} for r in results]}
@@ -314,7 +312,7 @@ def _retrieval_sweep(args, host, disk, mechs) -> int:
                             series.setdefault(f"{model} {n}x{g} {what} {end} ({mech.engine})", []).append(value)
     title = f"Table I, model / paper at each row end, against {name} (published {getattr(mechs[0], name):g})"
     out.print(sweep.table(name, xs, series, title))
-    out_dir = Path(args.out or Path("results") / f"retrieval-sweep-{datetime.datetime.now():%Y%m%d-%H%M%S}-{name}")
+    out_dir = results_dir(args.out, name, kind="retrieval-sweep")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "sweep.json").write_text(json.dumps({"param": name, "values": xs, "series": series}, indent=1))
     png = sweep.plot(name, xs, series, out_dir / "sweep.png", title)
