@@ -1,5 +1,5 @@
 """`pfcxl.Appliance`: the appliance service of a topology in its run directory (the API of
-host_tools/appliance.py, which talks to and starts device/appliance/service.py).
+host_tools/appliance_client.py, which talks to and starts device/appliance/service.py).
 
     with pfcxl.Appliance("pf-appliance", timing="pf") as a:     # the running one, or one started here
         m = a.machine(host=0)
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import appliance as appliance_mod
+from pfcxl.host_tools import appliance_client as appliance_mod
 from pfcxl.machine import Machine, load_topology
 
 

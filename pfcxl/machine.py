@@ -38,7 +38,7 @@ from pfcxl.device.appliance import timeline as timeline_mod
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError, VMError
 from pfcxl.firmware_tables import boot_policy, generate
-from pfcxl.host_tools import appliance as appliance_mod
+from pfcxl.host_tools import appliance_client as appliance_mod
 from pfcxl.host_tools.image import initramfs as image_mod
 from pfcxl.host_tools.argtypes import writable_dir
 from pfcxl.host_tools import timeouts

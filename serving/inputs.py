@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pfcxl import text_files
 from pfcxl.device.fabric import constants as fc
-from pfcxl.device.topology.appliance import MAX_MODULES
+from pfcxl.device.topology.appliance_section import MAX_MODULES
 from pfcxl.errors import ServingError
 
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS

@@ -39,7 +39,7 @@ MAX_SYNC_WAITING = 64            # synced stats requests one connection may have
 
 @dataclass
 class AttachedHost:
-    """The service's record of one attached host (host_tools/appliance.py's Attachment is the host's)."""
+    """The service's record of one attached host (host_tools/appliance_client.py's Attachment is the host's)."""
 
     host: int
     port: int

@@ -51,7 +51,7 @@ MAX_CHECKSUMS_WAITING = 64     # checksum requests one connection may have waiti
 
 @dataclass
 class Connection:
-    """The service's end of one peer's connection (host_tools/appliance.py's Client is the other end)."""
+    """The service's end of one peer's connection (host_tools/appliance_client.py's Client is the other end)."""
 
     sock: socket.socket
     pid: int                       # the peer process (SO_PEERCRED)

@@ -37,7 +37,7 @@ from pfcxl.device.facts import qemu as qemu_facts
 from pfcxl.device.topology import limits as topology_limits
 from pfcxl.device.topology.model import (ApplianceSpec, Device, DownstreamPort, Guest, HostBridge, Region, RootPort, Switch,
                              Topology, Window)
-from pfcxl.device.topology.appliance import check_appliance_devices, read_appliance
+from pfcxl.device.topology.appliance_section import check_appliance_devices, read_appliance
 from pfcxl.device.topology.reader import REQUIRED, Problems, TomlTable, entries, read_list, string_list
 from pfcxl.device.topology.rules import (BACKEND_PREFIX, DIRECT_PREFIX, LSA_PREFIX, MAX_GRANULARITY, MAX_RESTRICTIONS, MAX_WINDOW_TARGETS,
                              MIN_GRANULARITY, REGION_ALIGN, REGION_MODES, VALID_WAYS, WINDOW_ARITHMETIC,

@@ -100,7 +100,7 @@ class ApplianceSpec:
     granularity: int                # pool offsets interleave across modules at this granularity
     shared: int
     private: int                    # per host; 0 = no private regions
-    backing: str                    # "shm", "directory" or "memfd" (device/topology/appliance.py)
+    backing: str                    # "shm", "directory" or "memfd" (device/topology/appliance_section.py)
 
     @property
     def capacity(self) -> int:

@@ -35,7 +35,7 @@ def pool_file(args) -> Path:
     topo = topology.load(topology.resolve(args.topology or DEFAULT_APPLIANCE))
     if topo.appliance is None:
         raise PfcxlError(f"topology '{topo.name}' has no [appliance] section: give --pool FILE")
-    from pfcxl.host_tools import appliance
+    from pfcxl.host_tools import appliance_client as appliance
     run_dir = Path(args.run_dir) if args.run_dir else appliance.default_dir(topo)
     where = appliance_rundir.pool_dir(run_dir, topo.appliance.backing)
     if where is None:

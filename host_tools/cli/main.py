@@ -27,7 +27,7 @@ from pfcxl.errors import PfcxlError, TopologyError
 
 
 from pfcxl.host_tools.vm import boot_options
-from pfcxl.host_tools.cli import appliance as cli_appliance
+from pfcxl.host_tools.cli import appliance_commands as cli_appliance
 from pfcxl.host_tools.cli import bench as cli_bench
 from pfcxl.host_tools.cli import kv as cli_kv
 from pfcxl.host_tools.cli import machines as cli_machines

@@ -29,7 +29,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.appliance import Appliance
 from pfcxl.machine import Machine
 
-from pfcxl.host_tools import appliance, timeouts
+from pfcxl.host_tools import appliance_client as appliance, timeouts
 from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.host_tools.vm.console import shell_command
 from pfcxl.process import cpu_seconds

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pfcxl.host_tools import appliance, timeouts
+from pfcxl.host_tools import appliance_client as appliance, timeouts
 from pfcxl.host_tools.kv.replay_report import block_load_seconds, prefill_seconds
 
 

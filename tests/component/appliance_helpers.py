@@ -25,7 +25,7 @@ from pfcxl.device import topology
 from pfcxl.device.trace import records as tf
 from pfcxl.device.topology import Topology
 from pfcxl.device.topology.units import MiB
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 from pfcxl.device.trace.ring import Ring
 
 

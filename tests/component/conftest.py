@@ -12,7 +12,7 @@ from pfcxl import cache
 from pfcxl.errors import BuildError
 from pfcxl.guest.python import pfcxl_kvstore
 from pfcxl.host_tools.image import initramfs as image
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
 from .appliance_helpers import Running, _stop_and_check, write_topology

@@ -17,7 +17,7 @@ from pfcxl import Appliance
 from pfcxl.device.appliance import rundir
 from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 
 from .appliance_helpers import Raw, wait_until, write_topology
 

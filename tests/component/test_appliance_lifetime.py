@@ -23,7 +23,7 @@ from pfcxl.device.appliance import rundir
 from pfcxl.device.appliance.service import MAX_CLIENTS, MAX_PER_PROCESS
 from pfcxl.errors import ApplianceError
 from pfcxl.host_tools.vm import qemu
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 from pfcxl.device import topology
 
 from .appliance_helpers import Raw, peek, poke, wait_until, write_topology
@@ -113,7 +113,7 @@ def test_the_service_run_directly_on_a_live_directory_leaves_it_alone(services):
 HOLDER = textwrap.dedent("""
     import mmap, os, sys, time
     from pathlib import Path
-    from pfcxl.host_tools import appliance
+    from pfcxl.host_tools import appliance_client as appliance
     c = appliance.Client(Path(sys.argv[1]))
     att = c.attach(0)
     def poke(region, offset, data):

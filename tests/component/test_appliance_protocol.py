@@ -23,7 +23,7 @@ from pfcxl.device.appliance import protocol as proto
 from pfcxl.device.appliance.pool import bytes_per_module
 from pfcxl.device.topology.units import MiB
 from pfcxl.errors import ApplianceError
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 
 from .appliance_helpers import (
     POOL_END, PRIVATE, SHARED, _gone, crc_of, peek, poke, same_object, wait_until, write_topology,

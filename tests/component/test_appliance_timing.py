@@ -14,7 +14,7 @@ from pfcxl.device.fabric import model as fabric_model
 from pfcxl.device.trace import capture as trace_capture
 from pfcxl.device.appliance.ops import MAX_SYNC_WAITING
 from pfcxl.errors import PfcxlError
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 
 from .appliance_helpers import Raw, _stop_and_check, play_plugin, reads_of_the_shared_region, write_topology
 

@@ -20,7 +20,7 @@ from pfcxl.device.trace import records as tf
 from pfcxl.device.trace.plausible import MAX_INSN_PER_SECOND
 from pfcxl.errors import PfcxlError
 from pfcxl.host_tools.timing import telemetry_view
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 
 from .appliance_helpers import _stop_and_check, play_plugin, reads_of_the_shared_region, write_topology
 

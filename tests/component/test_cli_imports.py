@@ -46,7 +46,7 @@ def test_light_commands_import_no_heavy_module(tmp_path, argv):
 # the appliance client, pexpect and rich's tables are imported by the commands that use them
 NOT_FOR_THE_PARSER = HEAVY + ("pexpect", "rich.table", "pfcxl.firmware_tables.boot_policy", "pfcxl.firmware_tables.cedt",
                               "pfcxl.host_tools.image.initramfs", "pfcxl.host_tools.timing.config",
-                              "pfcxl.host_tools.timing.telemetry_view", "pfcxl.host_tools.appliance",
+                              "pfcxl.host_tools.timing.telemetry_view", "pfcxl.host_tools.appliance_client",
                               "pfcxl.host_tools.vm.console")
 
 

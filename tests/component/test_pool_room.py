@@ -19,7 +19,7 @@ from pfcxl.device.appliance.pool import Pool
 from pfcxl.device.topology import Topology
 from pfcxl.device.topology.units import GiB, MiB
 from pfcxl.errors import ApplianceError
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 
 from .appliance_helpers import write_topology
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from pfcxl.device.appliance import timeline
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 
 from .appliance_helpers import _stop_and_check, write_topology
 

@@ -79,7 +79,7 @@ def test_bad_directories_are_refused_in_one_line(tmp_path):
 
 def test_appliance_start_checks_capture_before_starting(tmp_path):
     from pfcxl.device import topology
-    from pfcxl.host_tools import appliance
+    from pfcxl.host_tools import appliance_client as appliance
     path = topology.resolve("pf-appliance")
     topo = topology.load(path)
     with pytest.raises(ApplianceError, match="needs|give --fabric"):

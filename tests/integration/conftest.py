@@ -159,7 +159,7 @@ def guest_file(vm: Machine, path: str) -> bytes:
 @pytest.fixture
 def running_appliance(tmp_path):
     """A pf-appliance service in a temporary run directory, stopped at teardown."""
-    from pfcxl.host_tools import appliance
+    from pfcxl.host_tools import appliance_client as appliance
 
     def _start(topo_path=None):
         path = topo_path or topology.resolve("pf-appliance")

@@ -17,7 +17,7 @@ import pytest
 from pfcxl.device.appliance import rundir
 from pfcxl.device import topology
 from pfcxl.host_tools.fleet import multihost
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 from pfcxl.guest import pattern
 from pfcxl.guest.tool_output import tool_json
 

@@ -17,7 +17,7 @@ from pfcxl.guest import pattern
 from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools.vm import qemu
 from pfcxl.host_tools.timing import config as timing
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 from pfcxl.guest.tool_output import tool_json
 
 from .conftest import boot_on_appliance, daxio, load, pfcxl_cli

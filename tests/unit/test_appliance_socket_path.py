@@ -9,7 +9,7 @@ import pytest
 
 from pfcxl.device import topology
 from pfcxl.errors import ApplianceError
-from pfcxl.host_tools import appliance
+from pfcxl.host_tools import appliance_client as appliance
 
 pytestmark = pytest.mark.unit
 

@@ -34,7 +34,7 @@ def _topology(args) -> tuple[topology.Topology, Path]:
 
 
 def _dir(args, topo: topology.Topology) -> Path:
-    from pfcxl.host_tools import appliance
+    from pfcxl.host_tools import appliance_client as appliance
     return Path(args.run_dir) if args.run_dir else appliance.default_dir(topo)
 
 
@@ -52,7 +52,7 @@ def cmd_start(args) -> int:
     service = _service(args, foreground=args.foreground, scan_interval=args.scan_interval,
                        idle_timeout=args.idle_timeout, timing=args.fabric, issue=args.issue, capture=args.capture,
                        quantum_ns=quantum)
-    from pfcxl.host_tools import appliance
+    from pfcxl.host_tools import appliance_client as appliance
     pid = service.serve()
     topo, run_dir = service.topology, service.directory
     a = topo.appliance
