@@ -128,7 +128,7 @@ int main(int argc, char **argv)
     if (every > 1 && (!stream || local))
         die("--stripe lays a --stream's span on one module's granules of a DAX device: give --stream, "
             "not --local");
-    if (every > 1 && (!granule || granule % 512 || span % granule || at >= every || span > UINT64_MAX / every))
+    if (every > 1 && (!granule || (granule & 511) || span % granule || at >= every || span > UINT64_MAX / every))
         die("--stripe %" PRIu64 ",%" PRIu64 ",%" PRIu64 ": want G a multiple of 512 dividing --span, K < N",
             granule, every, at);
     if (every < 1)

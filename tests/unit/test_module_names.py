@@ -1,8 +1,12 @@
-"""Module names tell apart what they hold: one module per name that means one thing (issue 30)."""
+"""Module names tell apart what they hold: one module per name that means one thing."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBPACKAGES = ("device", "engines", "firmware_tables", "guest", "host_tools", "serving")
