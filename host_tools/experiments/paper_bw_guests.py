@@ -26,24 +26,20 @@ own loop, not the fabric, bounds them (about 0.8 GB/s).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
-from pfcxl.appliance import Appliance
 from pfcxl.device.appliance import timeline
 from pfcxl.device.fabric.model import Params
 from pfcxl.device import topology
 from pfcxl.guest.tool_output import tool_json
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.vm.boot_options import BootOptions
+from pfcxl.host_tools.experiments.timed_fleet import TOPOLOGY, timed_fleet
 from pfcxl.machine import Machine
 
-TOPOLOGY = "pf-appliance"
 TARGET = "/dev/dax0.0"          # the shared pool region, interleaved over every module
 
 
@@ -93,20 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                     "fabric_params": list(options.fabric_params),
                     "clock": "guest virtual time (fabric model's charges)"}
     cmd = lambda module: command(app_shape, module, loads=args.loads, span=args.span)  # noqa: E731
-    with tempfile.TemporaryDirectory(prefix="pfcxl-bwg-") as tmp, \
-            Appliance(TOPOLOGY, quantum_ns=args.quantum, temporary=True) as app, contextlib.ExitStack() as stack:
-        path = timeline.path_in(app.directory)
-        machines = []
-        started = time.monotonic()
-        for h in range(args.hosts):
-            m = Machine(TOPOLOGY, name=f"bw{h}", options=dataclasses.replace(
-                options, host=h, appliance=str(app.directory), run_dir=str(Path(tmp) / f"bw{h}")))
-            stack.callback(m.close)
-            m.launch()
-            machines.append(m)
-        for m in machines:
-            m.wait_ready()
-        print(f"{args.hosts} timed guests ready in {time.monotonic() - started:.1f} s wall", flush=True)
+    with timed_fleet(args.hosts, options, args.quantum, name="bw") as (machines, path):
         for name, hosts, modules in (("alone", 1, [0]), ("own", args.hosts, list(range(args.hosts))),
                                      ("shared", args.hosts, [0] * args.hosts)):
             t0 = time.monotonic()

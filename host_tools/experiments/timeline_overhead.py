@@ -18,22 +18,18 @@ ratio is the barrier's own cost.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
-from pfcxl.appliance import Appliance
 from pfcxl.device.appliance import timeline
 from pfcxl.guest.tool_output import tool_json
 from pfcxl.host_tools.vm.boot_options import BootOptions
+from pfcxl.host_tools.experiments.timed_fleet import TOPOLOGY, timed_fleet
 from pfcxl.machine import Machine
 from pfcxl.process import cpu_seconds
 
-TOPOLOGY = "pf-appliance"
 
 
 def chase(loads: int) -> str:
@@ -101,20 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     options = BootOptions(clock="virtual", fabric=args.fabric, timing="trace")
     result: dict = {"hosts": args.hosts, "quantum_ns": args.quantum, "loads": args.loads, "fabric": args.fabric,
                     "cpus": len(os.sched_getaffinity(0)), "rounds": []}
-    with tempfile.TemporaryDirectory(prefix="pfcxl-tl-") as tmp, \
-            Appliance(TOPOLOGY, quantum_ns=args.quantum, temporary=True) as app, contextlib.ExitStack() as stack:
-        path = timeline.path_in(app.directory)
-        machines = []
-        boot0 = time.monotonic()
-        for h in range(args.hosts):
-            m = Machine(TOPOLOGY, name=f"t{h}", options=dataclasses.replace(
-                options, host=h, appliance=str(app.directory), run_dir=str(Path(tmp) / f"t{h}")))
-            stack.callback(m.close)
-            m.launch()
-            machines.append(m)
-        for m in machines:
-            m.wait_ready()
-        print(f"{args.hosts} timed guests ready in {time.monotonic() - boot0:.1f} s wall", flush=True)
+    with timed_fleet(args.hosts, options, args.quantum, name="t") as (machines, path):
         for k in counts(args.hosts):
             row = run_round(machines[:k], path, chase(args.loads))
             result["rounds"].append(row)
