@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from pfcxl.host_tools.vm.boot_options import BootOptions
+
 from pfcxl.device.appliance import rundir
 from pfcxl.device import topology
 from pfcxl.host_tools.fleet import multihost
@@ -37,7 +39,7 @@ def test_three_hosts_each_verify_every_other_hosts_slice(running_appliance, tmp_
     path = topology.resolve("pf-appliance")
     results = multihost.run(topology.load(path), path, 3,
                             "slices /dev/dax0.0 --host {host} --hosts {hosts} --slice 2M --timeout 600",
-                            run_dir=tmp_path / "hosts", appliance_dir=run_dir)
+                            options=BootOptions(run_dir=str(tmp_path / "hosts")), appliance_dir=run_dir)
     assert [r.host for r in results] == [0, 1, 2]
     assert sorted(r.port for r in results) == [0, 1, 2]
     published = {}

@@ -92,8 +92,8 @@ def test_kv_store_put_and_get_across_two_hosts(running_appliance, tmp_path, matr
     path = topology.resolve("pf-appliance")
     results = multihost.run(topology.load(path), path, 2,
                             "kvstore run /dev/dax0.0 --host {host} --hosts {hosts} --blocks 2 --sizes 65536,4104 "
-                            "--timeout 900", run_dir=tmp_path / "hosts", appliance_dir=run_dir,
-                            options=BootOptions(**machine_options(matrix_kernel)))
+                            "--timeout 900", appliance_dir=run_dir,
+                            options=BootOptions(**machine_options(matrix_kernel), run_dir=str(tmp_path / "hosts")))
     for r in results:
         assert r.error is None and r.status == 0, (r.host, r.error, r.output[-2000:])
         got = tool_json(r.output, "kvstore")
