@@ -9,12 +9,11 @@ and the comparison of two CEDTs.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from pfcxl.device.topology import Topology
 
+from pfcxl.cache import write_whole
 from pfcxl.firmware_tables import cdat, cedt
 from pfcxl.firmware_tables.generate import TableSet, tables_for
 
@@ -32,10 +31,7 @@ def write(topo: Topology, out_dir: Path, tables: TableSet | None = None) -> list
     written = []
     for name, data in files.items():
         path = out_dir / name
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        write_whole(path, data)
         written.append(path)
     return written
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -75,3 +76,16 @@ def read_manifest() -> dict:
 def timed_qemu_dir() -> Path:
     """QEMU built from Debian's source with pfcxl's virtual-time patch (setup's timed-qemu step)."""
     return cache_dir() / "qemu-timed"
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: a temporary file beside it renamed into place, removed on
+    any failure, Ctrl-C included, so an interrupted build leaves nothing half-written."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

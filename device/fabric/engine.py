@@ -129,27 +129,16 @@ def _divmod(x: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
     return np.divmod(x, d)
 
 
-def jitter_bits(model: FabricModel, reads: int, writes: int, seed: int) -> list[tuple[np.ndarray, int]]:
-    """The random draws behind draw_jitter: per direction (reads, then writes), 16 random bits per
-    pair of accesses and the direction's J (ns)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for count, j in ((reads, model.jitter_read_ns), (writes, model.jitter_write_ns)):
-        pairs = (count + 1) // 2
-        out.append((rng.bit_generator.random_raw(pairs // 4 + 1).view(np.uint16)[:pairs], j))
-    return out
-
-
 def draw_jitter(model: FabricModel, write: np.ndarray, seed: int, split=None) -> np.ndarray:
     """Per-access jitter (ps, int32), seeded: the k-th pair of reads (and of writes), in trace
     order, gets +v and -v with v uniform in 0..J ns (J by direction) and a random sign; an
     unpaired last access gets 0. Every direction's jitters are thus exactly symmetric, so a
     trace's idle median stays on the paper's figure. `split`: (reads, writes) indices if known.
-    (The compiled kernel draws the same values from the same jitter_bits.)"""
+    (The compiled kernel draws the same values from the same native.jitter_bits.)"""
     write = np.asarray(write, bool)
     jitter = np.zeros(len(write), np.int32)
     ir, iw = split if split is not None else (np.flatnonzero(~write), np.flatnonzero(write))
-    for idx, (raw, j) in zip((ir, iw), jitter_bits(model, len(ir), len(iw), seed)):
+    for idx, (raw, j) in zip((ir, iw), fabric_kernel.jitter_bits(model, len(ir), len(iw), seed)):
         count = len(idx)
         x = (raw % (2 * (j + 1))).astype(np.int32)
         v = (x >> 1) * (1 - 2 * (x & 1)) * PS_PER_NS

@@ -152,9 +152,19 @@ def chase(model: FabricModel, stamp, vcpu, host, module, size, write, jitter, ca
     return issue, complete, hit.view(bool), packed.totals
 
 
+def jitter_bits(model: FabricModel, reads: int, writes: int, seed: int) -> list[tuple[np.ndarray, int]]:
+    """The random draws behind draw_jitter: per direction (reads, then writes), 16 random bits per
+    pair of accesses and the direction's J (ns)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for count, j in ((reads, model.jitter_read_ns), (writes, model.jitter_write_ns)):
+        pairs = (count + 1) // 2
+        out.append((rng.bit_generator.random_raw(pairs // 4 + 1).view(np.uint16)[:pairs], j))
+    return out
+
+
 def jitter(model: FabricModel, write: np.ndarray, seed: int) -> np.ndarray:
     """fabric_engine.draw_jitter's values, from the same random bits, in one pass."""
-    from pfcxl.device.fabric.engine import jitter_bits
     write = np.ascontiguousarray(write).view(np.uint8)
     writes = int(np.count_nonzero(write))
     (raw_r, j_r), (raw_w, j_w) = jitter_bits(model, len(write) - writes, writes, seed)

@@ -16,8 +16,7 @@ from pfcxl.device.facts.cxl_spec import CFMWS_GRANULE as WINDOW_ALIGN
 
 from pfcxl.device.facts.qemu import (CHBS_LENGTH, CXL_BASE_ALIGN, FOUR_GIB, HOTPLUG_SLOT_SIZE, LOWMEM_LIMIT, LOWMEM_SPLIT,
                          WINDOW_GAP)
-from pfcxl.device.topology import Region, Topology, Window
-from pfcxl.device.topology.model import dax_name, region_name
+from pfcxl.device.topology.model import Region, Topology, Window, dax_name, region_name
 
 
 def _round_up(value: int, align: int) -> int:

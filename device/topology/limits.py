@@ -11,6 +11,7 @@ from pfcxl.device.facts.cxl_spec import MAX_GRANULARITY
 
 from pfcxl.device.facts.qemu import NO_SERIAL
 
+from pfcxl.device.topology import address_map
 from pfcxl.device.topology.model import Device, DownstreamPort, HostBridge, RootPort, Switch, Topology, Window
 from pfcxl.device.topology.reader import Problems
 from pfcxl.device.topology.units import GiB, MiB, human
@@ -139,8 +140,6 @@ def check_region_decoders(problems: Problems, where: str, topo: Topology, window
 
 
 def check_address_space(problems: Problems, topo: Topology) -> None:
-    from pfcxl.device.topology import address_map     # it imports the topology module that calls us
-
     ends = [p.base + p.size for p in address_map.window_placements(topo)]
     end = max(ends) if ends else address_map.cxl_base(topo) + MiB
     highest = -(-end // GiB) * GiB + PCI_HOLE64 - 1

@@ -9,9 +9,7 @@ source, the init script, the topology's plan) builds a new one.
 from __future__ import annotations
 
 import hashlib
-import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -153,21 +151,8 @@ def _debian_rootfs(say, packages: tuple[str, ...] = ()) -> tuple[bytes, set[str]
         cached.parent.mkdir(parents=True, exist_ok=True)
         for path, data in ((cached, cpio.gzipped(cpio.archive(entries))),
                            (listing, "\n".join(e.path for e in entries).encode())):
-            _write_whole(path, data)
+            cache.write_whole(path, data)
     return cached.read_bytes(), set(listing.read_text().splitlines())
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    """Write `path` whole or not at all: a temporary file renamed into place, removed on any
-    failure, Ctrl-C included, so an interrupted build leaves nothing in the cache."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def acpi_override_archive(tables: dict[str, bytes]) -> bytes:
@@ -233,6 +218,6 @@ def _build(topo: Topology, progress, acpi_tables: dict[str, bytes] | None, kind:
         head = prefix + rootfs
         # Linux takes an uncompressed archive after a compressed one only at a 4-byte aligned
         # offset, and skips zeros up to it ("invalid magic at start of compressed archive" else).
-        _write_whole(initrd, head + bytes(-len(head) % 4) + body)
+        cache.write_whole(initrd, head + bytes(-len(head) % 4) + body)
     return BootImage(kernel.vmlinuz, initrd, kernel.release, rebuilt, kernel.origin, kernel.pvh)
 

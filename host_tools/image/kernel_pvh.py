@@ -19,7 +19,7 @@ from elftools.common.exceptions import ELFError
 
 from pfcxl.errors import ImageError, SetupError
 
-from pfcxl.host_tools.image.initramfs import _write_whole
+from pfcxl.cache import write_whole
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 PVH_ENTRY_NOTE = 18          # XEN_ELFNOTE_PHYS32_ENTRY, in the "Xen" note namespace
@@ -56,5 +56,5 @@ def uncompressed(vmlinuz: Path, out: Path | None = None) -> Path:
         raise ImageError(f"{vmlinuz}: its payload is not an ELF with a PVH entry note (CONFIG_PVH); "
                          "Machine(lean=False) boots it as a bzImage")
     out.parent.mkdir(parents=True, exist_ok=True)
-    _write_whole(out, elf)
+    write_whole(out, elf)
     return out

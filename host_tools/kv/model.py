@@ -5,6 +5,8 @@ model's prefill FLOPs at its measured dense throughput)."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from pfcxl.device.fabric import model as fabric_model
 from pfcxl.serving import compute, inputs, mechanisms
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS, chunk_bytes
@@ -39,3 +41,23 @@ def chunk_load_rows() -> tuple[list[dict], str]:
                   f"reading the chunk as {g // 1024} KiB requests all at once, no GPU PCIe hop")
     return rows, assumption
 
+
+@lru_cache(maxsize=None)
+def block_load_seconds(model_name: str, block_tokens: int) -> dict:
+    """Seconds to load one real block from each fabric, and its bytes."""
+    model = inputs.load_model(model_name)
+    size = model.kv_bytes_per_token * block_tokens
+    pf, appliance = appliance_fabric(inputs.load_tier("appliance-32tb"))
+    g = appliance.granularity
+    return dict(bytes=size, pf=stream_seconds(pf, size, g),
+                electrical=stream_seconds(fabric_model.electrical_pool(jitter=False), size, g))
+
+
+def prefill_seconds(result: dict, requests, model_name: str, block_tokens: int) -> list[tuple[int, float]]:
+    """(request index, modelled prefill seconds of its tokens past the hits) of each finished
+    request: serving/compute.py at the measured dense throughput (serving/data/constants.toml)."""
+    model = inputs.load_model(model_name)
+    flops = mechanisms.published_prefill_tflops(inputs.load_gpu(GPU)) * 1e12 * GPUS
+    return [(i, compute.prefill_seconds(model, max(requests[i].input_length - r["hits"] * block_tokens, 0),
+                                        min(r["hits"] * block_tokens, requests[i].input_length), flops))
+            for i, r in enumerate(result["results"]) if r is not None]

@@ -11,16 +11,12 @@ per request that compares the modes, not a serving simulation (that is `pfcxl se
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
-from pfcxl.device.fabric import model as fabric_model
 from pfcxl.device.topology.units import human
-from pfcxl.serving import compute, inputs, mechanisms
-from pfcxl.serving.tiers import appliance_fabric, stream_seconds
 
-from pfcxl.host_tools.kv.model import GPU, GPUS
+from pfcxl.host_tools.kv.model import GPU, GPUS, block_load_seconds, prefill_seconds
+from pfcxl.host_tools.kv.replay_timing import ttft as timed_ttft
 from pfcxl.host_tools.ui import out
 
 FABRICS = ("pf", "electrical")
@@ -38,27 +34,6 @@ def kib(value: int) -> str:
 
 def hit_rate(row: dict) -> float:
     return row["hits"] / row["blocks"] if row["blocks"] else 0.0
-
-
-@lru_cache(maxsize=None)
-def block_load_seconds(model_name: str, block_tokens: int) -> dict:
-    """Seconds to load one real block from each fabric, and its bytes."""
-    model = inputs.load_model(model_name)
-    size = model.kv_bytes_per_token * block_tokens
-    pf, appliance = appliance_fabric(inputs.load_tier("appliance-32tb"))
-    g = appliance.granularity
-    return dict(bytes=size, pf=stream_seconds(pf, size, g),
-                electrical=stream_seconds(fabric_model.electrical_pool(jitter=False), size, g))
-
-
-def prefill_seconds(result: dict, requests, model_name: str, block_tokens: int) -> list[tuple[int, float]]:
-    """(request index, modelled prefill seconds of its tokens past the hits) of each finished
-    request: serving/compute.py at the measured dense throughput (serving/data/constants.toml)."""
-    model = inputs.load_model(model_name)
-    flops = mechanisms.published_prefill_tflops(inputs.load_gpu(GPU)) * 1e12 * GPUS
-    return [(i, compute.prefill_seconds(model, max(requests[i].input_length - r["hits"] * block_tokens, 0),
-                                        min(r["hits"] * block_tokens, requests[i].input_length), flops))
-            for i, r in enumerate(result["results"]) if r is not None]
 
 
 def ttft(result: dict, requests, model_name: str, block_tokens: int) -> dict:
@@ -86,7 +61,6 @@ def summary(result: dict, requests, model_name: str, block_tokens: int) -> dict:
         keep["lookup_cost"] = dict(lookups=n, index_lines=sum(h["index_lines"] for h in keep["lookups"]),
                                    bytes_per_lookup=64 * sum(h["index_lines"] for h in keep["lookups"]) / n if n else None)
     if keep.get("timing"):
-        from pfcxl.host_tools.kv.replay_timing import ttft as timed_ttft
         keep["timing"]["ttft"] = timed_ttft(result, requests, model_name, block_tokens)
     return keep
 

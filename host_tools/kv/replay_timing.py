@@ -11,7 +11,7 @@ block (its crc and byte check), so the rate is a lower bound on what the fabric 
 
 A request's modelled TTFT: its hit blocks loaded one after another at its host's modelled rate,
 each the model's real block (e.g. 160 MiB per 512-token block of LLaMA-3.1-70B, not the replay's
-scaled payload), then the prefill of the tokens past the hits (replay_report.prefill_seconds).
+scaled payload), then the prefill of the tokens past the hits (kv/model.py's prefill_seconds).
 With --fabric this is the report's one TTFT, per host and overall (the fabric model's estimate
 per block, replay_report.ttft, stays in the JSON only).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from pfcxl.host_tools import appliance_client as appliance, timeouts
-from pfcxl.host_tools.kv.replay_report import block_load_seconds, prefill_seconds
+from pfcxl.host_tools.kv.model import block_load_seconds, prefill_seconds
 
 
 def snapshot(where) -> dict:
