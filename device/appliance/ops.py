@@ -18,23 +18,34 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pfcxl.errors import PfcxlError
 
 from pfcxl.device.appliance import protocol as proto
 from pfcxl.device.appliance import rundir, timeline
 from pfcxl.device.appliance.pool import Pool, bytes_per_module, where
+from pfcxl.device.appliance.timing import ApplianceTiming
 from pfcxl.device.topology.model import ApplianceSpec, Topology
 
-if TYPE_CHECKING:                # the service imports this module
-    from pfcxl.device.appliance.service import Connection
-    from pfcxl.device.appliance.timing import ApplianceTiming
 
 log = logging.getLogger("pfcxl.appliance")
 MAX_SYNC_WAITING = 64            # synced stats requests one connection may have waiting
+
+
+@dataclass
+class Connection:
+    """The service's end of one peer's connection (host_tools/appliance_client.py's Client is the other end)."""
+
+    sock: socket.socket
+    pid: int                       # the peer process (SO_PEERCRED)
+    last_active: float = field(default_factory=time.monotonic)
+    waiting: int = 0               # checksum replies a worker still owes it
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: list[tuple[bytes, list[int]]] = field(default_factory=list)
+    hosts: set[int] = field(default_factory=set)
+    closing: bool = False          # no more requests are read: its last replies go out, then it is dropped
 
 
 @dataclass
@@ -44,7 +55,7 @@ class AttachedHost:
     host: int
     port: int
     slot: int | None
-    client: Connection       # the Connection (device/appliance/service.py) that holds it
+    client: Connection       # the connection that holds it
     since: float
 
 

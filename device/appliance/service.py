@@ -29,7 +29,6 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from pfcxl.errors import PfcxlError
@@ -37,7 +36,7 @@ from pfcxl.errors import PfcxlError
 from pfcxl.device.appliance import protocol as proto
 from pfcxl.device.appliance import rundir, timeline
 from pfcxl.device import topology
-from pfcxl.device.appliance.ops import AttachedHost, Operations
+from pfcxl.device.appliance.ops import AttachedHost, Connection, Operations
 from pfcxl.device.appliance.timing import ApplianceTiming
 from pfcxl.device.fabric.telemetry import ISSUES, SYSTEMS
 from pfcxl.device.appliance.pool import Pool
@@ -47,20 +46,6 @@ MAX_CLIENTS = 256
 MAX_PER_PROCESS = 32           # connections one peer process may hold at once
 MAX_PENDING = 1 << 20          # bytes of replies a client may leave unread before it is dropped
 MAX_CHECKSUMS_WAITING = 64     # checksum requests one connection may have waiting for the worker
-
-
-@dataclass
-class Connection:
-    """The service's end of one peer's connection (host_tools/appliance_client.py's Client is the other end)."""
-
-    sock: socket.socket
-    pid: int                       # the peer process (SO_PEERCRED)
-    last_active: float = field(default_factory=time.monotonic)
-    waiting: int = 0               # checksum replies a worker still owes it
-    inbox: bytearray = field(default_factory=bytearray)
-    outbox: list[tuple[bytes, list[int]]] = field(default_factory=list)
-    hosts: set[int] = field(default_factory=set)
-    closing: bool = False          # no more requests are read: its last replies go out, then it is dropped
 
 
 class Service(Operations):
