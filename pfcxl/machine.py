@@ -1,5 +1,6 @@
 """pfcxl's public API: one booted appliance host (`Machine`). The appliance service (`Appliance`) is
-in pfcxl/appliance.py, what commands give back (`Result`, `TracedRun`) in pfcxl/runs.py.
+in pfcxl/appliance.py, what commands give back: `Result` (host_tools/vm/host.py) and `TracedRun`
+(host_tools/timing/traced_run.py).
 
     import pfcxl
     with pfcxl.Machine("two-hb-interleave") as m:
@@ -28,7 +29,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from pfcxl.device.topology import data_path as data_path_mod
 from pfcxl.device.fabric import constants as fabric_constants
@@ -53,12 +54,8 @@ from pfcxl.host_tools.timing import calibration
 from pfcxl.host_tools.timing import plugin as timing_plugin
 from pfcxl.host_tools.timing import config as timing_mod
 from pfcxl.host_tools.vm import host as vm_mod
-from pfcxl.host_tools.vm.host import VM
-from pfcxl.runs import Result, TracedRun
-from pfcxl import runs
-
-if TYPE_CHECKING:
-    from pfcxl.appliance import Appliance
+from pfcxl.host_tools.vm.host import VM, Result
+from pfcxl.host_tools.timing.traced_run import Started, Tracer, TracedRun
 
 DEFAULT_NAME = "guest"
 # What a plan shows for a run directory that does not exist yet (a temporary one per boot).
@@ -404,8 +401,7 @@ class Machine:
         """Run a command in the guest: a string is shell syntax, a list is argv (each word quoted);
         stdin is /dev/null. Its exit status and output. A command still running after `timeout`
         seconds is killed in the guest (VMError); the guest stays up for the next."""
-        done = self._booted().run(command, timeout)
-        return Result(done.status, done.data, done.command)
+        return self._booted().run(command, timeout)
 
     def check(self, command: str, timeout: float = timeouts.COMMAND_S) -> str:
         """Run a command that must succeed; its output."""
@@ -416,24 +412,36 @@ class Machine:
         return self._booted().start_command(command, timeout)
 
     def finish_command(self, started, timeout: float = timeouts.COMMAND_S) -> Result:
-        done = self._booted().finish_command(started, timeout)
-        return Result(done.status, done.data, done.command)
+        return self._booted().finish_command(started, timeout)
 
     def traced_run(self, command: str | Sequence[str], timeout: float = timeouts.COMMAND_S, *,
                    bracket: bool | None = None) -> TracedRun:
-        """Run a command with the timing plugin watching (pfcxl/runs.py): bracketed by the phase
+        """Run a command with the timing plugin watching (host_tools/timing/traced_run.py): bracketed by the phase
         markers (bracket None: when something traces this machine and the command does not mark
         its rows itself), its phase waited for, the trace drained (trace mode) for .model() or
         .rows(n); on a timed appliance, .appliance_figures()."""
         return self.finish_traced(self.start_traced(command, timeout, bracket=bracket), timeout)
 
     def start_traced(self, command: str | Sequence[str], timeout: float = timeouts.COMMAND_S, *,
-                     bracket: bool | None = None) -> runs.Started:
+                     bracket: bool | None = None) -> Started:
         """traced_run's first half: type the command and return at once (several hosts at a time)."""
-        return runs.start(self, command, timeout, bracket)
+        return self._tracer().start(command, timeout, bracket)
 
-    def finish_traced(self, started: runs.Started, timeout: float = timeouts.COMMAND_S) -> TracedRun:
-        return runs.finish(self, started, timeout)
+    def finish_traced(self, started: Started, timeout: float = timeouts.COMMAND_S) -> TracedRun:
+        return self._tracer().finish(started, timeout)
+
+    def _tracer(self) -> Tracer:
+        """What the traced-run sequence needs of this guest: its session, or the timed appliance
+        that models its trace."""
+        config, attachment = self.timing_config, self.attachment
+
+        def figures() -> dict:
+            from pfcxl.host_tools.timing.telemetry_view import for_host
+            assert attachment is not None
+            return for_host(self.appliance_stats(sync=True), attachment.host)
+
+        return Tracer(self._booted(), self.timing, self.topology, config.fabric_params if config is not None else (),
+                      figures if self.on_timed_appliance else None)
 
     @property
     def on_timed_appliance(self) -> bool:

@@ -72,15 +72,22 @@ STATUS_GRACE = 60
 
 
 @dataclass(frozen=True)
-class CommandResult:
-    command: str
-    data: bytes             # the command's output, byte for byte (over the serial line: its CR LF back to LF)
+class Result:
+    """A guest command's exit status and output: `data` byte for byte (over the serial line its
+    CR LF back to LF), `output` the same as text. The one result type of a guest command: VM.run,
+    Machine.run and a traced run's `.result`."""
+
     status: int
+    data: bytes
+    command: str = ""
 
     @property
-    def output(self) -> str:
-        """The output as text (bytes that are not UTF-8 become U+FFFD)."""
+    def output(self) -> str:       # bytes that are not UTF-8 become U+FFFD
         return self.data.decode(errors="replace")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
 
 
 def ring_fd_number(topo: Topology) -> int:
@@ -300,7 +307,7 @@ class VM:
 
     # ------------------------------------------------------------------ console
 
-    def run(self, command: str | Sequence[str], timeout: float = timeouts.COMMAND_S, *, serial: bool = False) -> CommandResult:
+    def run(self, command: str | Sequence[str], timeout: float = timeouts.COMMAND_S, *, serial: bool = False) -> Result:
         """Run a command in the guest; return its output and exit status. A string is shell
         syntax; a list is argv (each word quoted). The command has no stdin (/dev/null). One
         that runs longer than `timeout` is killed in the guest (VMError); the guest stays up.
@@ -322,7 +329,7 @@ class VM:
         except ConsoleClosed:
             self._fail(f"QEMU exited while sending: {command[:200]}")
 
-    def finish_command(self, started: tuple[str, str, float, CommandRunner], timeout: float = timeouts.COMMAND_S) -> CommandResult:
+    def finish_command(self, started: tuple[str, str, float, CommandRunner], timeout: float = timeouts.COMMAND_S) -> Result:
         """Wait for a command from start_command; its output and exit status."""
         tag, command, limit, runner = started
         try:
@@ -336,7 +343,7 @@ class VM:
         if status == "late":
             raise VMError(f"{self.name}: command did not finish within {limit:g}s: the guest killed it "
                           f"(its process group); the guest is still up: {command[:200]}")
-        return CommandResult(command, data, int(status))
+        return Result(int(status), data, command)
 
     def check(self, command: str, timeout: float = timeouts.COMMAND_S) -> str:
         """Run a command that must succeed; return its output."""

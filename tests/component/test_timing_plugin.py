@@ -242,16 +242,15 @@ def test_session_reads_the_plugins_json_lines(cache, tmp_path):
 def test_a_traced_runs_rows_are_cut_by_its_phases_and_a_row_more_fails(cache, tmp_path):
     """TracedRun.rows(n, timeout): the records of each of the run's n phases; a row more than the
     plugin reported fails once `timeout` has passed (0 for a run that is over: its phases are in)."""
-    from types import SimpleNamespace
-    from pfcxl.runs import Result, TracedRun
+    from pfcxl.host_tools.timing.traced_run import TracedRun
+    from pfcxl.host_tools.vm.host import Result
     topo = topology.load(topology.resolve("pf-nic"))
     with timing.TimingSession(topo, tmp_path, timing.TimingConfig("count")) as s:
         s.log.write_text('{"event":"start","mode":"count"}\n{"event":"phase","phase":1,"reads":9,"writes":0}\n'
                          '{"event":"phase","phase":2,"reads":2,"writes":1}\n{"event":"phase","phase":3,"reads":1,"writes":1}\n')
         records = np.zeros(5, dtype=tf.RECORD_FIELDS)
         records["insn"] = np.arange(5)
-        machine = SimpleNamespace(timing=s, name="guest")   # what rows() reads of a Machine
-        traced = TracedRun(Result(0, b""), 0.0, records, [], machine, first_phase=1)   # phase 1 ran before
+        traced = TracedRun(Result(0, b""), 0.0, records, [], "guest", session=s, first_phase=1)   # phase 1 ran before
         pieces = traced.rows(2, timeout=0)
         assert [p["insn"].tolist() for p in pieces] == [[0, 1, 2], [3, 4]]
         with pytest.raises(TimingError, match="reported 3 phases, expected 4"):

@@ -1,5 +1,5 @@
 """Machine.traced_run, the one traced-run sequence the CLI, the bench, multihost and the paper
-bandwidth script use (pfcxl/runs.py), in a real pf-nic guest with the plugin in trace mode:
+bandwidth script use (host_tools/timing/traced_run.py), in a real pf-nic guest with the plugin in trace mode:
 a command is bracketed into exactly one phase whose counts are the records drained for it, the
 markers add nothing to its output, the session drains on so the next command gets only its own
 records, and a command that marks its rows itself is cut into them."""

@@ -33,7 +33,7 @@ LAYERS = [
     ("tables, guest and serving", ("pfcxl.firmware_tables", "pfcxl.guest", "pfcxl.serving")),
     ("host tools", ("pfcxl.host_tools",)),                     # vm, image, timing, provision
     ("engine plugins", ("pfcxl.engines",)),                    # LMCache, SGLang, vLLM over the guest binding
-    ("public API", ("pfcxl", "pfcxl.machine", "pfcxl.appliance", "pfcxl.runs", "pfcxl.pytest_plugin")),
+    ("public API", ("pfcxl", "pfcxl.machine", "pfcxl.appliance", "pfcxl.pytest_plugin")),
     ("fleet and benchmarks", FLEET_AND_BENCH),
     ("command line", ("pfcxl.host_tools.cli", "pfcxl.host_tools.provision.cli",
                       "pfcxl.host_tools.provision.__main__")),
@@ -114,3 +114,76 @@ def test_imports_go_down_the_layers(module):
           for line, name in imports_of(module, MODULES[module])
           if name in MODULES and layer_of(name) > mine]
     assert not up, f"{module} ({LAYERS[mine][0]}) imports from a layer above it:\n" + "\n".join(up)
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each module -> the package modules it imports (every import statement, type-only included)."""
+    return {m: {name for _, name in imports_of(m, path) if name in modules and name != m}
+            for m, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative): each
+    is a set of modules that import each other in a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    group.append(top)
+                    if top == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_the_cycle_check_finds_a_circle_through_a_lazy_and_a_type_only_import(tmp_path):
+    # a imports b at the top, b imports c inside a function, c imports a for the type checker only
+    texts = {"a": "from pfcxl.device import b\n",
+             "b": "def f():\n    from pfcxl.device import c\n",
+             "c": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pfcxl.device.a import X\n",
+             "d": "from pfcxl.device import a\n"}
+    planted = {}
+    for name, text in texts.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        planted[f"pfcxl.device.{name}"] = tmp_path / f"{name}.py"
+    global MODULES
+    saved, MODULES = MODULES, {**MODULES, **planted}       # imports_of resolves names against MODULES
+    try:
+        graph = import_graph(planted)
+    finally:
+        MODULES = saved
+    assert cycles(graph) == [["pfcxl.device.a", "pfcxl.device.b", "pfcxl.device.c"]]
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    found = cycles(import_graph(MODULES))
+    assert not found, "modules that import each other in a circle:\n" + "\n".join(", ".join(c) for c in found)
