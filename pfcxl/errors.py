@@ -35,6 +35,19 @@ class VMError(PfcxlError):
     exit_code = 5
 
 
+class LaunchError(VMError):
+    """A guest that did not boot: QEMU did not start, exited, panicked the kernel or never became
+    ready. Besides the message it carries what a caller needs to tell why: `argv` (what was
+    exec'd), `returncode` (QEMU's exit status, negative for a signal; None while QEMU still ran),
+    `log_tail` (QEMU's last lines) and `console_tail` (the guest console's last lines)."""
+
+    def __init__(self, message: str, *, argv: list[str], returncode: int | None, log_tail: str,
+                 console_tail: str) -> None:
+        super().__init__(message)
+        self.argv, self.returncode = argv, returncode
+        self.log_tail, self.console_tail = log_tail, console_tail
+
+
 class TableError(PfcxlError):
     """A firmware table cannot be built from the request, or bytes cannot be read as one."""
 

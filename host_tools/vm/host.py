@@ -26,7 +26,7 @@ from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
 from pfcxl.device.topology import Topology
-from pfcxl.errors import VMError
+from pfcxl.errors import LaunchError, VMError
 from pfcxl.firmware_tables.generate import TableSet, tables_for
 from pfcxl.host_tools import timeouts
 from pfcxl.firmware_tables.table_files import write as write_tables
@@ -197,10 +197,10 @@ class VM:
             self._qmp.connect(negotiate=True)
             self._qmp_connected = True
         except Exception as exc:
-            message = self._failure(f"QEMU did not start: {exc}")
+            error = self._failure(f"QEMU did not start: {exc}")
             self.shutdown()
             self.state = VMState.FAILED
-            raise VMError(message) from exc
+            raise error from exc
 
     def _await_greeting(self, sock: socket.socket, timeout: float) -> None:
         """Until QEMU's QMP greeting is there to read; VMError when QEMU exits first or `timeout`
@@ -402,24 +402,28 @@ class VM:
         found = PANIC_RE.search(self._console_text())
         return f"kernel panic, {self._stage()}: {found.group(0).strip()}" if found else None
 
-    def _failure(self, reason: str) -> str:
-        exit_note = ""
-        if self._proc is not None and self._proc.poll() is not None:
-            exit_note = f" ({describe_exit(self.argv, self._proc.returncode)})"
-        qemu_tail = ""
+    def _failure(self, reason: str) -> LaunchError:
+        """The error of a guest that failed: its reason, QEMU's exit, both logs' tails, the argv."""
+        returncode = self._proc.returncode if self._proc is not None and self._proc.poll() is not None else None
+        exit_note = f" ({describe_exit(self.argv, returncode)})" if returncode is not None else ""
         try:
-            log = self.qemu_log.read_text(errors="replace").strip().splitlines()[1:]
-            if log:
-                qemu_tail = "\nQEMU said:\n  " + "\n  ".join(log[-10:])
+            log_tail = "\n".join(self.qemu_log.read_text(errors="replace").strip().splitlines()[1:][-10:])
         except FileNotFoundError:
-            pass
-        return (f"{self.name}: {reason}{exit_note}\n"
-                f"last console lines:\n  " + self.console_tail().replace("\n", "\n  ") + qemu_tail +
-                f"\nconsole log: {self.console_log}\nQEMU log: {self.qemu_log}\n"
-                f"command line: {qemu.show(self.argv)}")
+            log_tail = ""
+        console = self.console_tail()
+        said = "\nQEMU said:\n  " + log_tail.replace("\n", "\n  ") if log_tail else ""
+        message = (f"{self.name}: {reason}{exit_note}\n"
+                   f"last console lines:\n  " + console.replace("\n", "\n  ") + said +
+                   f"\nconsole log: {self.console_log}\nQEMU log: {self.qemu_log}\n"
+                   f"command line: {qemu.show(self.argv)}")
+        return LaunchError(message, argv=list(self.argv), returncode=returncode, log_tail=log_tail,
+                           console_tail=console)
 
     def _fail(self, reason: str) -> NoReturn:
-        message = self._failure(reason)
+        """A failed boot raises LaunchError; a guest that fails later (a command), VMError with
+        the same message."""
+        error = self._failure(reason)
+        booting = self.state is VMState.BOOTING
         self.state = VMState.FAILED
         self.shutdown()
-        raise VMError(message)
+        raise error if booting else VMError(str(error))

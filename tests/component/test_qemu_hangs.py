@@ -178,3 +178,18 @@ def test_a_failed_boot_keeps_the_temporary_run_directory_its_error_names(tmp_pat
     assert qemu_log.is_file() and f"run directory kept: {log.parent}" in said
     assert list(log.parent.glob("*.mem")) == []                  # kept without the guest's memory
     assert not is_running(machine.pid)
+
+
+def test_a_qemu_that_exits_at_launch_raises_one_launch_error_with_its_status_argv_and_log(tmp_path):
+    from pfcxl.errors import LaunchError
+    fake = script(tmp_path, 'echo "qemu-system-x86_64: -device cxl-type3: no such backend" >&2\nexit 3')
+    machine = vm(tmp_path, str(fake))
+    with pytest.raises(LaunchError) as caught:
+        machine.launch(timeout=30)
+    error = caught.value
+    assert isinstance(error, VMError) and error.exit_code == VMError.exit_code
+    assert error.returncode == 3
+    assert error.argv[0] == str(fake) and error.argv == machine.argv
+    assert "no such backend" in error.log_tail and "no such backend" in str(error)
+    assert error.console_tail == "(no console output)"
+    assert machine.state is vm_mod.VMState.FAILED
