@@ -67,8 +67,8 @@ def overload_notice(busy: float, span: str) -> None:
 
 def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float, mech) -> int:
     """One replay per KV tier in `roles`, or (--capacity-sweep) a sweep with the first tier."""
-    from pfcxl.serving import trace_report
-    from pfcxl.serving.trace_sim import UNBOUNDED, TraceSetup, replay
+    from pfcxl.serving import trace_report, trace_study
+    from pfcxl.serving.trace_sim import TraceSetup
 
     if args.time_scale is not None and not args.time_scale > 0:
         raise ServingError(f"--time-scale: {args.time_scale!r} must be a positive number")
@@ -108,34 +108,24 @@ def cmd_trace(args, roles: list[str], tiers: dict, w, gpu, tflops: float, mech) 
     with err.status("replaying") as status:
         if sweep:
             tier = tiers[roles[0]]
-            points = []
-            for capacity in sweep:
-                status.update(f"{capacity:,.0f} tokens")
-                points.append((capacity, replay(setup(tier, capacity))))
-            status.update("unbounded")
-            ceiling = replay(setup(tier, UNBOUNDED))
+            swept = trace_study.sweep_capacity(lambda capacity: setup(tier, capacity), sweep, status.update)
         else:
-            runs = {}
-            for role in roles:
-                status.update(role)
-                runs[role] = replay(setup(tiers[role], capacity_of(tiers[role])))
-    out_dir.mkdir(parents=True, exist_ok=True)
+            tier_runs = trace_study.replay_tiers({role: setup(tiers[role], capacity_of(tiers[role])) for role in roles},
+                                                 status.update)
     if sweep:
         marks = {"host DRAM " + f"{tiers['host'].capacity_tb:g} TB": tiers["host"].capacity_bytes / model.kv_bytes_per_token,
                  "appliance " + f"{tiers['appliance'].capacity_tb:g} TB":
                  tiers["appliance"].capacity_bytes / model.kv_bytes_per_token}
         sweep_title = f"{title}; sweep of " + ("the cache's capacity" if args.sequence_only else
                                                f"the {roles[0]} tier's capacity (its load times)")
-        out.print(trace_report.sweep_table(points, ceiling, sweep_title))
+        out.print(trace_report.sweep_table(swept.points, swept.ceiling, sweep_title))
         for label, tokens in marks.items():
             out.print(f"{label} holds {tokens:,.0f} tokens of {model.name} KV ({model.kv_bytes_per_token:,} B a token)")
-        trace_report.write_json(out_dir / "results.json", {**doc, "marks_tokens": marks}, sweep=points, ceiling=ceiling)
-        written = [trace_report.sweep_plot(points, ceiling, marks, out_dir / "capacity_sweep.png", sweep_title)]
+        written = swept.write(out_dir, doc, marks, sweep_title)
     else:
-        out.print(trace_report.runs_table(runs, title))
-        overload_notice(max(r.summary().get("prefill_utilisation", 0) for r in runs.values()), "the trace's span")
-        trace_report.write_json(out_dir / "results.json", doc, runs=runs)
-        written = [] if args.sequence_only else [trace_report.ttft_cdf(runs, out_dir / "ttft_cdf.png", title)]
+        out.print(trace_report.runs_table(tier_runs.runs, title))
+        overload_notice(tier_runs.busiest(), "the trace's span")
+        written = tier_runs.write(out_dir, doc, title, plot=not args.sequence_only)
     err.print(f"results in {escape(str(out_dir / 'results.json'))}" +
               (f"; plots: {', '.join(p.name for p in written)}" if written else ""))
     return 0

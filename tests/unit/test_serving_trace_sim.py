@@ -237,3 +237,23 @@ def test_session_model_counts_hits_as_its_policy_says(policy):
     kv_only = s["hit_rate"] - s["gpu_hit_rate"]
     assert s["counted_hit_rate"] == pytest.approx(s["hit_rate"] if policy.hit_accounting == "any-tier" else kv_only)
     assert 0 < s["hit_rate"] < 1
+
+
+def test_a_trace_study_replays_each_setup_and_writes_what_it_found(tmp_path):
+    """serving/trace_study.py: the library half of `pfcxl serving --trace` (the CLI only prints):
+    its sweep ends at the unbounded ceiling, and results.json holds the runs it returned."""
+    import json
+
+    from pfcxl.serving import trace_study
+    trace = make([[1, 2], [1, 2, 3], [1, 2, 3, 4], [5]])
+    steps: list[str] = []
+    swept = trace_study.sweep_capacity(lambda capacity: setup(trace, capacity), [1.0, 3.0], steps.append)
+    assert steps == ["1 tokens", "3 tokens", "unbounded"]
+    assert [c for c, _ in swept.points] == [1.0, 3.0]
+    assert swept.ceiling.kv_hit_tokens.tolist() == ceiling_tokens(trace) == [0, 2, 3, 0]
+    tiers = trace_study.replay_tiers({"host": setup(trace), "small": setup(trace, 1.0)})
+    assert list(tiers.runs) == ["host", "small"]
+    assert tiers.write(tmp_path, {"trace": "hand"}, "t", plot=False) == []
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["setup"] == {"trace": "hand"}
+    assert doc["runs"]["host"] == json.loads(json.dumps(tiers.runs["host"].summary()))
