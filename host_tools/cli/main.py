@@ -184,8 +184,7 @@ def cmd_run(args) -> int:
         appliance_figures = traced.appliance_figures()  # on a timed appliance, the appliance models it
         if traced.records is not None:                  # trace mode: modelled here
             with err.status(f"modelling {len(traced.records)} CXL requests on the PF and electrical fabrics"):
-                report = traced.model(dependent=args.issue == "dependent")
-            report["emulator"] = traced.emulator_cost()
+                report = traced.report(dependent=args.issue == "dependent")
             if args.trace_out:                          # for pfcxl model replay
                 model_runs.save_trace(Path(args.trace_out), traced.records)
         elif traced.phases and getattr(args, "clock", "emulator") == "virtual":

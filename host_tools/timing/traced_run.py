@@ -75,6 +75,11 @@ class TracedRun:
         return timing_report.model_trace(self.topology, self._records(), dependent=dependent,
                                          what_if=vtime.params(self.fabric_params))
 
+    def report(self, dependent: bool = True) -> dict:
+        """The models' figures with the emulator's cost beside them, labelled so: what `pfcxl run
+        --timing trace` prints and writes (--report)."""
+        return {**self.model(dependent), "emulator": self.emulator_cost()}
+
     def emulator_cost(self) -> dict:
         """The command's host wall-clock per CXL request: QEMU TCG overhead, labelled so."""
         from pfcxl.host_tools.timing import report as timing_report

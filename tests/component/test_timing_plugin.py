@@ -20,7 +20,7 @@ from pfcxl.device.topology import address_map
 from pfcxl.device.topology import data_path
 from pfcxl.device import topology
 from pfcxl.device.trace import records as tf
-from pfcxl.errors import BuildError, TimingError, VMError
+from pfcxl.errors import BuildError, PfcxlError, TimingError, VMError
 from pfcxl.guest.tool_output import json_lines
 from pfcxl.device.trace import ring as trace_ring
 from pfcxl.host_tools.timing import config as timing
@@ -255,6 +255,24 @@ def test_a_traced_runs_rows_are_cut_by_its_phases_and_a_row_more_fails(cache, tm
         assert [p["insn"].tolist() for p in pieces] == [[0, 1, 2], [3, 4]]
         with pytest.raises(TimingError, match="reported 3 phases, expected 4"):
             traced.rows(3, timeout=0)
+
+
+def test_a_traced_runs_report_is_the_model_with_the_emulators_cost_labelled_beside_it():
+    """TracedRun.report: what `pfcxl run --timing trace` prints, the models' figures for exactly
+    these records and the command's wall-clock per request, labelled as the emulator's."""
+    from pfcxl.host_tools.timing.traced_run import TracedRun
+    from pfcxl.host_tools.vm.host import Result
+    topo = topology.load(topology.resolve("pf-nic"))
+    records = np.zeros(64, dtype=tf.RECORD_FIELDS)
+    records["insn"] = np.arange(64) * 10
+    records["hpa"] = address_map.window_placements(topo)[0].base + np.arange(64) * 64
+    traced = TracedRun(Result(0, b""), 2.0, records, [], "guest", topo)
+    report = traced.report()
+    assert {k: v for k, v in report.items() if k != "emulator"} == traced.model()
+    assert report["requests"] == 64
+    assert report["emulator"]["ns_per_request"] == 2.0e9 / 64 and "not a fabric figure" in report["emulator"]["what"]
+    with pytest.raises(PfcxlError, match="only a trace-mode run has records"):
+        TracedRun(Result(0, b""), 1.0, None, [], "guest", topo).report()
 
 
 # ---------------------------------------------------------------------------- guest side on files
