@@ -24,7 +24,8 @@
  *     (Little's law: its requests' own latency per quantum over the quantum, a running mean over
  *     TL_MEAN_QUANTA quanta, at least 1): a dependent chase pays each delay, a stream with many
  *     misses in flight the delay of its critical path. The charge lands at the start of the next
- *     quantum;
+ *     quantum, on the host's clock and on its requests still in flight (tl_delay_in_flight), so
+ *     that it is not hidden under the wait for a request the charged one held up;
  *   - a vCPU that halts (its guest sleeps) stays in the round: icount's sleep=off jumps its clock
  *     to its next timer (vt_follow_clock sees the jump at its next access), and it then catches
  *     up quantum by quantum, so a sleep lasts as long in the timeline as in the guest, whatever
@@ -298,8 +299,31 @@ static void tl_sync(void)
     }
 }
 
-/* Wait until quantum `e` is merged; then this host runs the next one. */
-static void tl_arrive(struct vt_cpu *c)
+/* A timeline charge (queueing behind other hosts, below) lands at `now`, while this
+ * vCPU's requests are in flight: they queued too, so each completes `by` later, with the lines
+ * they fill and the loads waiting on them. Charged to the clock alone, the delay would hide
+ * under the wait for a request already in flight (a chase's next load), and a loaded chase would
+ * pay only part of what the merged queues gave it. */
+static void tl_delay_in_flight(struct vt_cpu *c, uint64_t now, uint64_t by)
+{
+    for (unsigned i = 0; i < vt.mlp; i++) {
+        struct vt_mshr *r = &c->mshr[i];
+        if (r->ready_ps <= now)
+            continue;
+        struct vt_line *in[2] = {vt_find(&c->l1, r->line), vt_find(&c->l2, r->line)};
+        for (int k = 0; k < 2; k++)
+            if (in[k] && in[k]->ready_ps > now)
+                in[k]->ready_ps += by;
+        r->ready_ps += by;
+    }
+    for (unsigned i = 0; i < VT_PENDING; i++)
+        if (c->pending[i].ready_ps > now)
+            c->pending[i].ready_ps += by;
+}
+
+/* Wait until quantum `e` is merged; then this host runs the next one, its charge landing at
+ * `now` (its own clock): on the clock and on its requests in flight. */
+static void tl_arrive(struct vt_cpu *c, uint64_t now)
 {
     struct tl_file *f = tl.f;
     struct tl_slot *s = &f->slots[tl.host];
@@ -323,6 +347,7 @@ static void tl_arrive(struct vt_cpu *c)
     s->wait_ns += tl_ns() - t0;
     uint64_t charge = s->charge_ps;
     s->charge_ps = 0;
+    tl_delay_in_flight(c, now, charge);
     c->charged_ps += charge;
     c->stats.charged_ps += charge;
     c->stats.contention_ps += charge;
@@ -334,11 +359,11 @@ static void tl_barrier(struct vt_cpu *c, uint64_t insn)
         return;
     uint64_t q = tl.f->quantum_ps;
     for (;;) {
-        uint64_t now = vt_now(c, insn) - tl.offset_ps;
+        uint64_t own = vt_now(c, insn), now = own - tl.offset_ps;
         tl.f->slots[tl.host].time_ps = now;
         if (now < (tl.epoch + 1) * q)
             return;
-        tl_arrive(c);
+        tl_arrive(c, own);
     }
 }
 

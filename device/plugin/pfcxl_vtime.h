@@ -98,6 +98,7 @@ struct vt_cache {
 
 struct vt_mshr {
     uint64_t ready_ps, issue_insn;
+    uint64_t line;              /* the line it fills */
     int demand;
 };
 
@@ -538,7 +539,7 @@ static uint64_t vt_miss(struct vt_cpu *c, unsigned vcpu_index, uint64_t line, in
         vt_record(vcpu_index, line, 0, *now);
     } else
         c->stats.dram_reads++;
-    *r = (struct vt_mshr){.ready_ps = ready, .issue_insn = insn, .demand = 1};
+    *r = (struct vt_mshr){.ready_ps = ready, .issue_insn = insn, .line = line, .demand = 1};
     return ready;
 }
 
@@ -580,7 +581,7 @@ static void vt_prefetch(struct vt_cpu *c, unsigned vcpu_index, uint64_t line, in
             vt_record(vcpu_index, s->next, 0, now);
         } else
             c->stats.dram_reads++;
-        *r = (struct vt_mshr){.ready_ps = ready};
+        *r = (struct vt_mshr){.ready_ps = ready, .line = s->next};
         vt_l2_fill(c, vcpu_index, s->next, cls, ready, now, 1);
         c->stats.prefetches++;
     }
