@@ -2,7 +2,8 @@
  * chase: dependent pointer chase, the latency probe for pfcxl's injected fabric timing.
  *
  *     chase [--dax /dev/dax0.0 | --local] [--lines N] [--span BYTES] [--loads L] [--seed S]
- *           [--no-mark] [--profile K] [--cold | --warm] [--write | --stream [--stripe G,N,K]]
+ *           [--no-mark] [--profile K] [--cold | --warm]
+ *           [--write | --stream [--stripe G,N,K] [--gap-ticks T]]
  *
  * N lines, line j at byte offset j * (span / N rounded down to 64), are linked into one random
  * cycle (Sattolo's algorithm, seeded): the first 8 bytes of each line hold the address of the
@@ -27,6 +28,9 @@
  * of G bytes, as bandwidth's --stripe: the span's bytes are laid on those granules, so the device
  * holds N * span bytes (one module's share of an N-way interleave at granularity G: on an
  * appliance, every load of the stream goes to module K). G a multiple of 512 dividing span.
+ * --gap-ticks T (with --stream): after each 8 lines, spin until 8 x T TSC ticks have passed since
+ * the last spin ended: the stream then offers at most 64 B per T ticks (under --clock virtual a
+ * tick is a virtual ns: 64 / T GB/s), so traffic hosts can load a fabric at a chosen rate.
  * Defaults: N 4096, span 16M, L 100000, seed 1. Numbers accept K/M/G suffixes.
  *
  * Output, one JSON line: {"tool":"chase","where":"dax"|"local","lines":N,"span":...,"loads":L,
@@ -70,6 +74,18 @@ static double median_ticks(uint64_t *stamps, uint64_t n)
     return n % 2 ? (double)stamps[n / 2] : (double)(stamps[n / 2 - 1] + stamps[n / 2]) / 2;
 }
 
+/* --gap-ticks: spin until `ticks` have passed since `since`; the TSC when it returns (no wait
+ * without a gap, nor when the loads themselves took longer). */
+static uint64_t pace(uint64_t since, uint64_t ticks)
+{
+    if (!ticks)
+        return since;
+    uint64_t t = __rdtsc();
+    while (t - since < ticks)
+        t = __rdtsc();
+    return t;
+}
+
 int main(int argc, char **argv)
 {
     const char *dax = "/dev/dax0.0";
@@ -77,6 +93,7 @@ int main(int argc, char **argv)
     int mark = 1, local = 0, cold = 0, warm = 0, write = 0, stream = 0;
     long profile = -1;
     uint64_t stripe[3] = {0, 1, 0};       /* --stripe G,N,K: granule K of every N of G bytes */
+    uint64_t gap = 0;                     /* --gap-ticks: TSC ticks per line a stream waits at least */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -107,6 +124,8 @@ int main(int argc, char **argv)
             seed = loose_number(a, v);
         else if (!strcmp(a, "--profile"))
             profile = (long)loose_number(a, v);
+        else if (!strcmp(a, "--gap-ticks"))
+            gap = loose_number(a, v);
         else if (!strcmp(a, "--stripe")) {
             if (num_list(a, v, stripe, 3) != 3)
                 die("--stripe '%s': want G,N,K", v);
@@ -133,6 +152,10 @@ int main(int argc, char **argv)
             granule, every, at);
     if (every < 1)
         die("--stripe: N must be at least 1");
+    if (gap && !stream)
+        die("--gap-ticks paces a --stream: give --stream");
+    if (gap > (1ULL << 32))
+        die("--gap-ticks %" PRIu64 ": at most 2^32 ticks a line", gap);
     uint64_t mapped = span * every;       /* the bytes the walk's granules lie in */
     if (cold && !stream && loads > lines)
         die("--cold times each load on a line of its own: --loads (%" PRIu64 ") must not exceed --lines "
@@ -209,6 +232,7 @@ int main(int argc, char **argv)
         die("out of memory");
     uint64_t t0 = now_ns();
     stamps[0] = __rdtsc();
+    uint64_t paced = stamps[0];           /* where the stream's last pacing wait ended */
     if (stream && every > 1) {
         /* as below, then past the other N - 1 granules at the end of each of ours */
         volatile uint64_t *first = base + at * granule / 8, *q = first, *end = base + mapped / 8;
@@ -216,6 +240,7 @@ int main(int argc, char **argv)
         loads = (loads + 7) / 8 * 8;
         for (uint64_t i = 0; i < loads; i += 8) {
             sum += q[0] + q[8] + q[16] + q[24] + q[32] + q[40] + q[48] + q[56];
+            paced = pace(paced, 8 * gap);
             q += 64;
             if ((left -= 512) == 0) {
                 q += skip;
@@ -235,6 +260,7 @@ int main(int argc, char **argv)
         loads = (loads + 7) / 8 * 8;
         for (uint64_t i = 0; i < loads; i += 8) {
             sum += q[0] + q[8] + q[16] + q[24] + q[32] + q[40] + q[48] + q[56];
+            paced = pace(paced, 8 * gap);
             q += 64;
             if (q == end)
                 q = base;

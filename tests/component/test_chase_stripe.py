@@ -56,3 +56,27 @@ def test_a_bad_stripe_is_one_line(chase, tmp_path, extra, says):
                            *extra], capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("stripe", [[], ["--stripe", f"{G},{N},{K}"]], ids=["plain", "striped"])
+def test_a_paced_stream_waits_at_least_its_gap_a_line(chase, tmp_path, stripe):
+    """--gap-ticks T: each 8 lines take at least 8 T TSC ticks (spun on the TSC: a floor, whatever
+    the host's load), so a traffic host offers at most 64 B per T ticks."""
+    dev = sparse_file(tmp_path / "dax", N * SPAN + 2 * MiB)
+    done = subprocess.run([str(chase), "--dax", str(dev), "--stream", "--no-mark", "--span", str(SPAN),
+                           "--loads", "4096", "--gap-ticks", "200", *stripe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)
+    assert row["p50_ticks_per_load"] >= 200 and row["loads"] == 4096
+
+
+@pytest.mark.parametrize("extra,says", [
+    (["--gap-ticks", "100"], "give --stream"),
+    (["--stream", "--gap-ticks", str(1 << 40)], "at most 2^32"),
+])
+def test_a_bad_gap_is_one_line(chase, tmp_path, extra, says):
+    dev = sparse_file(tmp_path / "dax", N * SPAN + 2 * MiB)
+    done = subprocess.run([str(chase), "--dax", str(dev), "--no-mark", "--span", str(SPAN), "--loads", "64",
+                           *extra], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
