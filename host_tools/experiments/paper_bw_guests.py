@@ -37,7 +37,7 @@ from pfcxl.device import topology
 from pfcxl.guest.tool_output import tool_json
 from pfcxl.host_tools.vm import boot_options
 from pfcxl.host_tools.vm.boot_options import BootOptions
-from pfcxl.host_tools.experiments.timed_fleet import TOPOLOGY, timed_fleet
+from pfcxl.host_tools.fleet.timed import TOPOLOGY, timed_fleet
 from pfcxl.machine import Machine
 
 TARGET = "/dev/dax0.0"          # the shared pool region, interleaved over every module

@@ -26,7 +26,7 @@ from pathlib import Path
 from pfcxl.device.appliance import timeline
 from pfcxl.guest.tool_output import tool_json
 from pfcxl.host_tools.vm.boot_options import BootOptions
-from pfcxl.host_tools.experiments.timed_fleet import TOPOLOGY, timed_fleet
+from pfcxl.host_tools.fleet.timed import TOPOLOGY, timed_fleet
 from pfcxl.machine import Machine
 from pfcxl.process import cpu_seconds
 

@@ -17,17 +17,14 @@ import os
 import signal
 import time
 
-import numpy as np
 import pytest
 
 from pfcxl import Machine
 from pfcxl.appliance import Appliance
 from pfcxl.device.appliance import timeline
-from pfcxl.device.fabric import engine
-from pfcxl.device.topology import address_map
 from pfcxl.guest.tool_output import tool_json
 from pfcxl.host_tools.timing import vtime
-from pfcxl.host_tools.timing.config import plugin_events, plugin_log
+from pfcxl.host_tools.fleet.timed import bracketed, offline_latency_ns, run_round
 
 pytestmark = pytest.mark.integration
 
@@ -38,12 +35,6 @@ LOADS = 3000
 CHASE = f"chase --cold --lines {LOADS} --span 64M --loads {LOADS}"
 STREAM = "chase --dax /dev/dax1.0 --stream --no-mark --span 64M --loads {loads}"
 NARROW = ("switch_link_mbs=2000",)
-
-
-def bracketed(command: str) -> str:
-    """In a phase that starts on a 20 ms mark of the guest's clock: on the same point of its tick
-    (pfcxl_mark --align), wherever the host's speed put the typed command."""
-    return f"pfcxl_mark start --align 20 >/dev/null; {command}; rc=$?; pfcxl_mark stop >/dev/null; exit $rc"
 
 
 @pytest.fixture(scope="module", params=[("pf", ()), ("electrical", NARROW)], ids=["pf", "electrical"])
@@ -71,12 +62,7 @@ def fleet(request, tmp_path_factory):
 
 def round_of(fleet, commands: list[str]) -> list:
     """One round: commands[h] on host h, all started together; their traced runs."""
-    timeline.expect(fleet["timeline"], len(commands))
-    started = [(m, m.start_traced(bracketed(c), 600, bracket=False)) for m, c in zip(fleet["hosts"], commands)]
-    runs = [m.finish_traced(s, 600) for m, s in started]
-    for run in runs:
-        assert run.result.status == 0, run.result.output
-    return runs
+    return run_round(fleet["hosts"], fleet["timeline"], commands)
 
 
 def chase_row(run) -> dict:
@@ -85,22 +71,8 @@ def chase_row(run) -> dict:
 
 def offline_walk_ns(fleet, runs) -> float:
     """The offline engine's replay of every host's traced requests of the round, on the timeline's
-    clock (each host's own clock less the offset it joined at): host 0's walk, its last reads."""
-    parts = []
-    for m, run in zip(fleet["hosts"], runs):
-        joined = [e for e in plugin_events(plugin_log(m.run_dir, m.name)) if e.get("event") == "timeline"][-1]
-        records = run.records.copy()
-        records["insn"] = (records["insn"].astype(np.int64) - round(joined["offset_ns"])).astype(np.uint64)
-        records["host"] = m.host
-        parts.append(records)
-    trace = np.concatenate(parts)
-    trace = trace[np.argsort(trace["insn"], kind="stable")]
-    topo = fleet["hosts"][0].topology
-    model = vtime.fabric_for(topo, fleet["fabric"], vtime.params(fleet["what_if"]))
-    result = engine.run(model, trace, base_hpa=address_map.dax_placements(topo)[0].base,
-                        granularity=topo.appliance.granularity)
-    walk = np.flatnonzero((trace["host"] == 0) & (trace["write"] == 0))[-LOADS:]
-    return float(result.latency_ns[walk].mean())
+    clock: host 0's walk, its last reads."""
+    return offline_latency_ns(fleet["hosts"], runs, fleet["fabric"], fleet["what_if"], last=LOADS)
 
 
 def test_a_chase_beside_a_stream_pays_only_what_the_fabric_shares(fleet):
