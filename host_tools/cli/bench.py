@@ -21,10 +21,18 @@ def cmd_bench(args) -> int:
     from pfcxl.device import topology
     from pfcxl.host_tools.bench import run as bench_run
     topo = data_path.with_data_path(topology.load(topology.resolve(args.topology)), args.data_path)
-    if any(d.appliance for d in topo.devices):
-        raise PfcxlError(f"bench boots its own guest; topology '{topo.name}' needs the appliance "
-                         "(use pf-nic, electrical-switch or two-hb-interleave)")
     options = boot_options.from_args(args)
+    on_appliance = any(d.appliance for d in topo.devices)
+    if on_appliance and args.clock == "virtual":
+        return _loaded_curve(args, topo, options)
+    if on_appliance:
+        raise PfcxlError(f"bench boots its own guest; topology '{topo.name}' needs the appliance: give "
+                         "--clock virtual for the guests' loaded-latency curve on it, or use pf-nic, "
+                         "electrical-switch or two-hb-interleave")
+    for flag, value in (("--hosts", args.hosts), ("--quantum", args.quantum), ("--gaps", args.gaps)):
+        if value is not None:
+            raise PfcxlError(f"{flag} sets the guests' loaded-latency curve: give an appliance topology "
+                             "(pf-appliance) and --clock virtual")
     if args.clock == "virtual":
         out_dir = results_dir(args.out, topo.name, tag="virtual")
         with err.status("virtual-time benchmark") as status:
@@ -46,6 +54,33 @@ def cmd_bench(args) -> int:
               f"{done.seconds:.0f}s; results in {escape(str(out_dir / 'results.json'))}; plots: "
               f"{', '.join(p.name for p in done.plots)}")
     return 1 if done.failed else 0
+
+
+def _loaded_curve(args, topo, options) -> int:
+    """--clock virtual on an appliance topology: the guests' loaded-latency curve
+    (host_tools/bench/virtual_loaded.py)."""
+    from pfcxl.device.appliance import timeline
+    from pfcxl.host_tools.bench import virtual_loaded
+    out_dir = results_dir(args.out, topo.name, tag="loaded-virtual")
+    hosts = args.hosts if args.hosts is not None else virtual_loaded.DEFAULT_HOSTS
+    with err.status("loaded latency from timed guests") as status:
+        curve = virtual_loaded.run(args.topology or topo.name, options, hosts, args.quantum or timeline.DEFAULT_QUANTUM_NS,
+                                   out_dir=out_dir, gaps=args.gaps or virtual_loaded.GAPS,
+                                   say=lambda m: status.update(f"{topo.name}: {m}"))
+    out.print(curve.table)
+    err.print(f"done in {curve.seconds:.0f}s; results in {escape(str(out_dir / 'results.json'))}")
+    return 0
+
+
+def _gaps(text: str) -> tuple[int, ...]:
+    """--gaps: ticks per line, comma-separated, each 0 or more."""
+    try:
+        gaps = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of whole ticks (e.g. 0,64,512)")
+    if not gaps or any(g < 0 or g > 1 << 32 for g in gaps):
+        raise argparse.ArgumentTypeError(f"'{text}': every gap is 0 to 2^32 ticks a line")
+    return gaps
 
 
 def cmd_compare(args) -> int:
@@ -90,6 +125,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--timeout", type=argtypes.seconds, default=timeouts.READY_S,
                    help=f"seconds for the guest to become ready (default {timeouts.READY_S})")
     boot_options.add_arguments(p, boot_options.OWN_QEMU + boot_options.CLOCK)
+    g = p.add_argument_group("loaded latency from timed guests (an appliance topology with --clock virtual, "
+                             "e.g. -t pf-appliance; docs/virtual-time.md)")
+    g.add_argument("--hosts", type=argtypes.count, metavar="N",
+                   help="timed guests: host 0 chases, the other N-1 stream (default 3)")
+    g.add_argument("--quantum", type=int, metavar="NS", help="the timeline's quantum in ns (default 1000)")
+    g.add_argument("--gaps", type=_gaps, metavar="T,...",
+                   help="the traffic hosts' pace, TSC ticks (virtual ns) a line, one point each "
+                   "(default 0,32,64,128,512; 0: as fast as one core streams)")
     p.set_defaults(func=cmd_bench)
     actions = p.add_subparsers(dest="bench_action", metavar="[compare]", required=False)
     c = actions.add_parser("compare", help="compare two results files",
