@@ -8,13 +8,12 @@ every field our decoder reads must appear in iasl's output at the same place wit
 from __future__ import annotations
 
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from pfcxl.errors import TableError
-from pfcxl import cache
+from pfcxl import cache, process
 
 from pfcxl.firmware_tables import acpi, cdat, cedt
 from pfcxl.firmware_tables.layout import decode, flat_fields
@@ -55,7 +54,7 @@ def disassemble(data: bytes, kind: str) -> tuple[list[IaslField], list[str]]:
         src = Path(tmp) / f"table.{kind}"
         src.write_bytes(data)
         argv = command() + (["-ds", "CDAT"] if kind == "cdat" else []) + ["-d", str(src)]
-        done = subprocess.run(argv, cwd=tmp, capture_output=True, text=True)
+        done = process.capture(argv, cwd=tmp, text=True)
         problems = [line.strip() for line in (done.stdout + done.stderr).splitlines() if _PROBLEM.search(line)]
         if done.returncode != 0:
             problems.append(f"iasl exited with status {done.returncode}")

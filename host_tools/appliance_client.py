@@ -17,7 +17,6 @@ import errno
 import functools
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -270,12 +269,12 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
     if quantum_ns is not None:
         argv += ["--quantum", str(quantum_ns)]
     if foreground:
-        os.execv(argv[0], argv)
+        process.replace_with(argv)
     with open(run_dir / LOG, "ab") as log:
         os.chmod(run_dir / LOG, 0o600)
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                preexec_fn=functools.partial(process.die_with_parent, signal.SIGTERM)
-                                if temporary else None)
+        proc = process.start(argv, stdin=process.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                             preexec_fn=functools.partial(process.die_with_parent, signal.SIGTERM)
+                             if temporary else None)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -1,21 +1,46 @@
-"""The one place pfcxl starts other programs, and words their failures precisely."""
+"""The one place pfcxl starts other programs, and words their failures precisely.
+
+Every child starts here: run (to completion, its stdout, a failure worded as one error), capture
+(to completion, the CompletedProcess for a caller that reads its status), probe (a short probe,
+bounded, nothing left behind), start (a Popen for a child the caller drives), replace_with (exec)
+and spawn (QEMU: fixed descriptors, its own session, dies with pfcxl). Each logs its argv with shlex.join on the
+"pfcxl.process" logger (debug level: `--debug` shows them). tests/unit/test_spawn_sites.py fails
+on any other module that starts a program itself. The names callers need of the subprocess
+module (TimeoutExpired, PIPE, ...) are re-exported here, so no other module imports it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import fcntl
+import logging
 import os
+import shlex
 import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from pfcxl.errors import PfcxlError, VMError
 
 _PR_SET_PDEATHSIG = 1
+log = logging.getLogger("pfcxl.process")
+
+# what callers use of the subprocess module, so that they never import it themselves
+CompletedProcess = subprocess.CompletedProcess
+Popen = subprocess.Popen
+TimeoutExpired = subprocess.TimeoutExpired
+PIPE, DEVNULL, STDOUT = subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT
+
+
+def _starting(argv: Sequence[str]) -> list[str]:
+    """The argv as a list, logged once as a shell would read it."""
+    argv = [str(a) for a in argv]
+    log.debug("starting: %s", shlex.join(argv))
+    return argv
 
 
 def _tail(text: str, lines: int = 8) -> str:
@@ -115,7 +140,7 @@ def run(argv: Sequence[str], *, what: str, error: type[PfcxlError] = PfcxlError,
         cwd: Path | None = None, timeout: float | None = None) -> str:
     """Run a short command to completion; return stdout; raise `error` naming the step on failure."""
     try:
-        done = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(_starting(argv), cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError as exc:
         raise error(f"{what}: {argv[0]} not found (run 'make setup')") from exc
     except subprocess.TimeoutExpired as exc:
@@ -127,6 +152,25 @@ def run(argv: Sequence[str], *, what: str, error: type[PfcxlError] = PfcxlError,
     return done.stdout
 
 
+def capture(argv: Sequence[str], **options: Any) -> subprocess.CompletedProcess:
+    """Run a command to completion with its stdout and stderr captured; the CompletedProcess, for
+    a caller that reads the status itself (`options`: subprocess.run's input, text, timeout, cwd,
+    env, errors). OSError if it cannot start; TimeoutExpired after a timeout."""
+    return subprocess.run(_starting(argv), capture_output=True, **options)
+
+
+def start(argv: Sequence[str], **options: Any) -> subprocess.Popen:
+    """Start a child the caller drives and waits for (`options`: Popen's stdin, stdout, stderr,
+    text, start_new_session, preexec_fn, cwd, env). OSError if it cannot start."""
+    return subprocess.Popen(_starting(argv), **options)
+
+
+def replace_with(argv: Sequence[str]) -> None:
+    """Become the program (exec: a service started in the foreground); returns only on OSError."""
+    argv = _starting(argv)
+    os.execv(argv[0], argv)
+
+
 def probe(argv: Sequence[str], timeout: float, limit: int = 1 << 16) -> tuple[int, str]:
     """Run a short probe (`qemu --version`) to its end: its status and the first `limit` bytes of
     its stdout and stderr together. It runs in a session of its own, and whatever it leaves behind
@@ -134,7 +178,7 @@ def probe(argv: Sequence[str], timeout: float, limit: int = 1 << 16) -> tuple[in
     output pipe kept open nor a child outlives the call. subprocess.TimeoutExpired after `timeout`
     seconds; OSError if it cannot be started. A signal's KeyboardInterrupt kills it too."""
     with tempfile.TemporaryFile() as out:     # a file, not a pipe: its end is the probe's exit, not EOF
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(_starting(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             status = proc.wait(timeout)
@@ -184,7 +228,7 @@ def spawn(argv: Sequence[str], *, log: Path, fds: dict[int, int] | None = None) 
     """
     with open(log, "ab") as out:
         try:
-            return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            return subprocess.Popen(_starting(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     close_fds=False, start_new_session=True,
                                     preexec_fn=_child_descriptors(dict(fds or {})))
         except FileNotFoundError as exc:

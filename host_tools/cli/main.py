@@ -275,7 +275,8 @@ def parser() -> argparse.ArgumentParser:
                                  "QEMU CXL Type 3 devices, a Linux 6.12 guest, /dev/daxN.M.", epilog=_epilog(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"pfcxl {__version__}")
-    ap.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks for errors, and the command line of "
+                    "every program pfcxl starts")
     sub = ap.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
     cli_topology.add_topology_parser(sub)
     p = sub.add_parser("qemu-args", help="print the exact QEMU command line a boot of a topology execs",
@@ -364,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.topology:
             ap.error("give the topology once (positional or --topology)")
         args.topology = args.topology_name
+    if getattr(args, "debug", False):      # every program started, as pfcxl.process logs it
+        logging.basicConfig(format="pfcxl: %(message)s")
+        logging.getLogger("pfcxl.process").setLevel(logging.DEBUG)
     if isinstance(getattr(args, "command", None), list) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
     signal.signal(signal.SIGTERM, _terminate)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import re
 import statistics
 import sys
@@ -36,6 +35,7 @@ from pfcxl.host_tools.vm.boot_options import BootOptions
 from pfcxl.machine import Machine
 
 from pfcxl.host_tools import argtypes
+from pfcxl import process
 from pfcxl.process import cpu_seconds
 
 DMESG_RE = re.compile(r"\[\s*(\d+\.\d+)\]\s?(.*)")
@@ -103,7 +103,7 @@ def summary(boots: list[dict]) -> dict:
 
 def cli_seconds(*args: str) -> float:
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], capture_output=True, text=True)
+    done = process.capture([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], text=True)
     if done.returncode != 0:
         raise SystemExit(f"pfcxl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
     return time.monotonic() - start

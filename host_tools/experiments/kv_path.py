@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pfcxl
+from pfcxl import process
 from pfcxl.device.appliance import rundir as appliance_rundir
 from pfcxl.device.topology.units import human, parse_size
 from pfcxl.guest.tool_output import json_lines, tool_json
@@ -50,8 +50,8 @@ def row(path: str, tool: str, blocks: int, size: int, store_s: float, load_s: fl
                 load_blocks_s=blocks / load_s, load_GBps=blocks * size / load_s / 1e9)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], capture_output=True, text=True)
+def _cli(*args: str) -> process.CompletedProcess:
+    return process.capture([sys.executable, "-m", "pfcxl.host_tools.cli.main", *args], text=True)
 
 
 def measure(blocks: int, size: int, say) -> dict:

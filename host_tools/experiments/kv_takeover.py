@@ -25,14 +25,13 @@ import os
 import random
 import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from pfcxl import cache
+from pfcxl import cache, process
 from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools.image import initramfs
 
@@ -126,7 +125,7 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
     rng = random.Random(seed)
     tool = str(initramfs.build_tool("kvstore", cache.images_dir() / "tools"))
     stale = ["--stale-ms", str(round(stale_s * 1000))] \
-        if "--stale-ms" in subprocess.run([tool, "--help"], capture_output=True, text=True).stdout else []
+        if "--stale-ms" in process.capture([tool, "--help"], text=True).stdout else []
     tmp = None
     if pool is None:
         tmp = tempfile.TemporaryDirectory(prefix="pfcxl-kvtakeover-")
@@ -141,7 +140,7 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
         reader = kv.Store.open(pool)
 
         def kvstore(action: str, *args: str):
-            return subprocess.run([tool, action, pool, *args], capture_output=True, text=True, timeout=60)
+            return process.capture([tool, action, pool, *args], text=True, timeout=60)
 
         start = time.monotonic()
         cycle = 0
@@ -160,9 +159,9 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
                 x.start()
             else:
                 c_holders += 1
-                x = subprocess.Popen([tool, "bench", pool, "--host", str(HOST), "--blocks", str(BENCH_BLOCKS),
-                                      "--size", str(SIZE), *stale], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+                x = process.start([tool, "bench", pool, "--host", str(HOST), "--blocks", str(BENCH_BLOCKS),
+                                   "--size", str(SIZE), *stale], stdout=process.PIPE, stderr=process.PIPE,
+                                  text=True)
             pid: int = x.pid
             if not _wait(lambda: reader.header(HOST)["next_seq"] >= seq0 + 2, 30):     # it has begun to put
                 raise RuntimeError(f"the holder ({kind_x}) stored nothing" + ("" if kind_x == "py" else
@@ -206,7 +205,7 @@ def run(seconds: float = 20.0, stale_s: float = 0.5, seed: int = 1, pool: str | 
                     _, err = x.communicate(timeout=HANG_S)
                     fig["lost_noticed"] += "lease was taken" in err
                     pending = []
-            except subprocess.TimeoutExpired:
+            except process.TimeoutExpired:
                 fig["hangs"] += 1
                 x.kill()
                 x.communicate()

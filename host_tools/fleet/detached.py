@@ -33,7 +33,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -175,9 +174,9 @@ def up(name: str, topology_path: Path, topology_name: str, options: BootOptions,
                "options": options.as_dict(), "ready_timeout": ready_timeout, "key": options.key(topology_path)}
     (where / REQUEST).write_text(json.dumps(request, indent=1))
     with open(where / LOG, "ab") as log:
-        daemon = subprocess.Popen([sys.executable, "-m", "pfcxl.host_tools.fleet.detached", str(where)],
-                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        daemon = process.start([sys.executable, "-m", "pfcxl.host_tools.fleet.detached", str(where)],
+                               stdin=process.DEVNULL, stdout=log, stderr=process.STDOUT,
+                               start_new_session=True)
     deadline = time.monotonic() + wait
     try:
         while time.monotonic() < deadline:

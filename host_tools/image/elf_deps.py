@@ -19,6 +19,7 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.segments import InterpSegment
 
+from pfcxl import process
 from pfcxl.errors import ImageError
 
 
@@ -40,8 +41,7 @@ def module_bytes(path: Path) -> bytes:
         import gzip
         return gzip.decompress(data)
     if path.suffix == ".zst":     # CONFIG_MODULE_COMPRESS_ZSTD; zstd is a host package (make setup)
-        import subprocess
-        done = subprocess.run(["zstd", "-d", "-c", "-q"], input=data, capture_output=True)
+        done = process.capture(["zstd", "-d", "-c", "-q"], input=data)
         if done.returncode != 0:
             raise ImageError(f"module {path} is not valid zstd: {done.stderr.decode(errors='replace').strip()}")
         return done.stdout

@@ -10,7 +10,6 @@ with the host's `zstd` into the kernel cache, beside vmlinuz.
 from __future__ import annotations
 
 import io
-import subprocess
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
@@ -19,6 +18,7 @@ from elftools.common.exceptions import ELFError
 
 from pfcxl.errors import ImageError, SetupError
 
+from pfcxl import process
 from pfcxl.cache import write_whole
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -48,7 +48,7 @@ def uncompressed(vmlinuz: Path, out: Path | None = None) -> Path:
     try:
         # zstd stops at the end of the frame and complains about the bzImage's trailer: its exit
         # status says nothing, the ELF check below decides
-        elf = subprocess.run(["zstd", "-d", "-c", "-q"], input=data[at:], capture_output=True).stdout
+        elf = process.capture(["zstd", "-d", "-c", "-q"], input=data[at:]).stdout
     except FileNotFoundError as exc:
         raise SetupError("zstd is missing: run 'make setup' (package zstd; lean boots unpack the "
                          "kernel with it)") from exc

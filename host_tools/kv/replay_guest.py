@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import subprocess
 import threading
 from pathlib import Path
 from typing import Callable
 
+from pfcxl import process
 from pfcxl.device.appliance import rundir as appliance_rundir
 from pfcxl.device.topology import data_path as paths
 from pfcxl.errors import PfcxlError
@@ -82,9 +82,9 @@ def replay(setup: kv_replay.ReplaySetup, requests: list[Request], modes, launch,
 def c_on_host(setup: kv_replay.ReplaySetup, tool: Path, mailbox: int):
     """kvreplay processes on this machine, on the pool file."""
     base = kv.HOME if setup.base is None else setup.base
-    procs = [subprocess.Popen([str(tool), setup.path, "--host", str(h), "--size", str(setup.block_bytes),
-                               "--mailbox", str(mailbox), "--base", str(base)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for h in range(setup.hosts)]
+    procs = [process.start([str(tool), setup.path, "--host", str(h), "--size", str(setup.block_bytes),
+                            "--mailbox", str(mailbox), "--base", str(base)],
+                           stdout=process.PIPE, stderr=process.PIPE) for h in range(setup.hosts)]
 
     def gone() -> str | None:
         ended = [(h, p) for h, p in enumerate(procs) if p.poll() is not None]
@@ -96,7 +96,7 @@ def c_on_host(setup: kv_replay.ReplaySetup, tool: Path, mailbox: int):
         for p in procs:
             try:
                 p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+            except process.TimeoutExpired:
                 p.kill()
                 p.wait()
             for pipe in (p.stdout, p.stderr):

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable
 
-from pfcxl import cache
+from pfcxl import cache, process
 from pfcxl.host_tools.provision.debian import DebURI, mentions_suite, mirror_and_keyring, parse_print_uris
 from pfcxl.host_tools.provision.files import file_digest, read_json, write_atomically, write_json_atomically
 from pfcxl.host_tools.provision.runner import Setup, StepError
@@ -25,7 +24,7 @@ PRIVATE_LISTS_MAX_AGE_S = 7 * 24 * 3600   # a private configuration's lists are 
 UPDATE_STAMP = "updated.json"
 
 # system_apt or trixie_apt: (setup, tool, *args, cwd=...) -> the finished process
-AptRun = Callable[..., subprocess.CompletedProcess]
+AptRun = Callable[..., process.CompletedProcess]
 
 
 def private_apt_options(apt_dir: Path, sources: str = "trixie.sources") -> list[str]:
@@ -55,13 +54,13 @@ def private_apt_options(apt_dir: Path, sources: str = "trixie.sources") -> list[
 
 
 def system_apt(s: Setup, tool: str, *args: str,
-               cwd: Path | None = None) -> subprocess.CompletedProcess:
+               cwd: Path | None = None) -> process.CompletedProcess:
     """`tool` (apt-get, apt-cache) with the host's own apt configuration."""
     return s.run([tool, "-o", "APT::Sandbox::User=root", *args], cwd=cwd, apt=True)
 
 
 def trixie_apt(s: Setup, tool: str, *args: str,
-               cwd: Path | None = None) -> subprocess.CompletedProcess:
+               cwd: Path | None = None) -> process.CompletedProcess:
     """`tool` (apt-get, apt-cache) with the private trixie configuration in the cache."""
     return s.run([tool, *private_apt_options(cache.trixie_apt_dir()), *args], cwd=cwd, apt=True)
 

@@ -16,11 +16,10 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
-from pfcxl import cache
+from pfcxl import cache, process
 from pfcxl.host_tools.provision.apt import APT_INSTALL, host_mirror, installed_versions, private_apt_options
 from pfcxl.host_tools.provision.debian import render_deb822_source
 from pfcxl.host_tools.provision.files import read_json, write_atomically, write_json_atomically
@@ -203,8 +202,8 @@ def _ninja(s: Setup, build: Path) -> None:
     shown = -1
     last_error = ""
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=build, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace")
+        proc = process.start(cmd, cwd=build, stdout=process.PIPE, stderr=process.STDOUT, text=True,
+                             errors="replace")
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)

@@ -16,7 +16,6 @@ import re
 import select
 import signal
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import BinaryIO, NoReturn, Sequence, TypeVar
 from qemu.qmp import QMPError
 from qemu.qmp.legacy import QEMUMonitorProtocol
 
+from pfcxl import process
 from pfcxl.device.topology import Topology
 from pfcxl.errors import LaunchError, VMError
 from pfcxl.firmware_tables.generate import TableSet, tables_for
@@ -120,7 +120,7 @@ class VM:
         self.ring_fd = ring_fd                       # a timed appliance's trace ring, at ring_fd_number()
         self.argv: list[str] = []
         self.ready_info: dict = {}
-        self._proc: subprocess.Popen | None = None
+        self._proc: process.Popen | None = None
         self._console: Console | None = None
         self._commands: CommandRunner | None = None
         self._console_sock: socket.socket | None = None
@@ -211,7 +211,7 @@ class VM:
             if readable and sock.recv(1, socket.MSG_PEEK):
                 return                               # the greeting's first byte: connect() reads it
             if readable or proc.poll() is not None:  # its end closed (nothing to read), or it exited
-                with contextlib.suppress(subprocess.TimeoutExpired):
+                with contextlib.suppress(process.TimeoutExpired):
                     proc.wait(GREETING_POLL)         # its status, for the message, once it is gone
                 raise VMError("QEMU exited before its QMP monitor greeted")
             if time.monotonic() >= deadline:
@@ -282,7 +282,7 @@ class VM:
                 try:
                     proc.wait(wait)
                     break
-                except subprocess.TimeoutExpired:
+                except process.TimeoutExpired:
                     continue
         if proc is not None and proc.poll() is not None:
             # QEMU's own process group (spawn starts it in a session of its own): what is left

@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 from pfcxl.errors import VMError, shown
-from pfcxl.process import probe
+from pfcxl.process import TimeoutExpired, probe
 
 MIN_VERSION = (10, 0)
 VERSION_TIMEOUT = 60    # seconds for `--version`, at most (Machine: no more than its ready timeout)
@@ -44,7 +43,7 @@ def version(path: str, timeout: float = VERSION_TIMEOUT) -> str:
         status, said = probe([path, "--version"], timeout)
     except OSError as exc:
         raise VMError(f"--qemu {shown(path)}: cannot run it: {exc.strerror or exc}") from exc
-    except subprocess.TimeoutExpired as exc:
+    except TimeoutExpired as exc:
         raise VMError(f"--qemu {shown(path)}: '--version' did not answer within {timeout:g} s") from exc
     match = VERSION_RE.search(said)
     if status != 0 or match is None:
