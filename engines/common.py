@@ -8,6 +8,7 @@ import importlib.metadata
 import struct
 from typing import Any
 
+from pfcxl.errors import PfcxlError
 from pfcxl.guest.python import pfcxl_kvstore as kv
 from pfcxl.host_tools.provision.engines_env import ENGINES, TORCH
 
@@ -18,12 +19,16 @@ TESTED = dict((TORCH, *ENGINES))
 _NAME = struct.Struct("<I")
 
 
-class EngineConfigError(ValueError):
-    """The engine's configuration of a pfcxl plugin is wrong; one line naming the key and the value."""
+class EngineConfigError(PfcxlError, ValueError):
+    """The engine's configuration of a pfcxl plugin is wrong; one line naming the key and the value.
+    A ValueError too: that is what the engines catch from a plugin's constructor."""
+
+    exit_code = 2
 
 
-class EngineVersionError(ImportError):
-    """The engine is missing, or is not the version pfcxl.engines is tested with."""
+class EngineVersionError(PfcxlError, ImportError):
+    """The engine is missing, or is not the version pfcxl.engines is tested with (an ImportError
+    too, as the engines expect of a plugin that cannot load)."""
 
 
 def require(dist: str) -> None:

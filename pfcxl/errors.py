@@ -41,10 +41,10 @@ class LaunchError(VMError):
     exec'd), `returncode` (QEMU's exit status, negative for a signal; None while QEMU still ran),
     `log_tail` (QEMU's last lines) and `console_tail` (the guest console's last lines)."""
 
-    def __init__(self, message: str, *, argv: list[str], returncode: int | None, log_tail: str,
-                 console_tail: str) -> None:
+    def __init__(self, message: str, *, argv: list[str] | None = None, returncode: int | None = None,
+                 log_tail: str = "", console_tail: str = "") -> None:
         super().__init__(message)
-        self.argv, self.returncode = argv, returncode
+        self.argv, self.returncode = list(argv or []), returncode
         self.log_tail, self.console_tail = log_tail, console_tail
 
 
@@ -76,6 +76,11 @@ class BuildError(PfcxlError):
     """gcc could not compile a guest tool or the TCG plugin (the message has its errors)."""
 
     exit_code = 8
+
+
+class KVStoreError(PfcxlError):
+    """The KV store refused an operation: the guest binding's KVError (it cannot import pfcxl),
+    translated where the host calls it. Exit code 1, as before it had a class of its own."""
 
 
 class TimingError(PfcxlError):

@@ -37,6 +37,8 @@ import json
 import re
 from typing import Any
 
+from pfcxl.errors import ApplianceError
+
 VERSION = 1
 MAX_LINE = 64 * 1024
 # Requests nest a few levels; anything deeper is refused before it is decoded.
@@ -64,7 +66,7 @@ OPS: dict[str, dict[str, tuple[Kind, bool]]] = {
 COMMON: dict[str, tuple[Kind, bool]] = {"op": (str, True), "v": (int, False), "id": ((int, str), False)}
 
 
-class RequestError(Exception):
+class RequestError(ApplianceError):
     """A request that cannot be served; its message goes back to the client."""
 
 

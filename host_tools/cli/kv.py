@@ -16,7 +16,7 @@ from pathlib import Path
 from pfcxl.device.appliance import rundir as appliance_rundir
 from pfcxl.device import topology
 from pfcxl.device.topology.units import human, parse_size
-from pfcxl.errors import ApplianceError, PfcxlError
+from pfcxl.errors import ApplianceError, KVStoreError, PfcxlError
 from pfcxl.serving.chunks import KV_CHUNK_TOKENS
 
 from pfcxl.guest.python import pfcxl_kvstore as kv
@@ -53,7 +53,19 @@ def open_store(args, host=None):
     try:
         return kv.Store.open(str(path), host=host, base=args.base)
     except kv.KVError as exc:
-        raise PfcxlError(str(exc)) from exc
+        raise KVStoreError(str(exc)) from exc
+
+
+def _kv_errors(command):
+    """The guest binding raises its own KVError (it cannot import pfcxl): a kv command's is a
+    KVStoreError here, one line and its exit code, not a traceback."""
+    def run(args) -> int:
+        try:
+            return command(args)
+        except kv.KVError as exc:
+            raise KVStoreError(str(exc)) from exc
+    run.__name__ = command.__name__
+    return run
 
 
 def cmd_format(args) -> int:
@@ -69,7 +81,7 @@ def cmd_format(args) -> int:
         sb = kv.format(str(path), hosts=args.hosts, slots=args.slots, chunk_tokens=KV_CHUNK_TOKENS,
                        size=args.size, base=args.base)
     except kv.KVError as exc:
-        raise PfcxlError(str(exc)) from exc
+        raise KVStoreError(str(exc)) from exc
     at = kv.HOME if args.base is None else args.base
     out.print(f"{path}: store at byte {at} for {sb['hosts']} hosts x {sb['slots']} slots, arenas of {human(sb['arena_bytes'])}, "
               f"{sb['chunk_tokens']}-token chunks", highlight=False)
@@ -129,7 +141,7 @@ def cmd_bench(args) -> int:
         try:
             stored = sum(s.put(k, payload) for k in keys)
         except kv.KVError as exc:
-            raise PfcxlError(f"bench --size {args.size}: {exc}") from exc
+            raise KVStoreError(f"bench --size {args.size}: {exc}") from exc
         t1 = time.perf_counter()
         loaded = sum(s.get(k) == payload for k in keys)
         t2 = time.perf_counter()
@@ -281,21 +293,21 @@ def add_parsers(sub) -> None:
     p.add_argument("--slots", type=argtypes.count, default=1024, help="index records per host (default 1024)")
     p.add_argument("--size", type=_size, help="the store's bytes from its base (default: to the end)")
     p.add_argument("--force", action="store_true", help="format over an existing store")
-    p.set_defaults(func=cmd_format)
+    p.set_defaults(func=_kv_errors(cmd_format))
     p = base(ksub.add_parser("stats", help="blocks, bytes and evictions per host",
                              description="Count the published blocks and their bytes, evictions and the last "
                              "sequence number of every host's arena."))
     p.add_argument("--json", action="store_true", help="print the counts as one JSON document")
-    p.set_defaults(func=cmd_stats)
+    p.set_defaults(func=_kv_errors(cmd_stats))
     base(ksub.add_parser("dump", help="every record, one JSON line each",
                          description="Print every index record in use (published or claimed) as one JSON "
                          "line: host, slot, state, sequence, key digest, offset, length, crc.")
-         ).set_defaults(func=cmd_dump)
+         ).set_defaults(func=_kv_errors(cmd_dump))
     p = base(ksub.add_parser("verify", help="check every record and block; exit 1 if any is bad",
                              description="Check every published record's own crc and its block's crc; name "
                              "each bad one; exit 1 if there is any."))
     p.add_argument("--json", action="store_true", help="print the report as one JSON document")
-    p.set_defaults(func=cmd_verify)
+    p.set_defaults(func=_kv_errors(cmd_verify))
     p = base(ksub.add_parser("bench", help="store and load blocks from the host (in --host's arena, which may "
                              "evict its oldest blocks); modelled chunk load times",
                              description="Store then load --blocks blocks of --size bytes in --host's arena on "
@@ -307,7 +319,7 @@ def add_parsers(sub) -> None:
                    help=f"blocks to store then load; they must fit in the arena (default {BENCH_BLOCKS})")
     p.add_argument("--size", type=_size, default=1 << 20, help="bytes per block (default 1M)")
     p.add_argument("--json", action="store_true", help="print measured and modelled figures as one JSON document")
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=_kv_errors(cmd_bench))
     p = base(ksub.add_parser("replay", help="replay a request trace through the store with N host processes, "
                              "local caches against the shared pool (formats the store anew)",
                              description="Replay a request trace (Mooncake's format: timestamps, lengths and "
@@ -352,4 +364,4 @@ def add_parsers(sub) -> None:
     p.add_argument("--kill-host", type=int, metavar="H", help="SIGKILL host H mid-replay (with --at)")
     p.add_argument("--at", type=float, default=1.0, metavar="SECONDS", help="when --kill-host strikes (default 1)")
     p.add_argument("--json", action="store_true", help="print every mode's counts as one JSON document")
-    p.set_defaults(func=cmd_replay)
+    p.set_defaults(func=_kv_errors(cmd_replay))

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pfcxl import cache
+from pfcxl import cache, process
+from pfcxl.errors import SetupError
 
 
-class StepError(Exception):
+class StepError(SetupError):
     """A step failed; the message is one line saying why."""
 
 
-def failure(cmd: list[str], proc: subprocess.CompletedProcess) -> str:
+def failure(cmd: list[str], proc: process.CompletedProcess) -> str:
     """One line: the command, its exit code and the last lines of its stderr (else stdout)."""
     tail = [ln.strip() for ln in (proc.stderr or proc.stdout or "").splitlines() if ln.strip()]
     return (f"`{shlex.join(cmd)}` exited {proc.returncode}: "
@@ -43,14 +43,13 @@ class Setup:
             f.write(text)
 
     def run(self, cmd: list[str], *, cwd: Path | None = None, apt: bool = False,
-            ok: tuple[int, ...] = (0,), log: bool = True) -> subprocess.CompletedProcess:
+            ok: tuple[int, ...] = (0,), log: bool = True) -> process.CompletedProcess:
         env = dict(os.environ)
         if apt:
             env.update(DEBIAN_FRONTEND="noninteractive", LC_ALL="C.UTF-8")
         started = time.monotonic()
         try:
-            proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, errors="replace")
+            proc = process.capture(cmd, cwd=cwd, env=env, text=True, errors="replace")
         except OSError as e:
             raise StepError(f"`{shlex.join(cmd)}` could not start: {e}") from e
         if log:

@@ -83,6 +83,9 @@ NOT_BOOT_OPTIONS: dict[str, dict[str, str]] = {
         "timing": "bench always boots in trace mode; --timing trace adds the whole-trace model afterwards",
         "suite": "which benchmarks run in the booted guest",
         "out": "the results directory",
+        "hosts": "the loaded-latency curve: how many timed guests boot, each the same but for its host id",
+        "quantum": "the loaded-latency curve: the quantum of its temporary appliance's timeline",
+        "gaps": "the loaded-latency curve: the traffic hosts' paces, one round each in the booted guests",
     },
     "multihost": {
         "hosts": "how many machines boot; each is the same but for its host id",

@@ -22,14 +22,14 @@ import secrets
 import shlex
 import shutil
 import socket
-import subprocess
 import time
 from typing import BinaryIO, Sequence
 
 import pexpect
 from pexpect import fdpexpect
 
-from pfcxl.errors import CommandError
+from pfcxl import process
+from pfcxl.errors import CommandError, VMError
 from pfcxl.host_tools.image import DEFAULT_IMAGE
 
 READ = 1 << 16
@@ -38,12 +38,12 @@ CHUNK = 800             # base64 characters per typed line (busybox's line edito
 BATCH = 4               # lines typed ahead before waiting for the shell (under the tty's 4 KiB)
 
 
-class ConsoleClosed(Exception):
-    """QEMU closed the console: the guest is gone."""
+class ConsoleClosed(VMError):
+    """QEMU closed the console: the guest is gone (VM turns it into a worded VMError)."""
 
 
-class ConsoleTimeout(Exception):
-    """Nothing matched before the deadline."""
+class ConsoleTimeout(VMError):
+    """Nothing matched before the deadline (VM turns it into a worded VMError)."""
 
 
 def shell_command(command: str | Sequence[str], substitutions: dict[str, str] | None = None) -> str:
@@ -78,8 +78,8 @@ def check_syntax(command: str, image: str = DEFAULT_IMAGE) -> None:
     if not os.access(shell[0], os.X_OK):
         return
     try:       # the script on stdin: -n reads it and runs nothing; no argument size limit
-        done = subprocess.run([*shell, "-n"], input=command.encode(), capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+        done = process.capture([*shell, "-n"], input=command.encode(), timeout=30)
+    except (OSError, process.TimeoutExpired):
         return
     if done.returncode != 0:
         raise not_shell("checked before booting", done.stderr.decode(errors="replace") or f"exit {done.returncode}", command)
