@@ -25,16 +25,18 @@ from pathlib import Path
 from pfcxl.device.appliance import protocol as proto
 from pfcxl.device.appliance import rundir, timeline
 from pfcxl.device.trace import capture as trace_capture
-from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
+from pfcxl.device.fabric.modes import ISSUES, APPLIANCE_FABRICS
 from pfcxl.device.topology import Topology
 from pfcxl.errors import ApplianceError, PfcxlError
 
 from pfcxl import cache
+from pfcxl.renamed import renamed
+from pfcxl.host_tools import timeouts
 from pfcxl import process
 
 SOCKET, PID, LOG = rundir.SOCKET, rundir.PID, rundir.LOG
 MAX_SOCKET_PATH = 108     # sun_path in Linux's sockaddr_un, the terminating NUL included
-START_TIMEOUT = 30.0
+START_TIMEOUT = timeouts.SERVICE_START_S
 
 
 def default_dir(topo: Topology) -> Path:
@@ -74,7 +76,7 @@ class Attachment:
 class Client:
     """One connection to the service. Attachments live as long as it does; use `with`."""
 
-    def __init__(self, run_dir: Path, timeout: float = 30.0) -> None:
+    def __init__(self, run_dir: Path, timeout: float = timeouts.SERVICE_S) -> None:
         self.path, self.timeout = run_dir / SOCKET, timeout
         self.attachments: list[Attachment] = []
         self._connect()
@@ -206,17 +208,19 @@ def _alive(pid: int) -> bool:
 
 
 def check_options(topo: Topology, *, scan_interval: float = 5.0, idle_timeout: float | None = None,
-                  timing: str | None = None, issue: str = "dependent", capture: Path | None = None,
-                  quantum_ns: int | None = None) -> None:
+                  fabric: str | None = None, issue: str = "dependent", capture: Path | None = None,
+                  quantum_ns: int | None = None, timing: str | None = None) -> None:
     """The service's options (device/appliance/service.py), checked before anything starts: the
-    first bad one is one line (ApplianceError). The capture folder's contents are start()'s to check."""
+    first bad one is one line (ApplianceError). The capture folder's contents are start()'s to check.
+    `timing`: fabric's old spelling (a DeprecationWarning)."""
+    fabric = renamed("check_options", "timing", timing, "fabric", fabric)
     if topo.appliance is None:
         raise ApplianceError(f"topology '{topo.name}' has no [appliance] section")
-    if timing is not None and timing not in SYSTEMS:
-        raise ApplianceError(f"appliance timing '{timing}' is not one of {', '.join(SYSTEMS)}")
+    if fabric is not None and fabric not in APPLIANCE_FABRICS:
+        raise ApplianceError(f"appliance timing '{fabric}' is not one of {', '.join(APPLIANCE_FABRICS)}")
     if issue not in ISSUES:
         raise ApplianceError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
-    if capture is not None and timing is None:
+    if capture is not None and fabric is None:
         raise ApplianceError("--capture keeps what the appliance's timing drains: give --fabric pf|electrical too")
     if idle_timeout is not None and not idle_timeout > 0:
         raise ApplianceError(f"idle timeout {idle_timeout:g}s: it must be more than 0 seconds")
@@ -231,16 +235,18 @@ def check_options(topo: Topology, *, scan_interval: float = 5.0, idle_timeout: f
 
 def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = False,
           scan_interval: float = 5.0, idle_timeout: float | None = None, temporary: bool = False,
-          timing: str | None = None, issue: str = "dependent", capture: Path | None = None,
-          quantum_ns: int | None = None) -> int:
+          fabric: str | None = None, issue: str = "dependent", capture: Path | None = None,
+          quantum_ns: int | None = None, timing: str | None = None) -> int:
     """Start the service for `topo` (read from `topo_path`) in the background and wait until it
     answers; its pid. A `temporary` one is stopped (SIGTERM) when this process dies, however it
-    dies, and removes `run_dir` as it exits. `timing` (pf, electrical) has it model every host's
+    dies, and removes `run_dir` as it exits. `fabric` (pf, electrical) has it model every host's
     traffic on that fabric (device/appliance/timing.py), with `issue` dependent or independent;
     `capture` (an absent or empty directory) keeps every host's drained records there
     (device/trace/capture.py). `quantum_ns` has it keep its timed hosts (--clock virtual) in one
-    timeline, in quanta of that many ns (device/appliance/timeline.py)."""
-    check_options(topo, scan_interval=scan_interval, idle_timeout=idle_timeout, timing=timing, issue=issue,
+    timeline, in quanta of that many ns (device/appliance/timeline.py). `timing`: fabric's old
+    spelling (a DeprecationWarning)."""
+    fabric = renamed("start", "timing", timing, "fabric", fabric)
+    check_options(topo, scan_interval=scan_interval, idle_timeout=idle_timeout, fabric=fabric, issue=issue,
                   capture=capture, quantum_ns=quantum_ns)
     if capture is not None:
         capture = trace_capture.check_dir(capture)
@@ -262,8 +268,8 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
         argv += ["--idle-timeout", str(idle_timeout)]
     if temporary:
         argv += ["--temporary-for", str(os.getpid())]
-    if timing is not None:
-        argv += ["--fabric", timing, "--issue", issue]
+    if fabric is not None:
+        argv += ["--fabric", fabric, "--issue", issue]
     if capture is not None:
         argv += ["--capture", str(capture)]
     if quantum_ns is not None:
@@ -285,7 +291,7 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
                                  f"{_log_tail(run_dir)}")
         if (run_dir / SOCKET).exists() and running_pid(run_dir) == proc.pid:
             try:
-                with Client(run_dir, timeout=5) as c:
+                with Client(run_dir, timeout=timeouts.SERVICE_PROBE_S) as c:
                     c.call("hello")
                 return proc.pid
             except ApplianceError:
@@ -295,7 +301,7 @@ def start(topo: Topology, topo_path: Path, run_dir: Path, *, foreground: bool = 
     raise ApplianceError(f"the appliance did not answer within {START_TIMEOUT:.0f}s: {_log_tail(run_dir)}")
 
 
-def stop(run_dir: Path, timeout: float = 15.0) -> str:
+def stop(run_dir: Path, timeout: float = timeouts.SERVICE_STOP_S) -> str:
     """Stop the service: a shutdown request, or SIGTERM when its socket does not answer, then
     SIGKILL. With none running, clean up what a crashed one left (its shm pool too)."""
     pid = running_pid(run_dir)
@@ -303,7 +309,7 @@ def stop(run_dir: Path, timeout: float = 15.0) -> str:
         removed = rundir.clear_leftovers(run_dir) + (["its pool"] if rundir.discard_pool(run_dir) else [])
         return "removed the leftovers of a crashed run" if removed else "no appliance was running"
     try:
-        with Client(run_dir, timeout=5) as c:
+        with Client(run_dir, timeout=timeouts.SERVICE_PROBE_S) as c:
             c.call("shutdown")
     except ApplianceError:
         with contextlib.suppress(ProcessLookupError):

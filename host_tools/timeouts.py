@@ -12,6 +12,12 @@ FLEET_READY_S = 900
 FLEET_COMMAND_S = 900
 # one request to the appliance service or a kept-up machine's daemon (they answer at once)
 SERVICE_S = 30
+# a probe of a service that may be starting or stopping: is it up yet, will it take the request
+SERVICE_PROBE_S = 5
+# the appliance service from its start to its first answer (it maps the pool, binds the socket)
+SERVICE_START_S = 30
+# the appliance service to exit after its shutdown request (or SIGTERM) before it is killed
+SERVICE_STOP_S = 15
 # a timed appliance's `stats` with sync: it first models everything the hosts have traced
 STATS_SYNC_S = 300
 # an injected error's record to show in the guest (cxl list -L, a trace event, an AER line)

@@ -17,7 +17,7 @@ from pfcxl.device.topology.units import human
 from pfcxl.errors import PfcxlError
 
 from pfcxl.device.appliance import timeline
-from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
+from pfcxl.device.fabric.modes import ISSUES, APPLIANCE_FABRICS
 from pfcxl.host_tools.timing import CLOCKS
 
 from pfcxl.host_tools.vm import boot_options
@@ -50,7 +50,7 @@ def cmd_start(args) -> int:
         raise PfcxlError("--quantum is the timeline's, for timed hosts: give --clock virtual too")
     quantum = (args.quantum or timeline.DEFAULT_QUANTUM_NS) if args.clock == "virtual" else None
     service = _service(args, foreground=args.foreground, scan_interval=args.scan_interval,
-                       idle_timeout=args.idle_timeout, timing=args.fabric, issue=args.issue, capture=args.capture,
+                       idle_timeout=args.idle_timeout, fabric=args.fabric, issue=args.issue, capture=args.capture,
                        quantum_ns=quantum)
     from pfcxl.host_tools import appliance_client as appliance
     pid = service.serve()
@@ -151,7 +151,7 @@ def cmd_multihost(args) -> int:
                             appliance_dir=Path(args.appliance_dir) if args.appliance_dir else None,
                             ready_timeout=args.timeout, command_timeout=args.command_timeout,
                             parallel_boots=args.parallel_boots, say=lambda m: err.print(f"[dim]{escape(m)}[/dim]"),
-                            host_done=host_done, timing=args.fabric if args.timing else None, issue=args.issue,
+                            host_done=host_done, fabric=args.fabric if args.timing else None, issue=args.issue,
                             telemetry=figures.update, capture=Path(args.capture) if args.capture else None,
                             options=options)
     for r in results:
@@ -191,10 +191,10 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--scan-interval", type=float, default=5.0, help="seconds between change scans (default 5)")
     p.add_argument("--idle-timeout", type=float, help="seconds a connection without an attachment may stay "
                    "silent before the service closes it (default 60)")
-    p.add_argument("--fabric", choices=tuple(SYSTEMS), help="time every attached host's traffic: load the TCG "
+    p.add_argument("--fabric", choices=tuple(APPLIANCE_FABRICS), help="time every attached host's traffic: load the TCG "
                    "plugin in each, drain their trace rings here and model all hosts' traffic together on this "
                    "fabric system (default: off; see 'appliance top' and docs/appliance-timing.md)")
-    argtypes.old_spelling(p, "--timing", "--fabric", choices=tuple(SYSTEMS))
+    argtypes.old_spelling(p, "--timing", "--fabric", choices=tuple(APPLIANCE_FABRICS))
     p.add_argument("--issue", choices=ISSUES, default="dependent", help="--fabric: each vCPU's requests "
                    "wait for the previous one (dependent, a pointer chase; default) or not (independent)")
     p.add_argument("--capture", metavar="DIR", help="--fabric: keep every host's drained trace records and a "
@@ -246,7 +246,7 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--timing", choices=("trace",), help="trace every host's CXL requests into the appliance, "
                    "which models them together; prints per-host and per-module modelled latency, utilisation, "
                    "HBM3E hit rate and ring fill (a temporary appliance is started timed; a running one must be)")
-    p.add_argument("--fabric", choices=tuple(SYSTEMS), default="pf", help="--timing with a temporary appliance: the "
+    p.add_argument("--fabric", choices=tuple(APPLIANCE_FABRICS), default="pf", help="--timing with a temporary appliance: the "
                    "fabric it models (default pf)")
     p.add_argument("--issue", choices=ISSUES, default="dependent", help="--timing with a temporary appliance: "
                    "dependent (default) or independent issue")

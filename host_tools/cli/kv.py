@@ -210,7 +210,7 @@ def cmd_replay(args) -> int:
         options = BootOptions(clock="virtual", fabric=args.fabric or "pf",
                               fabric_params=tuple(args.fabric_params)) if virtual else None
         results = run_on_guests(topology.load(path), path, setup, requests, modes, data_path=args.data_path,
-                                timing=None if virtual else args.fabric,
+                                fabric=None if virtual else args.fabric,
                                 say=lambda m: err.print(f"[dim]{m}[/dim]", highlight=False),
                                 appliance_dir=Path(args.run_dir) if args.run_dir else None, options=options)
     else:

@@ -53,7 +53,7 @@ def run(hosts: int, command: str, fabric: str = "pf", topo_name: str = "pf-appli
     path = topology.resolve(topo_name)
     topo = topology.load(path)
     # a temporary service (dies with this process, removes its directory), used by multihost as a running one
-    with Appliance(path, run_dir=tempfile.mkdtemp(prefix="pfcxl-bench-timing-"), timing=fabric, scan_interval=3600,
+    with Appliance(path, run_dir=tempfile.mkdtemp(prefix="pfcxl-bench-timing-"), fabric=fabric, scan_interval=3600,
                    temporary=True) as service:
         pid, run_dir = service.pid, service.directory
         assert pid is not None                          # started by `with`
@@ -66,7 +66,7 @@ def run(hosts: int, command: str, fabric: str = "pf", topo_name: str = "pf-appli
             for step in ("running the command", "modelling what is left"):
                 if step in message:
                     marks[step] = (cpu_seconds(pid), qemu_seconds())
-        results = multihost.run(topo, path, hosts, command, appliance_dir=run_dir, timing=fabric,
+        results = multihost.run(topo, path, hosts, command, appliance_dir=run_dir, fabric=fabric,
                                 telemetry=figures.update, say=say)
         app1, kids1, wall = cpu_seconds(pid), children_seconds(), time.monotonic() - wall0
         (app_a, guests_a), (_, guests_b) = marks["running the command"], marks["modelling what is left"]

@@ -116,7 +116,7 @@ def guests(trace: str, hosts: int, requests: int, capacity: int, routing: str, b
     with pfcxl.Appliance("pf-appliance") as app:
         out = run_on_guests(topology.load(path), path, kv_replay.ReplaySetup("", None, hosts, capacity, block_bytes,
                                                                              routing=routing),
-                            reqs, kv_replay.MODES, data_path=data_path, timing=None,
+                            reqs, kv_replay.MODES, data_path=data_path, fabric=None,
                             say=lambda m: print(f"# {m}", flush=True), appliance_dir=app.run_dir)
     wall = time.perf_counter() - t0
     rows = []

@@ -76,7 +76,7 @@ def capture(topo, topo_path: Path, hosts: int, out: Path, *, sizes: str, nbytes:
         shutil.rmtree(folder)                   # this bench's own earlier capture
     figures: dict = {}
     results = multihost.run(topo, topo_path, hosts, command(app, sizes=sizes, nbytes=nbytes, span=span),
-                            timing="pf", issue="independent", capture=folder, say=say, telemetry=figures.update,
+                            fabric="pf", issue="independent", capture=folder, say=say, telemetry=figures.update,
                             host_done=lambda r: say(f"host {r.host}: exit {r.status} {r.error or ''}"))
     bad = [r for r in results if r.error or r.status != 0]
     if bad:

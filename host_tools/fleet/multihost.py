@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from pfcxl.device.appliance import timeline
+from pfcxl.renamed import renamed
 from pfcxl.device.trace import capture as trace_capture
 from pfcxl.device.topology import Topology
 from pfcxl.errors import PfcxlError
@@ -60,14 +61,14 @@ def expand(command: str | Sequence[str], host: int, hosts: int) -> str:
 
 @contextlib.contextmanager
 def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, say: Callable[[str], None],
-                  timing: str | None = None, issue: str = "dependent", capture: Path | None = None,
+                  fabric: str | None = None, issue: str = "dependent", capture: Path | None = None,
                   quantum_ns: int | None = None):
     """(run directory, temporary?) of a running appliance for `topo`: the given or default one
-    if it is up, else a temporary one started here and stopped afterwards. With `timing`, the
+    if it is up, else a temporary one started here and stopped afterwards. With `fabric`, the
     appliance must model the hosts' traffic: a temporary one is started so, a running one must be.
     With `capture` it keeps what it drains there: a running one must already do so. With
     `quantum_ns` a temporary one keeps a timeline for timed hosts (a running one has its own, or none)."""
-    running = Appliance(topo_path, run_dir=appliance_dir or appliance.default_dir(topo), timing=timing,
+    running = Appliance(topo_path, run_dir=appliance_dir or appliance.default_dir(topo), fabric=fabric,
                         issue=issue, capture=capture)
     if running.running_pid() is not None:
         running.check_running()               # it times (and captures) as asked; left running
@@ -78,7 +79,7 @@ def appliance_for(topo: Topology, topo_path: Path, appliance_dir: Path | None, s
     tmp = Path(tempfile.mkdtemp(prefix="pfcxl-appliance-"))
     say(f"starting a temporary appliance in {tmp}")
     # temporary: it dies with this process however it ends, and removes tmp as it exits
-    with Appliance(topo_path, run_dir=tmp, timing=timing, issue=issue, capture=capture, quantum_ns=quantum_ns,
+    with Appliance(topo_path, run_dir=tmp, fabric=fabric, issue=issue, capture=capture, quantum_ns=quantum_ns,
                    temporary=True):
         yield tmp, True
 
@@ -131,14 +132,14 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         appliance_dir: Path | None = None, ready_timeout: float = timeouts.FLEET_READY_S,
         command_timeout: float = timeouts.FLEET_COMMAND_S, parallel_boots: int | None = None,
         say: Callable[[str], None] = lambda m: None,
-        host_done: Callable[[HostResult], None] = lambda r: None, timing: str | None = None,
+        host_done: Callable[[HostResult], None] = lambda r: None, fabric: str | None = None,
         issue: str = "dependent", telemetry: Callable[[dict], None] = lambda s: None,
         capture: Path | None = None, options: BootOptions | None = None,
-        quantum_ns: int | None = None) -> list[HostResult]:
-    """Boot `hosts` guests on one appliance and run `command` in each. With `timing` (pf,
+        quantum_ns: int | None = None, timing: str | None = None) -> list[HostResult]:
+    """Boot `hosts` guests on one appliance and run `command` in each. With `fabric` (pf,
     electrical) the appliance traces and models every host's CXL requests (each command is
     bracketed by the phase markers, unless it marks its rows itself: --mark-rows 1), and
-    `telemetry` gets its figures once they are modelled. With `capture` (needs `timing`) the
+    `telemetry` gets its figures once they are modelled. With `capture` (needs `fabric`) the
     appliance keeps every host's drained records in that directory and each host's plugin phases
     are written beside them (device/trace/capture.py); a temporary appliance completes it as it stops.
     `options` boot every Machine (qemu, qemu_args, kernel, modules, lean...), each with its own host
@@ -146,7 +147,9 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
     appliance's directory, or a temporary one).
     Timed hosts (options.clock virtual) run in one timeline: a temporary appliance keeps one in
     quanta of `quantum_ns` (default timeline.DEFAULT_QUANTUM_NS), a running one its own if it was
-    started with --clock virtual; either way it is made afresh, waiting for all `hosts` to start."""
+    started with --clock virtual; either way it is made afresh, waiting for all `hosts` to start.
+    `timing`: fabric's old spelling (a DeprecationWarning)."""
+    fabric = renamed("multihost.run", "timing", timing, "fabric", fabric)
     if not any(d.appliance for d in topo.devices):
         raise PfcxlError(f"topology '{topo.name}' has no devices served by the appliance "
                          "(appliance = \"shared\"/\"private\"); multihost needs one, e.g. pf-appliance")
@@ -156,7 +159,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         raise PfcxlError(f"{parallel_boots} parallel boots: at least 1 guest must boot at a time")
     if topo.appliance is not None and hosts > topo.appliance.ports:
         raise PfcxlError(f"{hosts} hosts but the appliance has {topo.appliance.ports} ports")
-    if capture is not None and timing is None:
+    if capture is not None and fabric is None:
         raise PfcxlError("--capture keeps what the appliance's timing drains: it needs --timing trace")
     timed = options is not None and options.clock == "virtual"
     if quantum_ns is not None:
@@ -168,7 +171,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
     results: dict[int, HostResult] = {}
     with contextlib.ExitStack() as stack:
         where, temporary = stack.enter_context(appliance_for(
-            topo, topo_path, appliance_dir, say, timing, issue, capture,
+            topo, topo_path, appliance_dir, say, fabric, issue, capture,
             (quantum_ns or timeline.DEFAULT_QUANTUM_NS) if timed else None))
         if timed:
             _fresh_timeline(where, hosts, quantum_ns, say)
@@ -220,7 +223,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
         say(f"{len(ready)} of {hosts} guests ready in {time.monotonic() - boots_started:.1f}s wall, "
             f"{cpu_total:.1f}s of QEMU CPU time ({len(os.sched_getaffinity(0))} CPUs); running the command in each")
         # timed: the traced-run sequence (Machine.start_traced: bracketed unless it marks its rows)
-        traced = timing is not None
+        traced = fabric is not None
         started_cmds = [(h, vm, (vm.start_traced if traced else vm.start_command)(expand(command, h, hosts),
                                                                                   command_timeout))
                         for h, vm, _ in ready]
@@ -232,7 +235,7 @@ def run(topo: Topology, topo_path: Path, hosts: int, command: str | Sequence[str
             except PfcxlError as exc:
                 results[h].error = str(exc)
             host_done(results[h])
-        if timing is not None and ready:
+        if fabric is not None and ready:
             say("modelling what is left in the hosts' trace rings")
             telemetry(ready[0][1].appliance_stats(sync=True))
         if last is not None and last.attachment is not None:

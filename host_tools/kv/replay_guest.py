@@ -114,7 +114,7 @@ def device(path: str) -> str:
 
 @contextlib.contextmanager
 def on_guests(topo, topo_path, where: Path, setup: kv_replay.ReplaySetup, mailbox: int, data_path: str, *,
-              timing: str | None, say: Callable[[str], None], options):
+              fabric: str | None, say: Callable[[str], None], options):
     """One guest per host on the appliance running in `where`, each running kvreplay on the pool."""
     from pfcxl.host_tools.fleet import multihost      # QEMU and the Machine: for this command alone
     done: dict = {}
@@ -124,7 +124,7 @@ def on_guests(topo, topo_path, where: Path, setup: kv_replay.ReplaySetup, mailbo
     def body() -> None:
         try:
             done["hosts"] = multihost.run(topo, topo_path, setup.hosts, cmd, appliance_dir=where, say=say,
-                                          timing=timing, options=options, command_timeout=RUN_S,
+                                          fabric=fabric, options=options, command_timeout=RUN_S,
                                           host_done=ended.append)
         except BaseException as exc:            # noqa: BLE001 (reported by gone())
             done["error"] = exc
@@ -161,10 +161,10 @@ def ensure_store(path: str, hosts: int, base: int | None) -> None:
 
 
 def run_on_guests(topo, topo_path, setup: kv_replay.ReplaySetup, requests: list[Request], modes, *, data_path: str | None,
-                  timing: str | None, say: Callable[[str], None], appliance_dir: Path | None = None,
+                  fabric: str | None, say: Callable[[str], None], appliance_dir: Path | None = None,
                   options=None) -> list[dict]:
     """The replay in `setup.hosts` guests of the topology's appliance (the running one, else a
-    temporary one; with `timing` it models their traffic): setup.path is ignored, the pool is the
+    temporary one; with `fabric` it models their traffic on that fabric system): setup.path is ignored, the pool is the
     appliance's shared pool. `options`: the guests' BootOptions (e.g. clock="virtual": each guest
     reads its block loads in its own virtual clock)."""
     from pfcxl.host_tools.fleet import multihost      # QEMU and the Machine: for this command alone
@@ -176,21 +176,21 @@ def run_on_guests(topo, topo_path, setup: kv_replay.ReplaySetup, requests: list[
     check_requests(kv_replay.served(setup, requests))
     topo = paths.with_data_path(topo, data_path)
     data_path = topo.guest.data_path
-    with multihost.appliance_for(topo, topo_path, appliance_dir, say, timing) as (where, _):
+    with multihost.appliance_for(topo, topo_path, appliance_dir, say, fabric) as (where, _):
         pool = appliance_rundir.pool_dir(where, topo.appliance.backing)
         if pool is None:
             raise PfcxlError(f"appliance '{topo.name}' keeps its pool in memfds: the replay cannot reach it")
         setup = dataclasses.replace(setup, path=str(pool / "shared.pool"), base=None)
         ensure_store(setup.path, setup.hosts, None)
-        last = [snapshot(where)] if timing else None
+        last = [snapshot(where)] if fabric else None
 
         def after_mode(mode: str):
-            if not timing or last is None:       # last: kept when timing
+            if not fabric or last is None:       # last: kept when the appliance models traffic
                 return None
             now = snapshot(where)
-            out = figures(last[0], now, timing, setup.hosts)
+            out = figures(last[0], now, fabric, setup.hosts)
             last[0] = now
             return out
         return replay(setup, requests, modes,
-                      lambda at: on_guests(topo, topo_path, where, setup, at, data_path, timing=timing, say=say,
+                      lambda at: on_guests(topo, topo_path, where, setup, at, data_path, fabric=fabric, say=say,
                                            options=options), after_mode)

@@ -26,7 +26,7 @@ def timed(tmp_path_factory):
     base = tmp_path_factory.mktemp("timed")
     topo, path = write_topology(base / "small.toml")
     run_dir = base / "run"
-    pid = appliance.start(topo, path, run_dir, scan_interval=3600, timing="pf")
+    pid = appliance.start(topo, path, run_dir, scan_interval=3600, fabric="pf")
     try:
         yield topo, run_dir
     finally:
@@ -59,7 +59,7 @@ def test_each_host_gets_its_own_ring_and_its_records_are_modelled(timed):
 def test_a_capturing_service_keeps_exactly_what_it_modelled(tmp_path):
     topo, path = write_topology(tmp_path / "small.toml")
     run_dir, folder = tmp_path / "run", tmp_path / "capture"
-    pid = appliance.start(topo, path, run_dir, scan_interval=3600, timing="pf", capture=folder)
+    pid = appliance.start(topo, path, run_dir, scan_interval=3600, fabric="pf", capture=folder)
     played = reads_of_the_shared_region(topo, 2500)
     try:
         with appliance.Client(run_dir) as c:

@@ -56,7 +56,7 @@ def log_of(run_dir: Path) -> str:
 def test_a_ring_its_client_corrupts_is_cut_and_every_other_host_goes_on(tmp_path):
     topo, path = write_topology(tmp_path / "t.toml", ports=8, module_capacity="1G")
     run_dir, folder = tmp_path / "run", tmp_path / "capture"
-    pid = appliance.start(topo, path, run_dir, scan_interval=3600, timing="pf", capture=folder)
+    pid = appliance.start(topo, path, run_dir, scan_interval=3600, fabric="pf", capture=folder)
     played = reads_of_the_shared_region(topo, 700)
     try:
         with appliance.Client(run_dir) as c:
@@ -115,7 +115,7 @@ def implausible_after(last: int, rng: np.random.Generator) -> list[int]:
 def test_records_a_plugin_cannot_have_written_are_refused_and_counted(tmp_path):
     topo, path = write_topology(tmp_path / "t.toml")
     run_dir = tmp_path / "run"
-    pid = appliance.start(topo, path, run_dir, scan_interval=3600, timing="pf")
+    pid = appliance.start(topo, path, run_dir, scan_interval=3600, fabric="pf")
     rng = np.random.default_rng(8)
     played = reads_of_the_shared_region(topo, 400)
     try:
@@ -150,7 +150,7 @@ def test_a_capture_on_a_full_disk_stops_and_the_modelling_goes_on(tmp_path):
     and, later, the manifest's temporary file are made to be it."""
     topo, path = write_topology(tmp_path / "t.toml")
     run_dir, folder = tmp_path / "run", tmp_path / "capture"
-    pid = appliance.start(topo, path, run_dir, scan_interval=3600, timing="pf", capture=folder)
+    pid = appliance.start(topo, path, run_dir, scan_interval=3600, fabric="pf", capture=folder)
     played = reads_of_the_shared_region(topo, 3000)
     try:
         (folder / "host01.s2.records.partial").symlink_to("/dev/full")

@@ -87,7 +87,7 @@ def test_appliance_start_checks_capture_before_starting(tmp_path):
     (tmp_path / "cap").mkdir()
     (tmp_path / "cap" / "old").write_text("x")
     with pytest.raises(ApplianceError, match="not empty"):
-        appliance.start(topo, path, tmp_path / "run", timing="pf", capture=tmp_path / "cap")
+        appliance.start(topo, path, tmp_path / "run", fabric="pf", capture=tmp_path / "cap")
     assert appliance.running_pid(tmp_path / "run") is None
 
 

@@ -21,7 +21,7 @@ def test_two_timed_hosts_are_merged_and_modelled_on_the_pf_fabric(tmp_path):
     path = topology.resolve("pf-appliance")
     figures: dict = {}
     results = multihost.run(topology.load(path), path, 2, f"chase --dax /dev/dax0.0 --loads {LOADS}",
-                            timing="pf", telemetry=figures.update, capture=tmp_path / "capture")
+                            fabric="pf", telemetry=figures.update, capture=tmp_path / "capture")
     assert [(r.host, r.status, r.error) for r in results] == [(0, 0, None), (1, 0, None)], results
     hosts = {h["host"]: h for h in figures["hosts"]}
     assert sorted(hosts) == [0, 1]

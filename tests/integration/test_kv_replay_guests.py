@@ -24,11 +24,11 @@ def one_at_a_time(n):
     return [dataclasses.replace(r, timestamp_ms=i * 1000) for i, r in enumerate(reqs)]
 
 
-def on_guests(setup, reqs, data_path, timing=None):
+def on_guests(setup, reqs, data_path, fabric=None):
     path = topology.resolve("pf-appliance")
-    with pfcxl.Appliance("pf-appliance", timing=timing) as app:
+    with pfcxl.Appliance("pf-appliance", fabric=fabric) as app:
         return G.run_on_guests(topology.load(path), path, setup, reqs, R.MODES, data_path=data_path,
-                               timing=timing, say=print, appliance_dir=app.run_dir)
+                               fabric=fabric, say=print, appliance_dir=app.run_dir)
 
 
 def test_two_guests_on_the_direct_path_count_what_the_host_processes_count(tmp_path):
@@ -56,7 +56,7 @@ def test_two_guests_on_the_direct_path_count_what_the_host_processes_count(tmp_p
 def test_timed_guests_on_the_cxl_path_get_modelled_figures_and_a_ttft_per_request():
     from pfcxl.host_tools.kv import replay_report as kv_replay_report
     reqs = one_at_a_time(8)
-    out = on_guests(R.ReplaySetup("", None, 2, 40, 4096), reqs, "cxl", timing="pf")
+    out = on_guests(R.ReplaySetup("", None, 2, 40, 4096), reqs, "cxl", fabric="pf")
     for result in out:
         tm = result["timing"]
         assert tm["fabric"] == "pf" and tm["dropped"] == 0 and tm["model_s"] > 0

@@ -19,7 +19,7 @@ REPO = Path(pfcxl.__file__).resolve().parent.parent
 FOLDERS = ("device", "engines", "firmware_tables", "guest", "host_tools", "serving")
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
-BASE = ("pfcxl.errors", "pfcxl.cache", "pfcxl.process", "pfcxl.compile", "pfcxl.text_files")
+BASE = ("pfcxl.errors", "pfcxl.cache", "pfcxl.process", "pfcxl.compile", "pfcxl.text_files", "pfcxl.renamed")
 # host_tools packages built on pfcxl.Machine / pfcxl.Appliance: several hosts, kept-up machines,
 # the benchmark suite, the KV replay and the experiment scripts. The rest of host_tools is what
 # the API is built on.
