@@ -38,7 +38,7 @@ from pfcxl.device.appliance import rundir, timeline
 from pfcxl.device import topology
 from pfcxl.device.appliance.ops import AttachedHost, Connection, Operations
 from pfcxl.device.appliance.timing import ApplianceTiming
-from pfcxl.device.fabric.telemetry import ISSUES, SYSTEMS
+from pfcxl.device.fabric.telemetry import ISSUES, APPLIANCE_FABRICS
 from pfcxl.device.appliance.pool import Pool
 
 log = logging.getLogger("pfcxl.appliance")
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--scan-interval", type=float, default=5.0)
     ap.add_argument("--idle-timeout", type=float, default=proto.IDLE_TIMEOUT)
-    ap.add_argument("--fabric", "--timing", choices=tuple(SYSTEMS),        # --timing: its old spelling
+    ap.add_argument("--fabric", "--timing", choices=tuple(APPLIANCE_FABRICS),        # --timing: its old spelling
                     help="model every host's traffic on this fabric system")
     ap.add_argument("--issue", choices=ISSUES, default="dependent")
     ap.add_argument("--capture", type=Path, help="with --fabric: keep every host's drained records here")

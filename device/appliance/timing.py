@@ -27,7 +27,7 @@ from pfcxl.device.trace.ring import Ring
 from pfcxl.errors import TimingError
 
 from pfcxl.device.topology import address_map
-from pfcxl.device.fabric.telemetry import ISSUES, SYSTEMS, Telemetry
+from pfcxl.device.fabric.telemetry import ISSUES, APPLIANCE_FABRICS, Telemetry
 from pfcxl.device.topology import Topology
 from pfcxl.device.trace.capture import CaptureWriter
 from pfcxl.device.trace.plausible import Plausible
@@ -81,8 +81,8 @@ class ApplianceTiming:
 
     def __init__(self, topo: Topology, system: str, issue: str = "dependent",
                  capacity: int = RING_CAPACITY, capture: Path | None = None) -> None:
-        if system not in SYSTEMS:
-            raise ValueError(f"appliance timing '{system}' is not one of {', '.join(SYSTEMS)}")
+        if system not in APPLIANCE_FABRICS:
+            raise ValueError(f"appliance timing '{system}' is not one of {', '.join(APPLIANCE_FABRICS)}")
         if issue not in ISSUES:
             raise ValueError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
         self.topo, self.system, self.issue, self.capacity = topo, system, issue, capacity

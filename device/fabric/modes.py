@@ -5,5 +5,6 @@ the appliance client can offer them without loading the models."""
 from __future__ import annotations
 
 ISSUES = ("dependent", "independent")
-# which models each appliance timing runs: the first is the one its figures are quoted for
-SYSTEMS = {"pf": ("pf", "pf_hbm"), "electrical": ("electrical",)}
+# the appliance's --fabric choices and the models each runs (device/fabric/systems.py's SYSTEMS): the
+# first is the one its figures are quoted for
+APPLIANCE_FABRICS = {"pf": ("pf", "pf_hbm"), "electrical": ("electrical",)}

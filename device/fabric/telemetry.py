@@ -35,7 +35,7 @@ from pfcxl.device.fabric import engine as fabric_engine
 from pfcxl.device.topology.address_map import interleave
 from pfcxl.device.fabric.model import PS_PER_NS, FabricModel
 from pfcxl.device.fabric import systems as fabric_systems
-from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
+from pfcxl.device.fabric.modes import ISSUES, APPLIANCE_FABRICS
 from pfcxl.device.fabric.replay import PS_PER_STAMP
 from pfcxl.device.topology import Topology
 from pfcxl.device.trace.records import LINE
@@ -116,13 +116,13 @@ class Telemetry:
                  ns_per_insn: float = fc.NS_PER_INSTRUCTION) -> None:
         if topo.appliance is None:
             raise ValueError(f"topology '{topo.name}' has no [appliance] section")
-        if system not in SYSTEMS:
-            raise ValueError(f"appliance timing '{system}' is not one of {', '.join(SYSTEMS)}")
+        if system not in APPLIANCE_FABRICS:
+            raise ValueError(f"appliance timing '{system}' is not one of {', '.join(APPLIANCE_FABRICS)}")
         if issue not in ISSUES:
             raise ValueError(f"issue '{issue}' is not one of {', '.join(ISSUES)}")
         self.app, self.system, self.issue, self.ns_per_insn = topo.appliance, system, issue, ns_per_insn
         every = _models(topo)
-        self.models = {name: every[name] for name in SYSTEMS[system]}
+        self.models = {name: every[name] for name in APPLIANCE_FABRICS[system]}
         self.streams: dict[int, _Stream] = {}
         self.lock = threading.Lock()
         self.windows = self.records = self.unmapped = 0

@@ -40,13 +40,13 @@ from pfcxl.device.fabric import systems as fabric_systems
 from pfcxl.host_tools.timing import model_runs
 from pfcxl.host_tools.timing import report as timing_report
 
-SYSTEMS = model_runs.CURVE_SYSTEMS                     # pf, electrical, dram: the columns
+BENCH_COLUMNS = model_runs.CURVE_COLUMNS                     # pf, electrical, dram: the columns
 HOST_LINK_LOAD = fc.PF_HOST_BANDWIDTH_MBS / fc.PF_PORT_BANDWIDTH_MBS   # in PF ports (replay's load unit)
 HOST_LINK_GBS = fc.PF_HOST_BANDWIDTH_MBS / 1000
 CURVE_LOADS = model_runs.CURVE_LOADS                 # offered load per host in PF ports, past the host link
 def _models(topo: Topology) -> dict:
     models = fabric_systems.models(topo)
-    return {s: models[model_runs.SYSTEMS[s]] for s in SYSTEMS}
+    return {s: models[model_runs.REPORT_KEYS[s]] for s in BENCH_COLUMNS}
 
 
 def even(records: np.ndarray) -> np.ndarray:

@@ -24,8 +24,8 @@ MEASURED = "measured in emulator (CXL)"
 LOCAL = "local DRAM (measured in emulator)"
 DIRECT = "direct device (measured in emulator)"
 PF, EL = LABELS["pf"], LABELS["electrical"]
-MODEL_SYSTEMS = bench_model.SYSTEMS                   # the modelled columns: pf, electrical, dram
-MODEL_KEYS = model_runs.SYSTEMS                        # -> timing_report's keys and LABELS
+MODEL_SYSTEMS = bench_model.BENCH_COLUMNS                   # the modelled columns: pf, electrical, dram
+MODEL_KEYS = model_runs.REPORT_KEYS                        # -> timing_report's keys and LABELS
 IDLE_MODELLED = ("pf", "electrical")                   # the idle table's modelled columns (and latency_cdf.png's)
 # A loaded row's modelled chase p50 rests on the chase loads issued while the captured traffic ran:
 # at full rate that traffic replays in microseconds, so a row may have only a few (3-30 seen, and

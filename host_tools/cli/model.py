@@ -13,7 +13,7 @@ from pfcxl.device.fabric import constants as fc
 from pfcxl.device import topology
 
 from pfcxl.host_tools import argtypes
-from pfcxl.host_tools.timing.model_runs import CURVE_LOADS, SYSTEMS, checked, curve_report, read_trace, replay_report, save_curve
+from pfcxl.host_tools.timing.model_runs import CURVE_LOADS, REPORT_KEYS, checked, curve_report, read_trace, replay_report, save_curve
 from pfcxl.host_tools.ui import out
 
 DESCRIPTION = f"""\
@@ -37,7 +37,7 @@ def add_parsers(sub) -> None:
     p = msub.add_parser("replay", help="replay a captured trace on one system at an offered load",
                         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", type=Path, help=".npy file of trace records")
-    p.add_argument("--system", choices=tuple(SYSTEMS), default="pf",
+    p.add_argument("--system", choices=tuple(REPORT_KEYS), default="pf",
                    help="pf (the PF appliance's DDR5 path, default), pf_hbm (with its HBM3E cache), "
                    "electrical (the switched pool), dram (local DDR5)")
     how = p.add_mutually_exclusive_group(required=True)

@@ -17,10 +17,10 @@ from pfcxl.text_files import open_regular
 if TYPE_CHECKING:
     import numpy as np
 
-SYSTEMS = {"pf": "pf", "pf_hbm": "pf_hbm", "electrical": "electrical", "dram": "local"}   # CLI -> report key
+REPORT_KEYS = {"pf": "pf", "pf_hbm": "pf_hbm", "electrical": "electrical", "dram": "local"}   # CLI -> report key
 
 
-CURVE_SYSTEMS = ("pf", "electrical", "dram")
+CURVE_COLUMNS = ("pf", "electrical", "dram")
 # offered load per host in PF ports (`model curve`'s default, the bench's curve): past the host
 # link (5 PF ports), so the PF appliance's knee and the electrical pool's both show
 CURVE_LOADS = [0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0]
@@ -101,7 +101,7 @@ def replay_report(records: np.ndarray, topo: topology.Topology, system: str, *, 
 
     from pfcxl.device.fabric import replay as fabric_replay
     from pfcxl.device.fabric import systems as fabric_systems
-    key = SYSTEMS[system]
+    key = REPORT_KEYS[system]
     model = fabric_systems.models(topo)[key]
     base, granularity = placement(topo)
     try:   # whole 64-byte lines, as the traced run models them (fabric_replay.as_lines)
@@ -125,8 +125,8 @@ def curve_report(records: np.ndarray, topo: topology.Topology, loads: list[float
     models = fabric_systems.models(topo)
     hosts = int(len(np.unique(records["host"])))
     out = {}
-    for system in CURVE_SYSTEMS:
-        key = SYSTEMS[system]
+    for system in CURVE_COLUMNS:
+        key = REPORT_KEYS[system]
         try:
             points = fabric_replay.curve(models[key], fabric_replay.as_lines(records), loads, base_hpa=base, granularity=granularity,
                                          ns_per_insn=ns_per_insn)

@@ -15,7 +15,7 @@ import pytest
 
 from pfcxl import Appliance
 from pfcxl.device.appliance import rundir
-from pfcxl.device.fabric.modes import ISSUES, SYSTEMS
+from pfcxl.device.fabric.modes import ISSUES, APPLIANCE_FABRICS
 from pfcxl.errors import PfcxlError
 from pfcxl.host_tools import appliance_client as appliance
 
@@ -34,10 +34,10 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("timing,issue,capture", [(None, "dependent", False)] + [
-    (system, issue, capture) for system, issue, capture in itertools.product(SYSTEMS, ISSUES, (False, True))])
+    (system, issue, capture) for system, issue, capture in itertools.product(APPLIANCE_FABRICS, ISSUES, (False, True))])
 def test_every_option_reaches_the_service(small, tmp_path, timing, issue, capture):
     run_dir, folder = tmp_path / "run", tmp_path / "capture"
-    with Appliance(small, run_dir=run_dir, scan_interval=2.5, idle_timeout=1, timing=timing, issue=issue,
+    with Appliance(small, run_dir=run_dir, scan_interval=2.5, idle_timeout=1, fabric=timing, issue=issue,
                    capture=folder if capture else None) as a:
         pid = a.pid
         assert a.started_here and appliance.running_pid(run_dir) == pid
@@ -56,7 +56,7 @@ def test_every_option_reaches_the_service(small, tmp_path, timing, issue, captur
 
 def test_serve_status_where_and_stop_on_a_service_that_outlives_the_object(small, tmp_path):
     run_dir = tmp_path / "run"
-    pid = Appliance(small, run_dir=run_dir, timing="pf", issue="independent").serve()
+    pid = Appliance(small, run_dir=run_dir, fabric="pf", issue="independent").serve()
     try:
         # another object, with no options, talks to the same service (`pfcxl appliance status`)
         other = Appliance(small, run_dir=run_dir)
@@ -77,7 +77,7 @@ def test_a_running_service_is_used_only_if_it_times_and_captures_as_asked(small,
     pid = Appliance(small, run_dir=run_dir).serve()
     try:
         with pytest.raises(PfcxlError, match=f"^the appliance running in {run_dir} models no traffic"):
-            Appliance(small, run_dir=run_dir, timing="pf").start()
+            Appliance(small, run_dir=run_dir, fabric="pf").start()
         with Appliance(small, run_dir=run_dir) as a:      # used as it is, and left running
             assert a.pid == pid and not a.started_here
         assert appliance.running_pid(run_dir) == pid
@@ -86,10 +86,10 @@ def test_a_running_service_is_used_only_if_it_times_and_captures_as_asked(small,
         assert appliance.running_pid(run_dir) == pid and (run_dir / appliance.SOCKET).exists()
     finally:
         Appliance(small, run_dir=run_dir).stop()
-    pid = Appliance(small, run_dir=run_dir, timing="pf", capture=tmp_path / "a").serve()
+    pid = Appliance(small, run_dir=run_dir, fabric="pf", capture=tmp_path / "a").serve()
     try:
         with pytest.raises(PfcxlError, match=f"captures into {tmp_path / 'a'}, not {tmp_path / 'b'}"):
-            Appliance(small, run_dir=run_dir, timing="pf", capture=tmp_path / "b").start()
+            Appliance(small, run_dir=run_dir, fabric="pf", capture=tmp_path / "b").start()
     finally:
         Appliance(small, run_dir=run_dir).stop()
     assert _gone(pid)
@@ -121,7 +121,7 @@ def test_foreground_makes_this_process_the_service(small, tmp_path):
 
 
 # Every bad option, alone: (keywords, what the one line must say).
-BAD = [({"timing": timing}, f"appliance timing '{timing}' is not one of") for timing in ("", "PF", "trace", "dram")]
+BAD = [({"fabric": fabric}, f"appliance timing '{fabric}' is not one of") for fabric in ("", "PF", "trace", "dram")]
 BAD += [({"issue": issue}, f"issue '{issue}' is not one of") for issue in ("", "Dependent", "random")]
 BAD += [({"capture": "somewhere"}, "--capture keeps what the appliance's timing drains")]
 BAD += [({"idle_timeout": t}, f"idle timeout {t:g}s: it must be more than 0 seconds") for t in (0, -1, float("nan"))]

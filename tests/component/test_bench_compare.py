@@ -14,7 +14,7 @@ from . import bounded_cli
 from tests.unit.test_bench_report import render, sample
 from pfcxl.host_tools.bench import report as bench_report
 
-SYSTEMS = ("pf", "electrical", "dram")
+COLUMNS = ("pf", "electrical", "dram")
 
 pytestmark = pytest.mark.component
 
@@ -25,11 +25,11 @@ def with_modelled_rows(results: dict, scale: float = 1.0) -> dict:
     runs = {r["name"]: r for r in out["results"]}
     bw = runs["bandwidth/cxl"]
     bw["modelled"]["rows"] = [{"load": 5.0, "offered_gbs": 128.0, **{s: {"gbs": scale * (10 * i + k + 1)}
-                                                                    for k, s in enumerate(SYSTEMS)}}
+                                                                    for k, s in enumerate(COLUMNS)}}
                               for i in range(len(bw["data"]["results"]))]
     loaded = runs["loaded_latency/cxl"]
     loaded["modelled"] = {"rows": [{"offered_gbs": 1.0, **{s: {"latency_p50_ns": scale * (300 + i), "chase_loads": 7}
-                                                            for s in SYSTEMS}} for i in range(len(loaded["data"]["rows"]))]}
+                                                            for s in COLUMNS}} for i in range(len(loaded["data"]["rows"]))]}
     return out
 
 

@@ -193,7 +193,7 @@ def test_replay_at_a_light_load_gives_what_the_traced_run_printed(size):
     records["size"] = size
     records["write"] = np.arange(n) % 3 == 0
     traced = timing_report.model_trace(topo, records, dependent=True)
-    for system, key in model_runs.SYSTEMS.items():
+    for system, key in model_runs.REPORT_KEYS.items():
         if key not in traced:
             continue
         replayed = model_runs.replay_report(records, topo, system, load=0.01, dilate=None)

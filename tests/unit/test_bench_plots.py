@@ -24,7 +24,7 @@ from pfcxl.host_tools.cli import main as cli_main
 from .test_bench_report import _row, sample
 from .test_bench_report import render as render_all
 
-SYSTEMS = ("pf", "electrical", "dram")
+COLUMNS = ("pf", "electrical", "dram")
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +38,7 @@ def with_trace_and_rows(traced: bool, rows: bool) -> dict:
     runs["loaded_latency/cxl"]["data"]["delay_unit"] = "ns"
     if rows:
         runs["loaded_latency/cxl"]["modelled"] = {"rows": [
-            {"offered_gbs": g, **{s: {"latency_p50_ns": 300.0 + 100 * k + g, "chase_loads": 500} for k, s in enumerate(SYSTEMS)}}
+            {"offered_gbs": g, **{s: {"latency_p50_ns": 300.0 + 100 * k + g, "chase_loads": 500} for k, s in enumerate(COLUMNS)}}
             for g in (128.0, 0.032)]}
     return results
 
@@ -83,7 +83,7 @@ def test_modelled_series_exist_exactly_when_the_results_hold_them_and_titles_say
     assert any(t.startswith("measured") for t in titles) and loaded["panels"][0]["xlog"]
     if rows:
         (panel,) = [p for p in loaded["panels"] if p["title"].startswith("modelled")]
-        assert labels(panel) == [timing_report.LABELS[model_runs.SYSTEMS[s]] for s in SYSTEMS]
+        assert labels(panel) == [timing_report.LABELS[model_runs.REPORT_KEYS[s]] for s in COLUMNS]
         assert all(s["x"] == [0.032, 128.0] for s in panel["series"])
         assert "measured and modelled" in loaded["title"]
     else:
@@ -101,14 +101,14 @@ def test_model_curve_legend_covers_no_curve_and_its_ticks_are_plain_numbers():
     knee = {"load": 0.5, "offered_gbs": 12.8, "achieved_gbs": 12.0, "p50_ns": 5000.0}
     points = [{"load": x / 10, "offered_gbs": x * 2.56, "achieved_gbs": x * 2.5, "p50_ns": 300.0 * (1 + x * x)}
               for x in range(1, 12)]
-    report = {s: {"label": timing_report.LABELS[model_runs.SYSTEMS[s]], "points": points,
-                  "knee": knee if s != "dram" else None} for s in SYSTEMS}
+    report = {s: {"label": timing_report.LABELS[model_runs.REPORT_KEYS[s]], "points": points,
+                  "knee": knee if s != "dram" else None} for s in COLUMNS}
     fig = model_runs.curve_figure(report)
     fig.canvas.draw()
     ax = fig.axes[0]
     legend = ax.get_legend()
     assert [t.get_text() for t in legend.get_texts()] == [
-        report[s]["label"] + (" (knee at 13 GB/s offered)" if s != "dram" else " (no knee)") for s in SYSTEMS]
+        report[s]["label"] + (" (knee at 13 GB/s offered)" if s != "dram" else " (no knee)") for s in COLUMNS]
     box, axes_box = legend.get_window_extent(), ax.get_window_extent()
     assert box.y1 <= axes_box.y0           # below the axes: over no curve
     ticks = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
@@ -161,7 +161,7 @@ def _loaded(counts: list[int]) -> dict:
     loaded = next(r for r in results["results"] if r["name"] == "loaded_latency/cxl")
     loaded["data"]["rows"].append({"delay": 20000, "bandwidth_MBps": 0.5, "latency_ns": 1100.0})
     loaded["modelled"] = {"rows": [
-        {"offered_gbs": g, **{s: {"latency_p50_ns": 300.0 + 100 * k + g, "chase_loads": n} for k, s in enumerate(SYSTEMS)}}
+        {"offered_gbs": g, **{s: {"latency_p50_ns": 300.0 + 100 * k + g, "chase_loads": n} for k, s in enumerate(COLUMNS)}}
         for g, n in zip((128.0, 0.032, 0.0032), counts)]}
     return results
 
@@ -176,8 +176,8 @@ def test_a_low_sample_loaded_cell_is_marked_with_its_count_and_drawn_apart_unjoi
     assert f"low-sample: fewer than {bench_report.MIN_CHASE_LOADS} chase loads" in " ".join(text.split())
     (panel,) = [p for p in bench_plots.figures(results)["loaded_latency.png"]["panels"]
                 if p["title"].startswith("modelled")]
-    for k, s in enumerate(SYSTEMS):
-        label = timing_report.LABELS[model_runs.SYSTEMS[s]]
+    for k, s in enumerate(COLUMNS):
+        label = timing_report.LABELS[model_runs.REPORT_KEYS[s]]
         (line,) = [x for x in panel["series"] if x["label"] == label]
         (apart,) = [x for x in panel["series"] if x["label"] == f"{label}: low-sample (3 chase loads)"]
         assert line["style"] == "joined" and line["x"] == [0.0032, 0.032]     # no line through the 3-load point
@@ -195,12 +195,12 @@ def test_bandwidth_png_plots_the_modelled_bandwidth_of_every_row():
     results = with_trace_and_rows(True, True)
     bw = next(r for r in results["results"] if r["name"] == "bandwidth/cxl")
     bw["modelled"] = {"rows": [{"load": 5.0, "offered_gbs": 128.0,
-                                **{s: {"gbs": 120.0 - 30 * k + i} for k, s in enumerate(SYSTEMS)}} for i in range(3)]}
+                                **{s: {"gbs": 120.0 - 30 * k + i} for k, s in enumerate(COLUMNS)}} for i in range(3)]}
     fig = bench_plots.figures(results)["bandwidth.png"]
     assert "measured and modelled" in fig["title"]
     (panel,) = [p for p in fig["panels"] if p["title"].startswith("modelled")]
     assert "128 GB/s" in panel["title"] and panel["ylabel"] == "GB/s carried (modelled)"
-    assert labels(panel) == [f"{timing_report.LABELS[model_runs.SYSTEMS[s]]} seq read" for s in SYSTEMS]
+    assert labels(panel) == [f"{timing_report.LABELS[model_runs.REPORT_KEYS[s]]} seq read" for s in COLUMNS]
     for k, s in enumerate(panel["series"]):          # sizes 32, 64, 1024: the rows' own figures
         assert s["x"] == [32.0, 64.0, 1024.0] and s["y"] == [120.0 - 30 * k + i for i in range(3)]
     # without modelled rows the plot says it is measured only
@@ -220,8 +220,8 @@ def test_log_axes_have_a_tick_at_or_beyond_each_end_of_the_data(lo, hi, ticks):
 
 def _curve(hosts: int, p50s: list[float]) -> dict:
     points = [{"load": i, "offered_gbs": i * 25.6, "achieved_gbs": i * 25.0, "p50_ns": p} for i, p in enumerate(p50s, 1)]
-    return {s: {"label": timing_report.LABELS[model_runs.SYSTEMS[s]], "points": points, "knee": None, "hosts": hosts}
-            for s in SYSTEMS}
+    return {s: {"label": timing_report.LABELS[model_runs.REPORT_KEYS[s]], "points": points, "knee": None, "hosts": hosts}
+            for s in COLUMNS}
 
 
 def test_the_curve_names_its_hosts_and_its_latency_axis_spans_the_data():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pfcxl.device.fabric.modes import SYSTEMS
+from pfcxl.device.fabric.modes import APPLIANCE_FABRICS
 from pfcxl.host_tools.cli import main as cli
 
 pytestmark = pytest.mark.unit
@@ -18,7 +18,7 @@ COMMANDS = [["appliance", "start"], ["kv", "replay", "trace.jsonl", "--on", "gue
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
-@pytest.mark.parametrize("system", tuple(SYSTEMS))
+@pytest.mark.parametrize("system", tuple(APPLIANCE_FABRICS))
 @pytest.mark.parametrize("spelling", ["--fabric", "--timing"])
 def test_either_spelling_reads_the_fabric(command, spelling, system, capsys):
     args = cli.parser().parse_args([*command, spelling, system])
