@@ -64,6 +64,20 @@ def _point(machines, path, options: BootOptions, gap: int | None) -> dict:
                 traffic_outlasted_chase=all(t["ns"] >= chase["ns"] for t in traffic))
 
 
+def curve_points(machines, path: Path, options: BootOptions, gaps: tuple[int, ...] = GAPS,
+                 say: Callable[[str], None] = lambda m: None) -> list[dict]:
+    """The curve's points on timed guests already booted in one timeline (`path`, its file),
+    booted with `options` (their fabric and what-ifs are the model's): the chase alone, then one
+    round per gap."""
+    points = []
+    say("host 0 alone")
+    points.append(_point(machines, path, options, None))
+    for gap in gaps:
+        say(f"host 0 beside {len(machines) - 1} traffic hosts at {gap} ticks a line")
+        points.append(_point(machines, path, options, gap))
+    return points
+
+
 def run(topology: str, options: BootOptions, hosts: int, quantum_ns: int, *, out_dir: Path,
         gaps: tuple[int, ...] = GAPS, say: Callable[[str], None] = lambda m: None) -> LoadedCurve:
     """The curve: `hosts` timed guests (one chasing, the rest streaming) on a temporary appliance;
@@ -75,13 +89,8 @@ def run(topology: str, options: BootOptions, hosts: int, quantum_ns: int, *, out
         raise PfcxlError("the guests' loaded-latency curve is measured in virtual time: give --clock virtual")
     start = time.monotonic()
     options = dataclasses.replace(options, timing="trace")
-    points = []
     with timed.timed_fleet(hosts, options, quantum_ns, name="lat", say=say, topology=topology) as (machines, path):
-        say("host 0 alone")
-        points.append(_point(machines, path, options, None))
-        for gap in gaps:
-            say(f"host 0 beside {hosts - 1} traffic hosts at {gap} ticks a line")
-            points.append(_point(machines, path, options, gap))
+        points = curve_points(machines, path, options, gaps, say)
     report = dict(kind="loaded latency from guests", label=LABEL, topology=topology, fabric=options.fabric,
                   fabric_params=list(options.fabric_params), hosts=hosts, quantum_ns=quantum_ns,
                   chase=CHASE, traffic=TRAFFIC, points=points)

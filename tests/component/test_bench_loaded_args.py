@@ -1,6 +1,6 @@
 """`pfcxl bench`'s options of the guests' loaded-latency curve (host_tools/bench/virtual_loaded.py):
 each misuse is one line, before anything boots; the curve itself is booted in
-tests/integration/test_bench_virtual_loaded.py."""
+tests/integration/test_timeline.py."""
 
 from __future__ import annotations
 

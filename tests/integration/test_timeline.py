@@ -24,7 +24,9 @@ from pfcxl.appliance import Appliance
 from pfcxl.device.appliance import timeline
 from pfcxl.guest.tool_output import tool_json
 from pfcxl.host_tools.timing import vtime
+from pfcxl.host_tools.bench import virtual_loaded
 from pfcxl.host_tools.fleet.timed import bracketed, offline_latency_ns, run_round
+from pfcxl.host_tools.vm.boot_options import BootOptions
 
 pytestmark = pytest.mark.integration
 
@@ -96,10 +98,11 @@ def test_a_chase_beside_a_stream_pays_only_what_the_fabric_shares(fleet):
         # requests (before the charge also held up the requests in flight, it paid about 70%)
         assert offline_walk_ns(fleet, runs) == pytest.approx(loaded["ns_per_load"], rel=0.10)
         # the same round again (a new start, the same requests) reads the same in both clocks: to
-        # 0.1% (the guests' interrupts are not all in step; unaligned starts differ by 0.9%)
+        # 0.2% (the guests' interrupts are not all in step: rounds differed by up to 0.10% in the
+        # runs measured since a charge also holds up the requests in flight; unaligned starts, 0.9%)
         again = round_of(fleet, [CHASE, STREAM.format(loads=400_000)])
         # (in TSC ticks, which under --clock virtual are virtual ns with no calibration in them)
-        assert chase_row(again[0])["p50_ticks_per_load"] == pytest.approx(loaded["p50_ticks_per_load"], rel=0.001)
+        assert chase_row(again[0])["p50_ticks_per_load"] == pytest.approx(loaded["p50_ticks_per_load"], rel=0.002)
         assert chase_row(again[1])["p50_ticks_per_load"] == pytest.approx(stream["p50_ticks_per_load"], rel=0.002)
     state = timeline.read(fleet["timeline"])
     assert {h["host"] for h in state["hosts"]} == {0, 1} and not state["started"]
@@ -139,6 +142,25 @@ def test_a_host_on_the_emulators_clock_stays_out_in_one_line(fleet):
     result = fleet["untimed"].run(bracketed("true"), timeout=120)
     assert result.status == 0
     assert 2 not in {h["host"] for h in timeline.read(fleet["timeline"])["hosts"]}
+
+
+def test_a_paced_stream_loads_the_chase_as_the_model_says(fleet):
+    """`pfcxl bench --clock virtual -t pf-appliance`'s points (host_tools/bench/virtual_loaded.py) on
+    this fleet: host 1's stream at full pace holds the narrowed uplink and host 0's chase waits
+    behind it; paced to a sixteenth of the uplink, it leaves the chase near its idle latency.
+    Every point agrees with the offline engine's replay of both hosts' requests."""
+    if fleet["fabric"] != "electrical":
+        pytest.skip("on the electrical fleet, whose narrowed uplink one stream fills")
+    options = BootOptions(clock="virtual", fabric="electrical", fabric_params=fleet["what_if"])
+    alone, full, paced = virtual_loaded.curve_points(fleet["hosts"], fleet["timeline"], options, gaps=(0, 512))
+    assert alone["gap_ticks"] is None and alone["chase_p50_ns"] == pytest.approx(833, rel=0.01)
+    assert full["traffic_gbs"] == pytest.approx(2.0, rel=0.05)           # the uplink's bandwidth
+    assert paced["traffic_gbs"] == pytest.approx(64 / 512, rel=0.05)    # the pace asked for
+    assert full["chase_p50_ns"] > 1.5 * alone["chase_p50_ns"]
+    assert paced["chase_p50_ns"] < 1.1 * alone["chase_p50_ns"]
+    for p in (alone, full, paced):
+        assert p["traffic_outlasted_chase"]
+        assert p["chase_mean_ns"] == pytest.approx(p["model_mean_ns"], rel=0.10), p
 
 
 def test_a_killed_host_is_dropped_and_the_other_goes_on(fleet):
