@@ -50,10 +50,7 @@ def pool_file(args) -> Path:
 def open_store(args, host=None):
     path = pool_file(args)
     bus_error.guard(path)                # a page its file system cannot supply: one line, not a core
-    try:
-        return kv.Store.open(str(path), host=host, base=args.base)
-    except kv.KVError as exc:
-        raise KVStoreError(str(exc)) from exc
+    return kv.Store.open(str(path), host=host, base=args.base)    # its KVError: _kv_errors
 
 
 def _kv_errors(command):
@@ -71,17 +68,14 @@ def _kv_errors(command):
 def cmd_format(args) -> int:
     path = pool_file(args)
     bus_error.guard(path)
-    try:
-        if not args.force:
-            try:
-                kv.Store.open(str(path), base=args.base).close()
-                raise PfcxlError(f"{path} already holds a store; --force formats it anew (every block is lost)")
-            except kv.KVError:
-                pass
-        sb = kv.format(str(path), hosts=args.hosts, slots=args.slots, chunk_tokens=KV_CHUNK_TOKENS,
-                       size=args.size, base=args.base)
-    except kv.KVError as exc:
-        raise KVStoreError(str(exc)) from exc
+    if not args.force:
+        try:
+            kv.Store.open(str(path), base=args.base).close()
+            raise PfcxlError(f"{path} already holds a store; --force formats it anew (every block is lost)")
+        except kv.KVError:
+            pass
+    sb = kv.format(str(path), hosts=args.hosts, slots=args.slots, chunk_tokens=KV_CHUNK_TOKENS,
+                   size=args.size, base=args.base)
     at = kv.HOME if args.base is None else args.base
     out.print(f"{path}: store at byte {at} for {sb['hosts']} hosts x {sb['slots']} slots, arenas of {human(sb['arena_bytes'])}, "
               f"{sb['chunk_tokens']}-token chunks", highlight=False)
